@@ -1,0 +1,5 @@
+-- Revert pgjobs:schema
+-- Drops everything pgjobs owns, functions from ../../sql included.
+BEGIN;
+DROP SCHEMA pgjobs CASCADE;
+COMMIT;

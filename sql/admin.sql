@@ -1,0 +1,205 @@
+-- Managing work: cancel, retry, delete, purge, and per-queue settings.
+
+CREATE OR REPLACE FUNCTION pgjobs._not_found(what text, id bigint)
+RETURNS void
+LANGUAGE plpgsql
+SET search_path = pgjobs, pg_catalog
+AS $$
+BEGIN
+    RAISE EXCEPTION USING ERRCODE = 'PJ003', MESSAGE = format('%s %s not found', what, coalesce(id::text, 'NULL'));
+END;
+$$;
+
+-- Not yet running -> 'cancelled' (success/failure children cancelled in cascade by _propagate).
+-- Running -> cancel_requested, and its worker is told on pgjobs_cancel; it ends the job as
+-- 'cancelled' (ack_cancel), or a later fail/release/lease expiry does. Terminal -> false.
+CREATE OR REPLACE FUNCTION pgjobs.cancel(id bigint)
+RETURNS boolean
+LANGUAGE plpgsql
+SET search_path = pgjobs, pg_catalog
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_job record;
+BEGIN
+    -- Lock first: the state read and the transition must see the same row version.
+    SELECT j.id, j.state, j.queue, j.kind, j.attempt, j.batch_id, j.has_dependents INTO v_job
+      FROM jobs AS j WHERE j.id = cancel.id FOR UPDATE;
+    IF NOT FOUND THEN
+        PERFORM _not_found('job', cancel.id);
+    END IF;
+    IF v_job.state IN ('succeeded', 'failed', 'cancelled') THEN
+        RETURN false;
+    ELSIF v_job.state = 'active' THEN
+        UPDATE jobs AS j SET cancel_requested = true WHERE j.id = cancel.id;
+        PERFORM pg_notify('pgjobs_cancel', cancel.id::text);
+        RETURN true;
+    END IF;
+    UPDATE jobs AS j SET state = 'cancelled', completed_at = now(), cancel_requested = true
+     WHERE j.id = cancel.id;
+    PERFORM _notify_status(jsonb_build_array(jsonb_build_object(
+        'id', v_job.id, 'state', 'cancelled', 'queue', v_job.queue, 'kind', v_job.kind,
+        'attempt', v_job.attempt, 'batch_id', v_job.batch_id)));
+    IF v_job.batch_id IS NOT NULL OR v_job.has_dependents THEN
+        PERFORM _propagate(ARRAY[v_job.id]);
+    END IF;
+    RETURN true;
+END;
+$$;
+
+-- A failed or cancelled job becomes pending again. Its attempt count is kept (history), and
+-- max_attempts is raised when needed so the retry gets one more attempt.
+CREATE OR REPLACE FUNCTION pgjobs.retry(id bigint)
+RETURNS boolean
+LANGUAGE plpgsql
+SET search_path = pgjobs, pg_catalog
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_job record;
+BEGIN
+    SELECT j.id, j.state INTO v_job FROM jobs AS j WHERE j.id = retry.id FOR UPDATE;
+    IF NOT FOUND THEN
+        PERFORM _not_found('job', retry.id);
+    END IF;
+    IF v_job.state NOT IN ('failed', 'cancelled') THEN
+        RAISE EXCEPTION USING ERRCODE = 'PJ004',
+            MESSAGE = format('job %s is %s; only failed or cancelled jobs can be retried', retry.id, v_job.state);
+    END IF;
+    BEGIN
+        UPDATE jobs AS j
+           SET state = 'pending', run_at = now(), completed_at = NULL, cancel_requested = false,
+               max_attempts = greatest(j.max_attempts, j.attempt + 1),
+               lease_token = NULL, lease_expires_at = NULL
+         WHERE j.id = retry.id
+        RETURNING j.id, j.queue, j.kind, j.attempt, j.batch_id INTO v_job;
+    EXCEPTION WHEN unique_violation THEN
+        RAISE EXCEPTION USING ERRCODE = 'PJ004',
+            MESSAGE = format('job %s cannot be retried: another live job holds its unique key', retry.id);
+    END;
+    PERFORM _reopen(ARRAY[v_job.id]);
+    PERFORM pg_notify('pgjobs_wake', v_job.queue);
+    PERFORM _notify_status(jsonb_build_array(jsonb_build_object(
+        'id', v_job.id, 'state', 'pending', 'queue', v_job.queue, 'kind', v_job.kind,
+        'attempt', v_job.attempt, 'batch_id', v_job.batch_id)));
+    RETURN true;
+END;
+$$;
+
+-- Removes a terminal job (its edges go with it).
+CREATE OR REPLACE FUNCTION pgjobs.delete(id bigint)
+RETURNS boolean
+LANGUAGE plpgsql
+SET search_path = pgjobs, pg_catalog
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_state job_state;
+BEGIN
+    SELECT j.state INTO v_state FROM jobs AS j WHERE j.id = delete.id FOR UPDATE;
+    IF NOT FOUND THEN
+        PERFORM _not_found('job', delete.id);
+    END IF;
+    IF v_state NOT IN ('succeeded', 'failed', 'cancelled') THEN
+        RAISE EXCEPTION USING ERRCODE = 'PJ004',
+            MESSAGE = format('job %s is %s; only terminal jobs can be deleted (cancel it first)', delete.id, v_state);
+    END IF;
+    DELETE FROM jobs AS j WHERE j.id = delete.id;
+    RETURN true;
+END;
+$$;
+
+-- Removes terminal jobs older than the given ages (NULL: keep that class). failed_before
+-- covers 'failed' and 'cancelled'. Batch members go with their batch, once it is settled and
+-- every member is past its age. Returns the number of jobs removed.
+CREATE OR REPLACE FUNCTION pgjobs.purge(succeeded_before interval DEFAULT NULL, failed_before interval DEFAULT NULL)
+RETURNS bigint
+LANGUAGE plpgsql
+SET search_path = pgjobs, pg_catalog
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_jobs    bigint;
+    v_members bigint;
+BEGIN
+    IF succeeded_before < interval '0' OR failed_before < interval '0' THEN
+        RAISE EXCEPTION USING ERRCODE = 'PJ002',
+            MESSAGE = format('purge ages must not be negative, got succeeded_before=%s, failed_before=%s',
+                             succeeded_before, failed_before);
+    END IF;
+    WITH gone AS (
+        DELETE FROM jobs AS j
+         WHERE j.batch_id IS NULL
+           AND ((j.state = 'succeeded' AND j.completed_at < now() - succeeded_before)
+             OR (j.state IN ('failed', 'cancelled') AND j.completed_at < now() - failed_before))
+        RETURNING 1)
+    SELECT count(*) INTO v_jobs FROM gone;
+    v_members := _purge_batches(succeeded_before, failed_before);
+    RETURN v_jobs + v_members;
+END;
+$$;
+
+-- configure_queue: NULL leaves a setting as it is; 0 removes a limit. Returns the settings.
+CREATE OR REPLACE FUNCTION pgjobs.configure_queue(
+    queue                text,
+    max_length           int DEFAULT NULL,
+    paused               boolean DEFAULT NULL,
+    fair                 boolean DEFAULT NULL,
+    noisy_share          real DEFAULT NULL,
+    noisy_min_active     int DEFAULT NULL,
+    max_active_per_group int DEFAULT NULL,
+    max_active           int DEFAULT NULL,
+    status_events        text DEFAULT NULL)
+RETURNS pgjobs.queues
+LANGUAGE plpgsql
+SET search_path = pgjobs, pg_catalog
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_row queues;
+    v_was_paused boolean;
+BEGIN
+    IF queue IS NULL OR queue = '' THEN
+        RAISE EXCEPTION USING ERRCODE = 'PJ002',
+            MESSAGE = format('queue must be a non-empty string, got %s', coalesce(quote_literal(queue), 'NULL'));
+    ELSIF max_length < 0 THEN
+        RAISE EXCEPTION USING ERRCODE = 'PJ002', MESSAGE = format('max_length must be >= 0 (0 removes the limit), got %s', max_length);
+    ELSIF max_active < 0 THEN
+        RAISE EXCEPTION USING ERRCODE = 'PJ002', MESSAGE = format('max_active must be >= 0 (0 removes the limit), got %s', max_active);
+    ELSIF max_active_per_group < 0 THEN
+        RAISE EXCEPTION USING ERRCODE = 'PJ002',
+            MESSAGE = format('max_active_per_group must be >= 0 (0 removes the limit), got %s', max_active_per_group);
+    ELSIF noisy_min_active < 0 THEN
+        RAISE EXCEPTION USING ERRCODE = 'PJ002', MESSAGE = format('noisy_min_active must be >= 0, got %s', noisy_min_active);
+    ELSIF noisy_share <= 0 OR noisy_share > 1 OR noisy_share = 'NaN'::real THEN
+        RAISE EXCEPTION USING ERRCODE = 'PJ002', MESSAGE = format('noisy_share must be in (0, 1], got %s', noisy_share);
+    ELSIF status_events NOT IN ('all', 'terminal', 'none') THEN
+        RAISE EXCEPTION USING ERRCODE = 'PJ002',
+            MESSAGE = format('status_events must be ''all'', ''terminal'' or ''none'', got %L', status_events);
+    END IF;
+
+    INSERT INTO queues AS q (queue) VALUES (configure_queue.queue) ON CONFLICT (queue) DO NOTHING;
+    SELECT q.paused INTO v_was_paused FROM queues AS q WHERE q.queue = configure_queue.queue FOR UPDATE;
+    UPDATE queues AS q
+       SET max_length           = CASE WHEN configure_queue.max_length IS NULL THEN q.max_length
+                                       ELSE nullif(configure_queue.max_length, 0) END,
+           paused               = coalesce(configure_queue.paused, q.paused),
+           fair                 = coalesce(configure_queue.fair, q.fair),
+           noisy_share          = coalesce(configure_queue.noisy_share, q.noisy_share),
+           noisy_min_active     = coalesce(configure_queue.noisy_min_active, q.noisy_min_active),
+           max_active_per_group = CASE WHEN configure_queue.max_active_per_group IS NULL THEN q.max_active_per_group
+                                       ELSE nullif(configure_queue.max_active_per_group, 0) END,
+           max_active           = CASE WHEN configure_queue.max_active IS NULL THEN q.max_active
+                                       ELSE nullif(configure_queue.max_active, 0) END,
+           status_events        = coalesce(configure_queue.status_events, q.status_events),
+           updated_at           = now()
+     WHERE q.queue = configure_queue.queue
+    RETURNING q.* INTO v_row;
+    -- Resuming a queue (or lifting a cap) may make work claimable: wake idle workers.
+    IF v_was_paused AND NOT v_row.paused OR configure_queue.max_active IS NOT NULL
+       OR configure_queue.max_active_per_group IS NOT NULL THEN
+        PERFORM pg_notify('pgjobs_wake', v_row.queue);
+    END IF;
+    RETURN v_row;
+END;
+$$;

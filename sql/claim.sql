@@ -1,0 +1,274 @@
+-- Claiming work. One call leases up to max_jobs jobs to a worker: due pending/scheduled jobs
+-- and active jobs whose lease expired (their worker is presumed dead), by priority, run_at, id.
+-- FOR UPDATE SKIP LOCKED lets concurrent claimers pass each other instead of queueing on a
+-- row lock, so no two claimers ever share a job and none waits on another.
+
+CREATE OR REPLACE FUNCTION pgjobs._check_claim_args(worker text, queues text[], max_jobs int, lease interval,
+                                                    kind_limits jsonb)
+RETURNS void
+LANGUAGE plpgsql
+SET search_path = pgjobs, pg_catalog
+AS $$
+DECLARE
+    v_bad text;
+BEGIN
+    IF worker IS NULL OR worker = '' THEN
+        RAISE EXCEPTION USING ERRCODE = 'PJ002',
+            MESSAGE = format('worker must be a non-empty string, got %s', coalesce(quote_literal(worker), 'NULL'));
+    ELSIF queues IS NULL OR cardinality(queues) = 0 OR array_position(queues, NULL) IS NOT NULL
+          OR array_position(queues, '') IS NOT NULL THEN
+        RAISE EXCEPTION USING ERRCODE = 'PJ002',
+            MESSAGE = format('queues must be a non-empty array of non-empty names, got %s', coalesce(queues::text, 'NULL'));
+    ELSIF max_jobs IS NULL OR max_jobs < 1 THEN
+        RAISE EXCEPTION USING ERRCODE = 'PJ002',
+            MESSAGE = format('max_jobs must be >= 1, got %s', coalesce(max_jobs::text, 'NULL'));
+    ELSIF lease IS NULL OR lease <= interval '0' THEN
+        RAISE EXCEPTION USING ERRCODE = 'PJ002',
+            MESSAGE = format('lease must be a positive interval, got %s', coalesce(lease::text, 'NULL'));
+    ELSIF kind_limits IS NOT NULL AND jsonb_typeof(kind_limits) <> 'object' THEN
+        RAISE EXCEPTION USING ERRCODE = 'PJ002',
+            MESSAGE = format('kind_limits must be a JSON object {"kind": n}, got %s', kind_limits);
+    END IF;
+    IF kind_limits IS NOT NULL THEN
+        SELECT format('%s: %s', quote_literal(e.key), e.value) INTO v_bad
+          FROM jsonb_each(kind_limits) AS e
+         WHERE jsonb_typeof(e.value) <> 'number' OR (e.value::text)::numeric < 0
+            OR (e.value::text)::numeric % 1 <> 0
+         LIMIT 1;
+        IF FOUND THEN
+            RAISE EXCEPTION USING ERRCODE = 'PJ002',
+                MESSAGE = format('kind_limits values must be non-negative integers, got %s', v_bad);
+        END IF;
+    END IF;
+END;
+$$;
+
+CREATE OR REPLACE FUNCTION pgjobs.claim(
+    worker      text,
+    queues      text[] DEFAULT '{default}',
+    max_jobs    int DEFAULT 1,
+    lease       interval DEFAULT '30 seconds',
+    kind_limits jsonb DEFAULT NULL)
+RETURNS SETOF pgjobs.claimed_job
+LANGUAGE plpgsql
+SET search_path = pgjobs, pg_catalog
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_plain      text[];
+    v_controlled text[];
+    v_rows       claimed_job[];
+    v_more       claimed_job[];
+    v_limits     jsonb := kind_limits;
+BEGIN
+    PERFORM _check_claim_args(worker, queues, max_jobs, lease, kind_limits);
+
+    -- Paused queues give nothing. Queues with fairness or concurrency caps take the
+    -- controlled path (fairness.sql); every other queue takes the plain fast path.
+    SELECT array_agg(u.q ORDER BY u.ord) FILTER (WHERE NOT coalesce(c.fair OR c.max_active IS NOT NULL
+                                                                  OR c.max_active_per_group IS NOT NULL, false)),
+           array_agg(u.q ORDER BY u.ord) FILTER (WHERE coalesce(c.fair OR c.max_active IS NOT NULL
+                                                              OR c.max_active_per_group IS NOT NULL, false))
+      INTO v_plain, v_controlled
+      FROM (SELECT DISTINCT ON (x.q) x.q, x.ord FROM unnest(queues) WITH ORDINALITY AS x(q, ord)
+             ORDER BY x.q, x.ord) AS u
+      LEFT JOIN queues AS c ON c.queue = u.q
+     WHERE NOT coalesce(c.paused, false);
+
+    IF v_plain IS NULL AND v_controlled IS NULL THEN
+        RETURN;
+    END IF;
+
+    -- Jobs whose lease expired on their last allowed attempt, or whose cancellation was
+    -- requested, are settled here instead of being handed out again.
+    PERFORM _settle_expired(coalesce(v_plain, '{}') || coalesce(v_controlled, '{}'));
+
+    IF v_plain IS NOT NULL THEN
+        v_rows := _claim_plain(worker, v_plain, max_jobs, lease, v_limits);
+    END IF;
+    IF v_controlled IS NOT NULL AND coalesce(cardinality(v_rows), 0) < max_jobs THEN
+        IF v_limits IS NOT NULL AND v_rows IS NOT NULL THEN
+            -- What the plain path took counts against the per-call kind limits.
+            SELECT jsonb_object_agg(l.key, (l.value::text)::int - coalesce(t.taken, 0)) INTO v_limits
+              FROM jsonb_each(v_limits) AS l
+              LEFT JOIN (SELECT r.kind, count(*)::int AS taken FROM unnest(v_rows) AS r GROUP BY r.kind) AS t
+                ON t.kind = l.key;
+        END IF;
+        v_more := _claim_controlled(worker, v_controlled, max_jobs - coalesce(cardinality(v_rows), 0), lease, v_limits);
+        v_rows := coalesce(v_rows, '{}') || coalesce(v_more, '{}');
+    END IF;
+
+    IF v_rows IS NULL OR cardinality(v_rows) = 0 THEN
+        RETURN;
+    END IF;
+
+    -- A batch starts when its first member is claimed.
+    UPDATE batches AS b SET started_at = now()
+     WHERE b.id IN (SELECT DISTINCT r.batch_id FROM unnest(v_rows) AS r WHERE r.batch_id IS NOT NULL)
+       AND b.started_at IS NULL;
+
+    PERFORM _notify_status((SELECT jsonb_agg(jsonb_build_object('id', r.id, 'state', 'active', 'queue', r.queue,
+                                                                'kind', r.kind, 'attempt', r.attempt,
+                                                                'batch_id', r.batch_id))
+                              FROM unnest(v_rows) AS r));
+    RETURN QUERY SELECT * FROM unnest(v_rows);
+END;
+$$;
+
+-- The fast path: plain (unfair, uncapped) queues. One statement locks candidates from the
+-- three partial indexes per queue (pending in claim order; due scheduled; expired leases),
+-- keeps the best max_jobs within kind limits, and leases them.
+CREATE OR REPLACE FUNCTION pgjobs._claim_plain(worker text, queues text[], max_jobs int, lease interval,
+                                               kind_limits jsonb)
+RETURNS pgjobs.claimed_job[]
+LANGUAGE plpgsql
+SET search_path = pgjobs, pg_catalog
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_kinds text[] := CASE WHEN kind_limits IS NULL THEN NULL
+                           ELSE ARRAY(SELECT e.key FROM jsonb_each(kind_limits) AS e
+                                       WHERE (e.value::text)::numeric > 0) END;
+    v_rows  claimed_job[];
+BEGIN
+    IF v_kinds IS NOT NULL AND cardinality(v_kinds) = 0 THEN
+        RETURN NULL;
+    END IF;
+    WITH cand AS (
+        SELECT p.id, p.priority, p.run_at, p.kind
+          FROM unnest(queues) AS q(name)
+         CROSS JOIN LATERAL (
+               SELECT j.id, j.priority, j.run_at, j.kind FROM jobs AS j
+                WHERE j.state = 'pending' AND j.queue = q.name
+                  AND (v_kinds IS NULL OR j.kind = ANY (v_kinds))
+                ORDER BY j.priority, j.run_at, j.id
+                LIMIT max_jobs
+                  FOR UPDATE SKIP LOCKED) AS p
+        UNION ALL
+        SELECT s.id, s.priority, s.run_at, s.kind
+          FROM unnest(queues) AS q(name)
+         CROSS JOIN LATERAL (
+               SELECT j.id, j.priority, j.run_at, j.kind FROM jobs AS j
+                WHERE j.state = 'scheduled' AND j.queue = q.name AND j.run_at <= now()
+                  AND (v_kinds IS NULL OR j.kind = ANY (v_kinds))
+                ORDER BY j.run_at
+                LIMIT max_jobs
+                  FOR UPDATE SKIP LOCKED) AS s
+        UNION ALL
+        SELECT e.id, e.priority, e.run_at, e.kind
+          FROM unnest(queues) AS q(name)
+         CROSS JOIN LATERAL (
+               SELECT j.id, j.priority, j.run_at, j.kind FROM jobs AS j
+                WHERE j.state = 'active' AND j.queue = q.name AND j.lease_expires_at < now()
+                  AND j.attempt < j.max_attempts AND NOT j.cancel_requested
+                  AND (v_kinds IS NULL OR j.kind = ANY (v_kinds))
+                ORDER BY j.lease_expires_at
+                LIMIT max_jobs
+                  FOR UPDATE SKIP LOCKED) AS e
+    ), picked AS (
+        SELECT r.id FROM (
+            SELECT c.id, c.priority, c.run_at,
+                   row_number() OVER (PARTITION BY c.kind ORDER BY c.priority, c.run_at, c.id) AS kind_rank,
+                   c.kind
+              FROM cand AS c) AS r
+         WHERE kind_limits IS NULL OR r.kind_rank <= (kind_limits ->> r.kind)::int
+         ORDER BY r.priority, r.run_at, r.id
+         LIMIT max_jobs
+    ), upd AS (
+        UPDATE jobs AS j
+           SET state = 'active',
+               attempt = j.attempt + 1,
+               lease_token = gen_random_uuid(),
+               leased_by = worker,
+               lease_expires_at = now() + lease,
+               first_started_at = coalesce(j.first_started_at, now()),
+               -- A reclaim records why the previous attempt ended.
+               errors = CASE WHEN j.state = 'active'
+                             THEN j.errors || jsonb_build_array(jsonb_build_object(
+                                      'attempt', j.attempt, 'at', now(), 'worker', j.leased_by,
+                                      'error', 'lease expired'))
+                             ELSE j.errors END,
+               last_error = CASE WHEN j.state = 'active' THEN 'lease expired' ELSE j.last_error END
+          FROM picked
+         WHERE j.id = picked.id
+        RETURNING j.id, j.kind, j.queue, j.payload, j.meta, j.attempt, j.max_attempts, j.lease_token,
+                  j.lease_expires_at, j.checkpoint, j.group_key, j.batch_id, j.first_started_at,
+                  j.priority, j.run_at
+    )
+    SELECT array_agg(ROW(u.id, u.kind, u.queue, u.payload, u.meta, u.attempt, u.max_attempts, u.lease_token,
+                         u.lease_expires_at, u.checkpoint, u.group_key, u.batch_id,
+                         u.first_started_at)::claimed_job
+                     ORDER BY u.priority, u.run_at, u.id)
+      INTO v_rows
+      FROM upd AS u;
+    RETURN v_rows;
+END;
+$$;
+
+-- Settles active jobs whose lease expired but that must not run again: out of attempts
+-- (-> failed) or cancellation requested (-> cancelled). Bounded per call; SKIP LOCKED so two
+-- claimers never settle the same job.
+CREATE OR REPLACE FUNCTION pgjobs._settle_expired(queues text[])
+RETURNS void
+LANGUAGE plpgsql
+SET search_path = pgjobs, pg_catalog
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_events jsonb;
+    v_follow bigint[];
+BEGIN
+    WITH dead AS (
+        SELECT d.id
+          FROM unnest(queues) AS q(name)
+         CROSS JOIN LATERAL (
+               SELECT j.id FROM jobs AS j
+                WHERE j.state = 'active' AND j.queue = q.name AND j.lease_expires_at < now()
+                  AND (j.attempt >= j.max_attempts OR j.cancel_requested)
+                LIMIT 100
+                  FOR UPDATE SKIP LOCKED) AS d
+    ), upd AS (
+        UPDATE jobs AS j
+           SET state = CASE WHEN j.cancel_requested THEN 'cancelled'::job_state ELSE 'failed' END,
+               completed_at = now(),
+               lease_token = NULL,
+               lease_expires_at = NULL,
+               last_error = CASE WHEN j.cancel_requested THEN j.last_error ELSE 'lease expired' END,
+               errors = CASE WHEN j.cancel_requested THEN j.errors
+                             ELSE j.errors || jsonb_build_array(jsonb_build_object(
+                                      'attempt', j.attempt, 'at', now(), 'worker', j.leased_by,
+                                      'error', 'lease expired')) END
+          FROM dead
+         WHERE j.id = dead.id
+        RETURNING j.id, j.state, j.queue, j.kind, j.attempt, j.batch_id, j.has_dependents
+    )
+    SELECT jsonb_agg(jsonb_build_object('id', u.id, 'state', u.state, 'queue', u.queue, 'kind', u.kind,
+                                        'attempt', u.attempt, 'batch_id', u.batch_id)),
+           array_agg(u.id) FILTER (WHERE u.batch_id IS NOT NULL OR u.has_dependents)
+      INTO v_events, v_follow
+      FROM upd AS u;
+    IF v_events IS NOT NULL THEN
+        PERFORM _notify_status(v_events);
+        IF v_follow IS NOT NULL THEN
+            PERFORM _propagate(v_follow);
+        END IF;
+    END IF;
+END;
+$$;
+
+-- When the next job of these queues becomes due (NULL if none is scheduled or leased):
+-- the worker's poll fallback sleeps until then instead of polling on a fixed beat.
+CREATE OR REPLACE FUNCTION pgjobs.next_due_at(queues text[] DEFAULT '{default}')
+RETURNS timestamptz
+LANGUAGE sql
+STABLE
+SET search_path = pgjobs, pg_catalog
+AS $$
+    SELECT min(t) FROM (
+        SELECT (SELECT min(j.run_at) FROM jobs AS j WHERE j.state = 'scheduled' AND j.queue = q) AS t
+          FROM unnest(queues) AS q
+        UNION ALL
+        SELECT (SELECT min(j.lease_expires_at) FROM jobs AS j WHERE j.state = 'active' AND j.queue = q)
+          FROM unnest(queues) AS q
+    ) AS s;
+$$;

@@ -1,0 +1,330 @@
+-- Producing work: enqueue (one job) and enqueue_many (a set, in one statement).
+-- Both run inside the caller's transaction: the job exists, and listeners hear of it, only if
+-- that transaction commits.
+
+-- Raises PJ002 when a job spec is unusable; the message names the bad value.
+CREATE OR REPLACE FUNCTION pgjobs._check_job_args(kind text, queue text, payload jsonb,
+                                                  max_attempts int, label text DEFAULT 'job')
+RETURNS void
+LANGUAGE plpgsql
+SET search_path = pgjobs, pg_catalog
+AS $$
+BEGIN
+    IF kind IS NULL OR kind = '' THEN
+        RAISE EXCEPTION USING ERRCODE = 'PJ002',
+            MESSAGE = format('%s: kind must be a non-empty string, got %s', label, coalesce(quote_literal(kind), 'NULL'));
+    ELSIF queue IS NULL OR queue = '' THEN
+        RAISE EXCEPTION USING ERRCODE = 'PJ002',
+            MESSAGE = format('%s: queue must be a non-empty string, got %s', label, coalesce(quote_literal(queue), 'NULL'));
+    ELSIF payload IS NULL THEN
+        RAISE EXCEPTION USING ERRCODE = 'PJ002',
+            MESSAGE = format('%s: payload must not be NULL (use ''{}'' for none)', label);
+    ELSIF max_attempts IS NULL OR max_attempts < 1 THEN
+        RAISE EXCEPTION USING ERRCODE = 'PJ002',
+            MESSAGE = format('%s: max_attempts must be >= 1, got %s', label, coalesce(max_attempts::text, 'NULL'));
+    END IF;
+END;
+$$;
+
+-- Counts a bounded queue's live jobs under a per-queue transaction lock, so two enqueuers
+-- racing for the last free slot cannot both take it. Raises PJ001 when `adding` would not fit.
+CREATE OR REPLACE FUNCTION pgjobs._reserve_capacity(queue text, adding int)
+RETURNS void
+LANGUAGE plpgsql
+SET search_path = pgjobs, pg_catalog
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_max  int;
+    v_live bigint;
+BEGIN
+    SELECT q.max_length INTO v_max FROM queues AS q WHERE q.queue = _reserve_capacity.queue;
+    IF v_max IS NULL OR adding <= 0 THEN
+        RETURN;
+    END IF;
+    PERFORM pg_advisory_xact_lock(hashtextextended('pgjobs.queue:' || _reserve_capacity.queue, 0));
+    -- Count with a fresh snapshot taken after the lock: the previous holder has committed.
+    SELECT count(*) INTO v_live
+      FROM (SELECT 1 FROM jobs
+             WHERE queue = _reserve_capacity.queue
+               AND state IN ('waiting', 'scheduled', 'pending', 'active')
+             LIMIT v_max) AS s;
+    IF v_live + adding > v_max THEN
+        RAISE EXCEPTION USING ERRCODE = 'PJ001',
+            MESSAGE = format('queue %L is full: %s of max_length %s jobs are live, cannot add %s',
+                             _reserve_capacity.queue, v_live, v_max, adding);
+    END IF;
+END;
+$$;
+
+CREATE OR REPLACE FUNCTION pgjobs.enqueue(
+    kind             text,
+    payload          jsonb DEFAULT '{}',
+    queue            text DEFAULT 'default',
+    run_at           timestamptz DEFAULT NULL,
+    priority         smallint DEFAULT 0,
+    max_attempts     int DEFAULT 20,
+    unique_key       text DEFAULT NULL,
+    unique_live_only boolean DEFAULT false,
+    group_key        text DEFAULT NULL,
+    meta             jsonb DEFAULT '{}')
+RETURNS TABLE (id bigint, created boolean, state pgjobs.job_state)
+LANGUAGE plpgsql
+SET search_path = pgjobs, pg_catalog
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_run_at timestamptz := coalesce(enqueue.run_at, now());
+    v_state  job_state := CASE WHEN coalesce(enqueue.run_at, now()) > now() THEN 'scheduled' ELSE 'pending' END;
+    v_id     bigint;
+    v_found  job_state;
+BEGIN
+    PERFORM _check_job_args(enqueue.kind, enqueue.queue, enqueue.payload, enqueue.max_attempts);
+
+    FOR i IN 1..10 LOOP
+        -- Idempotency first, capacity second: an existing key answers even on a full queue.
+        IF enqueue.unique_key IS NOT NULL THEN
+            SELECT j.id, j.state INTO v_id, v_found
+              FROM jobs AS j
+             WHERE j.kind = enqueue.kind AND j.unique_key = enqueue.unique_key
+               AND (NOT j.unique_live_only OR j.state IN ('waiting', 'scheduled', 'pending', 'active'));
+            IF FOUND THEN
+                RETURN QUERY SELECT v_id, false, v_found;
+                RETURN;
+            END IF;
+        END IF;
+
+        IF i = 1 THEN
+            PERFORM _reserve_capacity(enqueue.queue, 1);
+        END IF;
+
+        -- The unique index, not the check above, decides a race between two enqueuers.
+        INSERT INTO jobs AS j (kind, queue, payload, meta, state, priority, run_at, max_attempts,
+                               unique_key, unique_live_only, group_key)
+        VALUES (enqueue.kind, enqueue.queue, enqueue.payload, coalesce(enqueue.meta, '{}'), v_state,
+                coalesce(enqueue.priority, 0), v_run_at, enqueue.max_attempts, enqueue.unique_key,
+                coalesce(enqueue.unique_live_only, false), enqueue.group_key)
+        ON CONFLICT (kind, unique_key)
+            WHERE unique_key IS NOT NULL
+              AND (NOT unique_live_only OR state IN ('waiting', 'scheduled', 'pending', 'active'))
+            DO NOTHING
+        RETURNING j.id INTO v_id;
+
+        IF v_id IS NOT NULL THEN
+            IF v_state = 'pending' THEN
+                PERFORM pg_notify('pgjobs_wake', enqueue.queue);
+            END IF;
+            PERFORM _notify_status(jsonb_build_array(jsonb_build_object(
+                'id', v_id, 'state', v_state, 'queue', enqueue.queue, 'kind', enqueue.kind,
+                'attempt', 0, 'batch_id', NULL)));
+            RETURN QUERY SELECT v_id, true, v_state;
+            RETURN;
+        END IF;
+        -- Lost the race to a holder that committed after our snapshot: read it on the next turn
+        -- (each statement takes a fresh snapshot under READ COMMITTED).
+    END LOOP;
+    RAISE EXCEPTION USING ERRCODE = '40001',
+        MESSAGE = format('enqueue of %L with unique_key %L kept conflicting with a job this transaction cannot see; retry the transaction',
+                         enqueue.kind, enqueue.unique_key);
+END;
+$$;
+
+-- Bulk enqueue. `jobs` is a JSON array of specs with the enqueue() arguments as keys, plus
+-- `ref` (a label returned back) and `depends_on` (see graph.sql). All or nothing.
+CREATE OR REPLACE FUNCTION pgjobs.enqueue_many(jobs jsonb, as_batch boolean DEFAULT false)
+RETURNS TABLE (ref text, id bigint, created boolean, batch_id bigint)
+LANGUAGE plpgsql
+SET search_path = pgjobs, pg_catalog
+AS $$
+#variable_conflict use_column
+BEGIN
+    PERFORM _check_specs(enqueue_many.jobs, 'jobs');
+    IF coalesce(enqueue_many.as_batch, false)
+       OR EXISTS (SELECT 1 FROM jsonb_array_elements(enqueue_many.jobs) AS s(spec) WHERE s.spec ? 'depends_on') THEN
+        -- Graph or batch: the bookkeeping lives in graph.sql.
+        RETURN QUERY SELECT * FROM _enqueue_graph(enqueue_many.jobs, coalesce(enqueue_many.as_batch, false), NULL);
+        RETURN;
+    END IF;
+    RETURN QUERY SELECT r.ref, r.id, r.created, r.batch_id
+                   FROM _insert_specs(enqueue_many.jobs, NULL, NULL) AS r ORDER BY r.n;
+END;
+$$;
+
+-- True when `value` reads as a timestamptz (PostgreSQL 15 has no pg_input_is_valid).
+CREATE OR REPLACE FUNCTION pgjobs._is_timestamp(value text)
+RETURNS boolean
+LANGUAGE plpgsql
+STABLE
+SET search_path = pgjobs, pg_catalog
+AS $$
+BEGIN
+    PERFORM value::timestamptz;
+    RETURN true;
+EXCEPTION WHEN data_exception THEN
+    RETURN false;
+END;
+$$;
+
+-- Validates an array of job specs: PJ002 naming the first bad spec (index and ref) and value.
+CREATE OR REPLACE FUNCTION pgjobs._check_specs(jobs jsonb, label text)
+RETURNS void
+LANGUAGE plpgsql
+SET search_path = pgjobs, pg_catalog
+AS $$
+DECLARE
+    v_bad record;
+BEGIN
+    IF jobs IS NULL OR jsonb_typeof(jobs) <> 'array' THEN
+        RAISE EXCEPTION USING ERRCODE = 'PJ002',
+            MESSAGE = format('%s must be a JSON array of job specs, got %s', label, coalesce(left(jobs::text, 200), 'NULL'));
+    END IF;
+    SELECT c.n, c.spec, c.problem INTO v_bad
+      FROM (SELECT s.n, s.spec,
+                   CASE
+                     WHEN jsonb_typeof(s.spec) <> 'object' THEN format('a job spec must be a JSON object, got %s', s.spec)
+                     WHEN s.spec - '{kind,payload,queue,run_at,priority,max_attempts,unique_key,unique_live_only,group_key,meta,ref,depends_on}'::text[] <> '{}'
+                       THEN format('unknown key(s) %s', (SELECT string_agg(quote_literal(k), ', ')
+                                                          FROM jsonb_object_keys(s.spec - '{kind,payload,queue,run_at,priority,max_attempts,unique_key,unique_live_only,group_key,meta,ref,depends_on}'::text[]) AS k))
+                     WHEN jsonb_typeof(s.spec -> 'kind') IS DISTINCT FROM 'string' OR s.spec ->> 'kind' = ''
+                       THEN format('kind must be a non-empty string, got %s', coalesce((s.spec -> 'kind')::text, 'nothing'))
+                     WHEN s.spec ? 'queue' AND (jsonb_typeof(s.spec -> 'queue') <> 'string' OR s.spec ->> 'queue' = '')
+                       THEN format('queue must be a non-empty string, got %s', s.spec -> 'queue')
+                     WHEN jsonb_typeof(s.spec -> 'payload') = 'null'
+                       THEN 'payload must not be null (use {} for none)'
+                     WHEN s.spec ? 'meta' AND jsonb_typeof(s.spec -> 'meta') <> 'object'
+                       THEN format('meta must be a JSON object, got %s', s.spec -> 'meta')
+                     WHEN s.spec ? 'priority' AND (jsonb_typeof(s.spec -> 'priority') <> 'number'
+                                                   OR (s.spec ->> 'priority')::numeric NOT BETWEEN -32768 AND 32767
+                                                   OR (s.spec ->> 'priority')::numeric % 1 <> 0)
+                       THEN format('priority must be an integer between -32768 and 32767, got %s', s.spec -> 'priority')
+                     WHEN s.spec ? 'max_attempts' AND (jsonb_typeof(s.spec -> 'max_attempts') <> 'number'
+                                                       OR (s.spec ->> 'max_attempts')::numeric NOT BETWEEN 1 AND 2147483647
+                                                       OR (s.spec ->> 'max_attempts')::numeric % 1 <> 0)
+                       THEN format('max_attempts must be an integer >= 1, got %s', s.spec -> 'max_attempts')
+                     WHEN jsonb_typeof(s.spec -> 'run_at') NOT IN ('string', 'null')
+                          OR (jsonb_typeof(s.spec -> 'run_at') = 'string' AND NOT _is_timestamp(s.spec ->> 'run_at'))
+                       THEN format('run_at must be an ISO 8601 timestamp, got %s', s.spec -> 'run_at')
+                     WHEN jsonb_typeof(s.spec -> 'unique_key') NOT IN ('string', 'null')
+                       THEN format('unique_key must be a string, got %s', s.spec -> 'unique_key')
+                     WHEN jsonb_typeof(s.spec -> 'group_key') NOT IN ('string', 'null')
+                       THEN format('group_key must be a string, got %s', s.spec -> 'group_key')
+                     WHEN jsonb_typeof(s.spec -> 'unique_live_only') NOT IN ('boolean', 'null')
+                       THEN format('unique_live_only must be a boolean, got %s', s.spec -> 'unique_live_only')
+                     WHEN jsonb_typeof(s.spec -> 'ref') NOT IN ('string', 'number')
+                       THEN format('ref must be a string, got %s', s.spec -> 'ref')
+                   END AS problem
+              FROM jsonb_array_elements(jobs) WITH ORDINALITY AS s(spec, n)) AS c
+     WHERE c.problem IS NOT NULL
+     ORDER BY c.n
+     LIMIT 1;
+    IF FOUND THEN
+        RAISE EXCEPTION USING ERRCODE = 'PJ002',
+            MESSAGE = format('%s[%s]%s: %s', label, v_bad.n - 1,
+                             CASE WHEN jsonb_typeof(v_bad.spec) = 'object' AND v_bad.spec ? 'ref'
+                                  THEN format(' (ref %s)', v_bad.spec ->> 'ref') ELSE '' END,
+                             v_bad.problem);
+    END IF;
+END;
+$$;
+
+-- Inserts validated specs in one statement. Ids are reserved with nextval() first so a spec
+-- can be matched to its row (and, in graph.sql, so edges can point at rows of the same call):
+-- `ids` optionally passes ids reserved by the caller (parallel to the array). `batch` sets
+-- batch_id; `waiting` (parallel array) puts a spec in state 'waiting'. A spec whose unique key
+-- is held returns the holder with created = false.
+CREATE OR REPLACE FUNCTION pgjobs._insert_specs(jobs jsonb, batch bigint, ids bigint[],
+                                                waiting boolean[] DEFAULT NULL)
+RETURNS TABLE (n bigint, ref text, id bigint, created boolean, batch_id bigint, state pgjobs.job_state,
+               queue text, kind text)
+LANGUAGE plpgsql
+SET search_path = pgjobs, pg_catalog
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_count   int := jsonb_array_length(jobs);
+    v_ids     bigint[] := ids;
+    v_created bigint[];
+    v_events  jsonb;
+    v_wake    text[];
+    v_bounded record;
+BEGIN
+    IF v_count = 0 THEN
+        RETURN;
+    END IF;
+    IF v_ids IS NULL THEN
+        v_ids := ARRAY(SELECT nextval('pgjobs.jobs_id_seq') FROM generate_series(1, v_count));
+    END IF;
+
+    -- Bounded queues (rare): reserve room for the specs that would create a job.
+    FOR v_bounded IN
+        SELECT s.spec ->> 'queue' AS queue, count(*)::int AS adding
+          FROM jsonb_array_elements(jobs) AS s(spec)
+          JOIN queues AS q ON q.queue = coalesce(s.spec ->> 'queue', 'default') AND q.max_length IS NOT NULL
+         WHERE NOT EXISTS (SELECT 1 FROM jobs AS h
+                            WHERE s.spec ? 'unique_key' AND h.kind = s.spec ->> 'kind'
+                              AND h.unique_key = s.spec ->> 'unique_key'
+                              AND (NOT h.unique_live_only OR h.state IN ('waiting', 'scheduled', 'pending', 'active')))
+         GROUP BY 1
+         ORDER BY 1
+    LOOP
+        PERFORM _reserve_capacity(coalesce(v_bounded.queue, 'default'), v_bounded.adding);
+    END LOOP;
+
+    WITH ins AS (
+        INSERT INTO jobs AS j (id, kind, queue, payload, meta, state, priority, run_at, max_attempts,
+                               unique_key, unique_live_only, group_key, batch_id)
+        SELECT v_ids[s.n], s.spec ->> 'kind', coalesce(s.spec ->> 'queue', 'default'),
+               coalesce(s.spec -> 'payload', '{}'), coalesce(s.spec -> 'meta', '{}'),
+               CASE WHEN coalesce(waiting[s.n], false) THEN 'waiting'::job_state
+                    WHEN (s.spec ->> 'run_at')::timestamptz > now() THEN 'scheduled'
+                    ELSE 'pending' END,
+               coalesce((s.spec ->> 'priority')::smallint, 0),
+               coalesce((s.spec ->> 'run_at')::timestamptz, now()),
+               coalesce((s.spec ->> 'max_attempts')::int, 20),
+               s.spec ->> 'unique_key', coalesce((s.spec ->> 'unique_live_only')::boolean, false),
+               s.spec ->> 'group_key', batch
+          FROM jsonb_array_elements(jobs) WITH ORDINALITY AS s(spec, n)
+         ORDER BY s.n
+        ON CONFLICT (kind, unique_key)
+            WHERE unique_key IS NOT NULL
+              AND (NOT unique_live_only OR state IN ('waiting', 'scheduled', 'pending', 'active'))
+            DO NOTHING
+        RETURNING j.id, j.state, j.queue, j.kind, j.batch_id
+    )
+    SELECT array_agg(ins.id),
+           jsonb_agg(jsonb_build_object('id', ins.id, 'state', ins.state, 'queue', ins.queue, 'kind', ins.kind,
+                                        'attempt', 0, 'batch_id', ins.batch_id)),
+           array_agg(DISTINCT ins.queue) FILTER (WHERE ins.state = 'pending')
+      INTO v_created, v_events, v_wake
+      FROM ins;
+    PERFORM _wake(v_wake);
+    PERFORM _notify_status(v_events);
+
+    -- A fresh statement (and snapshot) reads back holders of keys that were already taken,
+    -- including ones committed by a racing transaction while our insert waited on it.
+    RETURN QUERY
+    SELECT s.n, s.spec ->> 'ref', coalesce(h.id, v_ids[s.n]), h.id IS NULL, coalesce(h.batch_id, batch),
+           coalesce(h.state,
+                    CASE WHEN coalesce(waiting[s.n], false) THEN 'waiting'::job_state
+                         WHEN (s.spec ->> 'run_at')::timestamptz > now() THEN 'scheduled'
+                         ELSE 'pending' END),
+           coalesce(s.spec ->> 'queue', 'default'), s.spec ->> 'kind'
+      FROM jsonb_array_elements(jobs) WITH ORDINALITY AS s(spec, n)
+      LEFT JOIN unnest(v_created) AS c(id) ON c.id = v_ids[s.n]
+      LEFT JOIN LATERAL (
+            SELECT hj.id, hj.batch_id, hj.state FROM jobs AS hj
+             WHERE c.id IS NULL
+               AND hj.kind = s.spec ->> 'kind' AND hj.unique_key = s.spec ->> 'unique_key'
+               AND (NOT hj.unique_live_only OR hj.state IN ('waiting', 'scheduled', 'pending', 'active'))
+             LIMIT 1) AS h ON true;
+    IF coalesce(cardinality(v_created), 0) < v_count AND EXISTS (
+           SELECT 1 FROM jsonb_array_elements(jobs) WITH ORDINALITY AS s(spec, n)
+             LEFT JOIN unnest(v_created) AS c(id) ON c.id = v_ids[s.n]
+            WHERE c.id IS NULL
+              AND NOT EXISTS (SELECT 1 FROM jobs AS hj
+                               WHERE hj.kind = s.spec ->> 'kind' AND hj.unique_key = s.spec ->> 'unique_key')) THEN
+        RAISE EXCEPTION USING ERRCODE = '40001',
+            MESSAGE = 'a unique key conflicted with a job this transaction cannot see; retry the transaction';
+    END IF;
+END;
+$$;

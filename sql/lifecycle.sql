@@ -1,0 +1,323 @@
+-- Doing work: what a worker calls on a job it has claimed. The lease token makes every call a
+-- compare-and-set: a call whose token no longer holds the job (reclaimed after its lease
+-- expired, cancelled, already finished) changes nothing and returns false/NULL. That is a
+-- benign outcome the caller expects, never an error.
+
+-- Retry delay after `attempt` failed: exponential (1 s, 2 s, 4 s ...) with +/-25 % jitter so a
+-- burst of failures does not come back as a burst, capped at one hour.
+CREATE OR REPLACE FUNCTION pgjobs.retry_backoff(attempt int)
+RETURNS interval
+LANGUAGE sql
+VOLATILE
+SET search_path = pgjobs, pg_catalog
+AS $$
+    SELECT make_interval(secs => least(3600.0,
+                                       power(2, least(greatest(attempt, 1) - 1, 30)) * (0.75 + random() * 0.5)));
+$$;
+
+CREATE OR REPLACE FUNCTION pgjobs._check_lease(lease interval)
+RETURNS void
+LANGUAGE plpgsql
+SET search_path = pgjobs, pg_catalog
+AS $$
+BEGIN
+    IF lease IS NULL OR lease <= interval '0' THEN
+        RAISE EXCEPTION USING ERRCODE = 'PJ002',
+            MESSAGE = format('lease must be a positive interval, got %s', coalesce(lease::text, 'NULL'));
+    END IF;
+END;
+$$;
+
+CREATE OR REPLACE FUNCTION pgjobs.renew_lease(id bigint, lease_token uuid, lease interval DEFAULT '30 seconds')
+RETURNS boolean
+LANGUAGE plpgsql
+SET search_path = pgjobs, pg_catalog
+AS $$
+#variable_conflict use_column
+BEGIN
+    PERFORM _check_lease(lease);
+    UPDATE jobs SET lease_expires_at = now() + renew_lease.lease
+     WHERE id = renew_lease.id AND lease_token = renew_lease.lease_token AND state = 'active';
+    RETURN FOUND;
+END;
+$$;
+
+-- Batched renewal for a worker's running jobs (one round trip). Returns the jobs still held,
+-- with their cancel_requested flag (the poll fallback for a missed pgjobs_cancel).
+CREATE OR REPLACE FUNCTION pgjobs.renew_leases(ids bigint[], lease_tokens uuid[], lease interval DEFAULT '30 seconds')
+RETURNS TABLE (id bigint, cancel_requested boolean)
+LANGUAGE plpgsql
+SET search_path = pgjobs, pg_catalog
+AS $$
+#variable_conflict use_column
+BEGIN
+    PERFORM _check_lease(lease);
+    PERFORM _check_pairs(ids, lease_tokens);
+    RETURN QUERY
+    UPDATE jobs AS j SET lease_expires_at = now() + renew_leases.lease
+      FROM unnest(ids, lease_tokens) AS t(id, tok)
+     WHERE j.id = t.id AND j.lease_token = t.tok AND j.state = 'active'
+    RETURNING j.id, j.cancel_requested;
+END;
+$$;
+
+CREATE OR REPLACE FUNCTION pgjobs._check_pairs(ids bigint[], lease_tokens uuid[])
+RETURNS void
+LANGUAGE plpgsql
+SET search_path = pgjobs, pg_catalog
+AS $$
+BEGIN
+    IF ids IS NULL OR lease_tokens IS NULL
+       OR coalesce(cardinality(ids), 0) <> coalesce(cardinality(lease_tokens), 0) THEN
+        RAISE EXCEPTION USING ERRCODE = 'PJ002',
+            MESSAGE = format('ids and lease_tokens must be arrays of the same length, got %s ids and %s tokens',
+                             coalesce(cardinality(ids)::text, 'NULL'), coalesce(cardinality(lease_tokens)::text, 'NULL'));
+    END IF;
+END;
+$$;
+
+-- Saved state for the next attempt (kept across reclaims and retries).
+CREATE OR REPLACE FUNCTION pgjobs.checkpoint(id bigint, lease_token uuid, checkpoint jsonb)
+RETURNS boolean
+LANGUAGE plpgsql
+SET search_path = pgjobs, pg_catalog
+AS $$
+#variable_conflict use_column
+BEGIN
+    UPDATE jobs SET checkpoint = checkpoint.checkpoint
+     WHERE id = checkpoint.id AND lease_token = checkpoint.lease_token AND state = 'active';
+    RETURN FOUND;
+END;
+$$;
+
+-- Progress is stored and pushed to status subscribers (the event carries it when small).
+CREATE OR REPLACE FUNCTION pgjobs.progress(id bigint, lease_token uuid, progress jsonb)
+RETURNS boolean
+LANGUAGE plpgsql
+SET search_path = pgjobs, pg_catalog
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_event jsonb;
+BEGIN
+    UPDATE jobs AS j SET progress = progress.progress
+     WHERE j.id = progress.id AND j.lease_token = progress.lease_token AND j.state = 'active'
+    RETURNING jsonb_build_object('id', j.id, 'state', j.state, 'queue', j.queue, 'kind', j.kind,
+                                 'attempt', j.attempt, 'batch_id', j.batch_id)
+              || CASE WHEN octet_length(progress.progress::text) <= 2000
+                      THEN jsonb_build_object('progress', progress.progress) ELSE '{}' END
+      INTO v_event;
+    IF NOT FOUND THEN
+        RETURN false;
+    END IF;
+    PERFORM _notify_status(jsonb_build_array(v_event));
+    RETURN true;
+END;
+$$;
+
+CREATE OR REPLACE FUNCTION pgjobs.complete(id bigint, lease_token uuid, result jsonb DEFAULT NULL,
+                                           continuations jsonb DEFAULT NULL)
+RETURNS boolean
+LANGUAGE plpgsql
+SET search_path = pgjobs, pg_catalog
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_job record;
+BEGIN
+    UPDATE jobs AS j
+       SET state = 'succeeded', completed_at = now(), result = complete.result,
+           lease_token = NULL, lease_expires_at = NULL
+     WHERE j.id = complete.id AND j.lease_token = complete.lease_token AND j.state = 'active'
+    RETURNING j.id, j.queue, j.kind, j.attempt, j.batch_id, j.has_dependents INTO v_job;
+    IF NOT FOUND THEN
+        RETURN false;
+    END IF;
+    PERFORM _notify_status(jsonb_build_array(jsonb_build_object(
+        'id', v_job.id, 'state', 'succeeded', 'queue', v_job.queue, 'kind', v_job.kind,
+        'attempt', v_job.attempt, 'batch_id', v_job.batch_id)));
+    IF continuations IS NOT NULL THEN
+        PERFORM _add_continuations(v_job.id, continuations);
+        v_job.has_dependents := true;
+    END IF;
+    IF v_job.batch_id IS NOT NULL OR v_job.has_dependents THEN
+        PERFORM _propagate(ARRAY[v_job.id]);
+    END IF;
+    RETURN true;
+END;
+$$;
+
+-- The hot path: completes many jobs in one statement; returns how many it completed
+-- (pairs whose token no longer holds the job are skipped). `results` optionally parallels ids.
+CREATE OR REPLACE FUNCTION pgjobs.complete_many(ids bigint[], lease_tokens uuid[], results jsonb[] DEFAULT NULL)
+RETURNS int
+LANGUAGE plpgsql
+SET search_path = pgjobs, pg_catalog
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_count  int;
+    v_events jsonb;
+    v_follow bigint[];
+BEGIN
+    PERFORM _check_pairs(ids, lease_tokens);
+    IF results IS NOT NULL AND cardinality(results) <> cardinality(ids) THEN
+        RAISE EXCEPTION USING ERRCODE = 'PJ002',
+            MESSAGE = format('results must parallel ids: got %s results for %s ids', cardinality(results), cardinality(ids));
+    END IF;
+    WITH upd AS (
+        UPDATE jobs AS j
+           SET state = 'succeeded', completed_at = now(), result = t.res,
+               lease_token = NULL, lease_expires_at = NULL
+          FROM unnest(ids, lease_tokens, results) AS t(id, tok, res)
+         WHERE j.id = t.id AND j.lease_token = t.tok AND j.state = 'active'
+        RETURNING j.id, j.queue, j.kind, j.attempt, j.batch_id, j.has_dependents
+    )
+    SELECT count(*),
+           jsonb_agg(jsonb_build_object('id', u.id, 'state', 'succeeded', 'queue', u.queue, 'kind', u.kind,
+                                        'attempt', u.attempt, 'batch_id', u.batch_id)),
+           array_agg(u.id) FILTER (WHERE u.batch_id IS NOT NULL OR u.has_dependents)
+      INTO v_count, v_events, v_follow
+      FROM upd AS u;
+    PERFORM _notify_status(v_events);
+    IF v_follow IS NOT NULL THEN
+        PERFORM _propagate(v_follow);
+    END IF;
+    RETURN v_count;
+END;
+$$;
+
+-- Ends an attempt with an error. With attempts left the job comes back at retry_at, or after
+-- retry_backoff(attempt): 'pending' when that is now or past, else 'scheduled'. Out of
+-- attempts it is 'failed'. A job whose cancellation was requested ends 'cancelled'.
+-- Returns the new state, or NULL when the token no longer holds the job.
+CREATE OR REPLACE FUNCTION pgjobs.fail(id bigint, lease_token uuid, error text, retry_at timestamptz DEFAULT NULL)
+RETURNS pgjobs.job_state
+LANGUAGE plpgsql
+SET search_path = pgjobs, pg_catalog
+AS $$
+#variable_conflict use_column
+BEGIN
+    RETURN _end_attempt(fail.id, fail.lease_token, fail.error, fail.retry_at, false);
+END;
+$$;
+
+-- Terminal failure now, whatever attempts are left.
+CREATE OR REPLACE FUNCTION pgjobs.dead_letter(id bigint, lease_token uuid, error text)
+RETURNS boolean
+LANGUAGE plpgsql
+SET search_path = pgjobs, pg_catalog
+AS $$
+#variable_conflict use_column
+BEGIN
+    RETURN _end_attempt(dead_letter.id, dead_letter.lease_token, dead_letter.error, NULL, true) IS NOT NULL;
+END;
+$$;
+
+CREATE OR REPLACE FUNCTION pgjobs._end_attempt(id bigint, lease_token uuid, error text, retry_at timestamptz,
+                                               final boolean)
+RETURNS pgjobs.job_state
+LANGUAGE plpgsql
+SET search_path = pgjobs, pg_catalog
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_job record;
+BEGIN
+    -- The next run time is drawn once (the backoff is random) in a subquery on the same row.
+    UPDATE jobs AS j
+       SET state = CASE WHEN j.cancel_requested THEN 'cancelled'::job_state
+                        WHEN final OR j.attempt >= j.max_attempts THEN 'failed'
+                        WHEN n.next_at <= now() THEN 'pending'
+                        ELSE 'scheduled' END,
+           run_at = CASE WHEN j.cancel_requested OR final OR j.attempt >= j.max_attempts THEN j.run_at
+                         ELSE greatest(n.next_at, now()) END,
+           completed_at = CASE WHEN j.cancel_requested OR final OR j.attempt >= j.max_attempts THEN now() END,
+           last_error = coalesce(_end_attempt.error, 'unknown error'),
+           errors = j.errors || jsonb_build_array(jsonb_build_object(
+                        'attempt', j.attempt, 'at', now(), 'worker', j.leased_by,
+                        'error', coalesce(_end_attempt.error, 'unknown error'))),
+           lease_token = NULL, lease_expires_at = NULL
+      FROM (SELECT coalesce(_end_attempt.retry_at, now() + retry_backoff(c.attempt)) AS next_at
+              FROM jobs AS c WHERE c.id = _end_attempt.id) AS n
+     WHERE j.id = _end_attempt.id AND j.lease_token = _end_attempt.lease_token AND j.state = 'active'
+    RETURNING j.id, j.state, j.queue, j.kind, j.attempt, j.batch_id, j.has_dependents INTO v_job;
+    IF NOT FOUND THEN
+        RETURN NULL;
+    END IF;
+    IF v_job.state = 'pending' THEN
+        PERFORM pg_notify('pgjobs_wake', v_job.queue);
+    END IF;
+    PERFORM _notify_status(jsonb_build_array(jsonb_build_object(
+        'id', v_job.id, 'state', v_job.state, 'queue', v_job.queue, 'kind', v_job.kind,
+        'attempt', v_job.attempt, 'batch_id', v_job.batch_id)));
+    IF v_job.state IN ('failed', 'cancelled') AND (v_job.batch_id IS NOT NULL OR v_job.has_dependents) THEN
+        PERFORM _propagate(ARRAY[v_job.id]);
+    END IF;
+    RETURN v_job.state;
+END;
+$$;
+
+-- Gives the job back unfinished, claimable at once or at run_at, and refunds the attempt.
+CREATE OR REPLACE FUNCTION pgjobs.release(id bigint, lease_token uuid, run_at timestamptz DEFAULT NULL)
+RETURNS boolean
+LANGUAGE plpgsql
+SET search_path = pgjobs, pg_catalog
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_job record;
+BEGIN
+    UPDATE jobs AS j
+       SET state = CASE WHEN j.cancel_requested THEN 'cancelled'::job_state
+                        WHEN release.run_at > now() THEN 'scheduled'
+                        ELSE 'pending' END,
+           run_at = CASE WHEN j.cancel_requested THEN j.run_at ELSE greatest(coalesce(release.run_at, now()), now()) END,
+           completed_at = CASE WHEN j.cancel_requested THEN now() END,
+           attempt = greatest(j.attempt - 1, 0),
+           lease_token = NULL, lease_expires_at = NULL
+     WHERE j.id = release.id AND j.lease_token = release.lease_token AND j.state = 'active'
+    RETURNING j.id, j.state, j.queue, j.kind, j.attempt, j.batch_id, j.has_dependents INTO v_job;
+    IF NOT FOUND THEN
+        RETURN false;
+    END IF;
+    IF v_job.state = 'pending' THEN
+        PERFORM pg_notify('pgjobs_wake', v_job.queue);
+    END IF;
+    PERFORM _notify_status(jsonb_build_array(jsonb_build_object(
+        'id', v_job.id, 'state', v_job.state, 'queue', v_job.queue, 'kind', v_job.kind,
+        'attempt', v_job.attempt, 'batch_id', v_job.batch_id)));
+    IF v_job.state = 'cancelled' AND (v_job.batch_id IS NOT NULL OR v_job.has_dependents) THEN
+        PERFORM _propagate(ARRAY[v_job.id]);
+    END IF;
+    RETURN true;
+END;
+$$;
+
+-- A worker acknowledges a requested cancellation: the running job ends 'cancelled'.
+CREATE OR REPLACE FUNCTION pgjobs.ack_cancel(id bigint, lease_token uuid)
+RETURNS boolean
+LANGUAGE plpgsql
+SET search_path = pgjobs, pg_catalog
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_job record;
+BEGIN
+    UPDATE jobs AS j
+       SET state = 'cancelled', completed_at = now(), lease_token = NULL, lease_expires_at = NULL,
+           cancel_requested = true
+     WHERE j.id = ack_cancel.id AND j.lease_token = ack_cancel.lease_token AND j.state = 'active'
+    RETURNING j.id, j.queue, j.kind, j.attempt, j.batch_id, j.has_dependents INTO v_job;
+    IF NOT FOUND THEN
+        RETURN false;
+    END IF;
+    PERFORM _notify_status(jsonb_build_array(jsonb_build_object(
+        'id', v_job.id, 'state', 'cancelled', 'queue', v_job.queue, 'kind', v_job.kind,
+        'attempt', v_job.attempt, 'batch_id', v_job.batch_id)));
+    IF v_job.batch_id IS NOT NULL OR v_job.has_dependents THEN
+        PERFORM _propagate(ARRAY[v_job.id]);
+    END IF;
+    RETURN true;
+END;
+$$;

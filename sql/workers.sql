@@ -1,0 +1,64 @@
+-- Workers: presence (heartbeat) and recovery of the jobs of workers that went silent.
+
+CREATE OR REPLACE FUNCTION pgjobs.worker_heartbeat(worker text, meta jsonb DEFAULT '{}')
+RETURNS timestamptz
+LANGUAGE plpgsql
+SET search_path = pgjobs, pg_catalog
+AS $$
+#variable_conflict use_column
+BEGIN
+    IF worker IS NULL OR worker = '' THEN
+        RAISE EXCEPTION USING ERRCODE = 'PJ002',
+            MESSAGE = format('worker must be a non-empty string, got %s', coalesce(quote_literal(worker), 'NULL'));
+    END IF;
+    INSERT INTO workers AS w (id, meta) VALUES (worker, coalesce(meta, '{}'))
+    ON CONFLICT (id) DO UPDATE SET last_seen = now(), meta = coalesce(EXCLUDED.meta, w.meta);
+    RETURN now();
+END;
+$$;
+
+-- Forgets workers silent for longer than stale_after and makes their leased jobs claimable at
+-- once (lease expired now), so a crashed worker's jobs do not wait out their lease. The jobs'
+-- tokens stay, so a worker that was only slow and comes back can still finish them until a
+-- claimer takes them. Returns how many workers were forgotten.
+CREATE OR REPLACE FUNCTION pgjobs.reap_workers(stale_after interval DEFAULT '1 minute')
+RETURNS int
+LANGUAGE plpgsql
+SET search_path = pgjobs, pg_catalog
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_gone text[];
+    v_queues text[];
+BEGIN
+    IF stale_after IS NULL OR stale_after <= interval '0' THEN
+        RAISE EXCEPTION USING ERRCODE = 'PJ002',
+            MESSAGE = format('stale_after must be a positive interval, got %s', coalesce(stale_after::text, 'NULL'));
+    END IF;
+    WITH gone AS (
+        DELETE FROM workers AS w WHERE w.last_seen < now() - stale_after RETURNING w.id)
+    SELECT array_agg(gone.id) INTO v_gone FROM gone;
+    IF v_gone IS NULL THEN
+        RETURN 0;
+    END IF;
+    WITH freed AS (
+        UPDATE jobs AS j SET lease_expires_at = least(j.lease_expires_at, now() - interval '1 microsecond')
+         WHERE j.state = 'active' AND j.leased_by = ANY (v_gone)
+        RETURNING j.queue)
+    SELECT array_agg(DISTINCT freed.queue) INTO v_queues FROM freed;
+    PERFORM _wake(v_queues);
+    RETURN cardinality(v_gone);
+END;
+$$;
+
+CREATE OR REPLACE FUNCTION pgjobs.list_workers()
+RETURNS TABLE (id text, last_seen timestamptz, meta jsonb, started_at timestamptz, active_jobs bigint)
+LANGUAGE sql
+STABLE
+SET search_path = pgjobs, pg_catalog
+AS $$
+    SELECT w.id, w.last_seen, w.meta, w.started_at,
+           (SELECT count(*) FROM jobs AS j WHERE j.state = 'active' AND j.leased_by = w.id)
+      FROM workers AS w
+     ORDER BY w.id;
+$$;

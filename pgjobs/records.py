@@ -1,0 +1,172 @@
+"""Typed records returned by the client (one per SQL result shape)."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, fields
+from datetime import datetime
+from typing import Any, Self
+from uuid import UUID
+
+
+class JobState(enum.StrEnum):
+    WAITING = "waiting"
+    SCHEDULED = "scheduled"
+    PENDING = "pending"
+    ACTIVE = "active"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+    @property
+    def terminal(self) -> bool:
+        return self in (JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED)
+
+
+class _Row:
+    """Builds a dataclass from a dict row, ignoring columns it does not know (forward-compatible)."""
+
+    @classmethod
+    def from_row(cls, row: dict[str, Any]) -> Self:
+        names = {f.name for f in fields(cls)}  # type: ignore[arg-type]
+        values = {k: v for k, v in row.items() if k in names}
+        if "state" in values and values["state"] is not None:
+            values["state"] = JobState(values["state"])
+        return cls(**values)
+
+
+@dataclass(frozen=True, slots=True)
+class Enqueued(_Row):
+    id: int
+    created: bool
+    state: JobState
+
+
+@dataclass(frozen=True, slots=True)
+class EnqueuedSpec(_Row):
+    ref: str | None
+    id: int
+    created: bool
+    batch_id: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimedJob(_Row):
+    id: int
+    kind: str
+    queue: str
+    payload: Any
+    meta: dict[str, Any]
+    attempt: int
+    max_attempts: int
+    lease_token: UUID
+    lease_expires_at: datetime
+    checkpoint: Any
+    group_key: str | None
+    batch_id: int | None
+    first_started_at: datetime | None
+
+
+@dataclass(frozen=True, slots=True)
+class Job(_Row):
+    id: int
+    kind: str
+    queue: str
+    payload: Any
+    meta: dict[str, Any]
+    state: JobState
+    priority: int
+    run_at: datetime
+    created_at: datetime
+    attempt: int
+    max_attempts: int
+    lease_token: UUID | None
+    leased_by: str | None
+    lease_expires_at: datetime | None
+    first_started_at: datetime | None
+    completed_at: datetime | None
+    last_error: str | None
+    errors: list[dict[str, Any]]
+    checkpoint: Any
+    progress: Any
+    result: Any
+    unique_key: str | None
+    unique_live_only: bool
+    group_key: str | None
+    batch_id: int | None
+    remaining_deps: int
+    failed_deps: int
+    schedule_name: str | None
+    cancel_requested: bool
+
+
+@dataclass(frozen=True, slots=True)
+class JobStatus(_Row):
+    """``job_status()``: the job plus ``depends_on`` (``[{"job"|"batch": id, "on": trigger}]``)."""
+
+    id: int
+    kind: str
+    queue: str
+    payload: Any
+    meta: dict[str, Any]
+    state: JobState
+    priority: int
+    run_at: datetime
+    created_at: datetime
+    attempt: int
+    max_attempts: int
+    lease_token: UUID | None
+    leased_by: str | None
+    lease_expires_at: datetime | None
+    first_started_at: datetime | None
+    completed_at: datetime | None
+    last_error: str | None
+    errors: list[dict[str, Any]]
+    checkpoint: Any
+    progress: Any
+    result: Any
+    unique_key: str | None
+    unique_live_only: bool
+    group_key: str | None
+    batch_id: int | None
+    remaining_deps: int
+    failed_deps: int
+    schedule_name: str | None
+    cancel_requested: bool
+    depends_on: list[dict[str, Any]]
+
+
+@dataclass(frozen=True, slots=True)
+class QueueSettings(_Row):
+    queue: str
+    max_length: int | None
+    paused: bool
+    fair: bool
+    noisy_share: float
+    noisy_min_active: int
+    max_active_per_group: int | None
+    max_active: int | None
+    status_events: str
+    updated_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class QueueStat(_Row):
+    queue: str
+    state: JobState
+    jobs: int
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerInfo(_Row):
+    id: str
+    last_seen: datetime
+    meta: dict[str, Any]
+    started_at: datetime
+    active_jobs: int
+
+
+@dataclass(frozen=True, slots=True)
+class Renewed(_Row):
+    id: int
+    cancel_requested: bool

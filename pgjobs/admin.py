@@ -105,9 +105,17 @@ class AdminOps(SyncRunner):
     ) -> QueueSettings:
         """Changes a queue's settings: None leaves a setting as it is, 0 removes a limit."""
         return self._run(
-            configure_queue_call(queue, max_length=max_length, paused=paused, fair=fair, noisy_share=noisy_share,
-                                 noisy_min_active=noisy_min_active, max_active_per_group=max_active_per_group,
-                                 max_active=max_active, status_events=status_events),
+            configure_queue_call(
+                queue,
+                max_length=max_length,
+                paused=paused,
+                fair=fair,
+                noisy_share=noisy_share,
+                noisy_min_active=noisy_min_active,
+                max_active_per_group=max_active_per_group,
+                max_active=max_active,
+                status_events=status_events,
+            ),
             conn,
         )
 
@@ -149,9 +157,17 @@ class AsyncAdminOps(AsyncRunner):
         conn: AsyncConn | None = None,
     ) -> QueueSettings:
         return await self._run(
-            configure_queue_call(queue, max_length=max_length, paused=paused, fair=fair, noisy_share=noisy_share,
-                                 noisy_min_active=noisy_min_active, max_active_per_group=max_active_per_group,
-                                 max_active=max_active, status_events=status_events),
+            configure_queue_call(
+                queue,
+                max_length=max_length,
+                paused=paused,
+                fair=fair,
+                noisy_share=noisy_share,
+                noisy_min_active=noisy_min_active,
+                max_active_per_group=max_active_per_group,
+                max_active=max_active,
+                status_events=status_events,
+            ),
             conn,
         )
 

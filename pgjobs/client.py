@@ -24,14 +24,19 @@ class Client(EnqueueOps, ClaimOps, LifecycleOps, AdminOps, StatusOps, WorkerOps)
     """Synchronous client. ``Client(dsn)`` opens its own pool; ``Client(pool=...)`` shares yours."""
 
     def __init__(
-        self, dsn: str | None = None, *, pool: ConnectionPool[Any] | None = None, min_size: int = 1,
+        self,
+        dsn: str | None = None,
+        *,
+        pool: ConnectionPool[Any] | None = None,
+        min_size: int = 1,
         max_size: int = 10,
     ) -> None:
         if pool is None:
             if dsn is None:
                 raise ValueError("Client needs a dsn or a pool")
-            pool = ConnectionPool(dsn, min_size=min_size, max_size=max_size, kwargs={"autocommit": True},
-                                  open=True, name="pgjobs")
+            pool = ConnectionPool(
+                dsn, min_size=min_size, max_size=max_size, kwargs={"autocommit": True}, open=True, name="pgjobs"
+            )
             self._owns_pool = True
         else:
             self._owns_pool = False
@@ -57,14 +62,19 @@ class AsyncClient(AsyncEnqueueOps, AsyncClaimOps, AsyncLifecycleOps, AsyncAdminO
     """Asynchronous client. Use ``async with AsyncClient(dsn) as client:`` (or ``await client.open()``)."""
 
     def __init__(
-        self, dsn: str | None = None, *, pool: AsyncConnectionPool[Any] | None = None, min_size: int = 1,
+        self,
+        dsn: str | None = None,
+        *,
+        pool: AsyncConnectionPool[Any] | None = None,
+        min_size: int = 1,
         max_size: int = 10,
     ) -> None:
         if pool is None:
             if dsn is None:
                 raise ValueError("AsyncClient needs a dsn or a pool")
-            pool = AsyncConnectionPool(dsn, min_size=min_size, max_size=max_size, kwargs={"autocommit": True},
-                                       open=False, name="pgjobs")
+            pool = AsyncConnectionPool(
+                dsn, min_size=min_size, max_size=max_size, kwargs={"autocommit": True}, open=False, name="pgjobs"
+            )
             self._owns_pool = True
         else:
             self._owns_pool = False
@@ -87,7 +97,5 @@ class AsyncClient(AsyncEnqueueOps, AsyncClaimOps, AsyncLifecycleOps, AsyncAdminO
         await self.open()
         return self
 
-    async def __aexit__(
-        self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
-    ) -> None:
+    async def __aexit__(self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None) -> None:
         await self.close()

@@ -121,8 +121,7 @@ def _ensure_private_base(path: Path) -> None:
     st = path.lstat()
     if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid():
         raise EmbeddedUnavailable(
-            f"{path} exists but is not a directory owned by uid {os.geteuid()}; "
-            "remove it or pass another data dir"
+            f"{path} exists but is not a directory owned by uid {os.geteuid()}; remove it or pass another data dir"
         )
     path.chmod(0o755)  # the server's user must traverse it; nothing in it is secret
 

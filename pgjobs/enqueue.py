@@ -83,8 +83,18 @@ class EnqueueOps(SyncRunner):
     ) -> Enqueued:
         """Enqueues one job. With ``conn``, inside the caller's transaction."""
         return self._run(
-            enqueue_call(kind, payload, queue=queue, run_at=run_at, priority=priority, max_attempts=max_attempts,
-                         unique_key=unique_key, unique_live_only=unique_live_only, group_key=group_key, meta=meta),
+            enqueue_call(
+                kind,
+                payload,
+                queue=queue,
+                run_at=run_at,
+                priority=priority,
+                max_attempts=max_attempts,
+                unique_key=unique_key,
+                unique_live_only=unique_live_only,
+                group_key=group_key,
+                meta=meta,
+            ),
             conn,
         )
 
@@ -112,8 +122,18 @@ class AsyncEnqueueOps(AsyncRunner):
         conn: AsyncConn | None = None,
     ) -> Enqueued:
         return await self._run(
-            enqueue_call(kind, payload, queue=queue, run_at=run_at, priority=priority, max_attempts=max_attempts,
-                         unique_key=unique_key, unique_live_only=unique_live_only, group_key=group_key, meta=meta),
+            enqueue_call(
+                kind,
+                payload,
+                queue=queue,
+                run_at=run_at,
+                priority=priority,
+                max_attempts=max_attempts,
+                unique_key=unique_key,
+                unique_live_only=unique_live_only,
+                group_key=group_key,
+                meta=meta,
+            ),
             conn,
         )
 

@@ -54,8 +54,7 @@ def progress_call(id: int, lease_token: UUID, progress: Any) -> Call[bool]:
 
 def complete_call(id: int, lease_token: UUID, result: Any = None, continuations: Any = None) -> Call[bool]:
     return Call(
-        "SELECT pgjobs.complete(id => %(id)s, lease_token => %(tok)s, result => %(result)s,"
-        " continuations => %(cont)s)",
+        "SELECT pgjobs.complete(id => %(id)s, lease_token => %(tok)s, result => %(result)s, continuations => %(cont)s)",
         {"id": id, "tok": lease_token, "result": jsonb(result), "cont": jsonb(continuations)},
         scalar,
     )
@@ -111,8 +110,12 @@ class LifecycleOps(SyncRunner):
         return self._run(renew_lease_call(id, lease_token, lease), conn)
 
     def renew_leases(
-        self, ids: Sequence[int], lease_tokens: Sequence[UUID], lease: float | timedelta = 30.0,
-        *, conn: SyncConn | None = None,
+        self,
+        ids: Sequence[int],
+        lease_tokens: Sequence[UUID],
+        lease: float | timedelta = 30.0,
+        *,
+        conn: SyncConn | None = None,
     ) -> list[Renewed]:
         """Renews many leases in one round trip; returns the jobs still held."""
         return self._run(renew_leases_call(ids, lease_tokens, lease), conn)
@@ -124,20 +127,34 @@ class LifecycleOps(SyncRunner):
         return self._run(progress_call(id, lease_token, progress), conn)
 
     def complete(
-        self, id: int, lease_token: UUID, result: Any = None, continuations: Any = None,
-        *, conn: SyncConn | None = None,
+        self,
+        id: int,
+        lease_token: UUID,
+        result: Any = None,
+        continuations: Any = None,
+        *,
+        conn: SyncConn | None = None,
     ) -> bool:
         return self._run(complete_call(id, lease_token, result, continuations), conn)
 
     def complete_many(
-        self, ids: Sequence[int], lease_tokens: Sequence[UUID], results: Sequence[Any] | None = None,
-        *, conn: SyncConn | None = None,
+        self,
+        ids: Sequence[int],
+        lease_tokens: Sequence[UUID],
+        results: Sequence[Any] | None = None,
+        *,
+        conn: SyncConn | None = None,
     ) -> int:
         return self._run(complete_many_call(ids, lease_tokens, results), conn)
 
     def fail(
-        self, id: int, lease_token: UUID, error: str, retry_at: datetime | None = None,
-        *, conn: SyncConn | None = None,
+        self,
+        id: int,
+        lease_token: UUID,
+        error: str,
+        retry_at: datetime | None = None,
+        *,
+        conn: SyncConn | None = None,
     ) -> JobState | None:
         return self._run(fail_call(id, lease_token, error, retry_at), conn)
 
@@ -160,8 +177,12 @@ class AsyncLifecycleOps(AsyncRunner):
         return await self._run(renew_lease_call(id, lease_token, lease), conn)
 
     async def renew_leases(
-        self, ids: Sequence[int], lease_tokens: Sequence[UUID], lease: float | timedelta = 30.0,
-        *, conn: AsyncConn | None = None,
+        self,
+        ids: Sequence[int],
+        lease_tokens: Sequence[UUID],
+        lease: float | timedelta = 30.0,
+        *,
+        conn: AsyncConn | None = None,
     ) -> list[Renewed]:
         return await self._run(renew_leases_call(ids, lease_tokens, lease), conn)
 
@@ -172,20 +193,34 @@ class AsyncLifecycleOps(AsyncRunner):
         return await self._run(progress_call(id, lease_token, progress), conn)
 
     async def complete(
-        self, id: int, lease_token: UUID, result: Any = None, continuations: Any = None,
-        *, conn: AsyncConn | None = None,
+        self,
+        id: int,
+        lease_token: UUID,
+        result: Any = None,
+        continuations: Any = None,
+        *,
+        conn: AsyncConn | None = None,
     ) -> bool:
         return await self._run(complete_call(id, lease_token, result, continuations), conn)
 
     async def complete_many(
-        self, ids: Sequence[int], lease_tokens: Sequence[UUID], results: Sequence[Any] | None = None,
-        *, conn: AsyncConn | None = None,
+        self,
+        ids: Sequence[int],
+        lease_tokens: Sequence[UUID],
+        results: Sequence[Any] | None = None,
+        *,
+        conn: AsyncConn | None = None,
     ) -> int:
         return await self._run(complete_many_call(ids, lease_tokens, results), conn)
 
     async def fail(
-        self, id: int, lease_token: UUID, error: str, retry_at: datetime | None = None,
-        *, conn: AsyncConn | None = None,
+        self,
+        id: int,
+        lease_token: UUID,
+        error: str,
+        retry_at: datetime | None = None,
+        *,
+        conn: AsyncConn | None = None,
     ) -> JobState | None:
         return await self._run(fail_call(id, lease_token, error, retry_at), conn)
 

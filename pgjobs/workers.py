@@ -18,9 +18,7 @@ def worker_heartbeat_call(worker: str, meta: dict[str, Any] | None = None) -> Ca
 
 
 def reap_workers_call(stale_after: float | timedelta) -> Call[int]:
-    return Call(
-        "SELECT pgjobs.reap_workers(stale_after => %(s)s)", {"s": interval(stale_after)}, scalar
-    )
+    return Call("SELECT pgjobs.reap_workers(stale_after => %(s)s)", {"s": interval(stale_after)}, scalar)
 
 
 def list_workers_call() -> Call[list[WorkerInfo]]:

@@ -318,6 +318,15 @@ def _install_sigterm_handler() -> None:
         _sigterm_installed = True
 
 
+def _uninstall_sigterm_handler() -> None:
+    global _sigterm_installed
+    if not _sigterm_installed or threading.current_thread() is not threading.main_thread():
+        return
+    if signal.getsignal(signal.SIGTERM) is _on_sigterm:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    _sigterm_installed = False
+
+
 def _log_tail(pgdata: Path, lines: int = 30) -> str:
     try:
         return "\n".join((pgdata / "log").read_text(errors="replace").splitlines()[-lines:])
@@ -479,6 +488,8 @@ def stop(data_dir: Path | None = None, *, force: bool = False) -> None:
                 continue
             del _running[pgdata]
             _stop_one(pgdata, running, force)
+        if not _running:
+            _uninstall_sigterm_handler()
 
 
 atexit.register(stop)

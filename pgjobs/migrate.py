@@ -27,8 +27,18 @@ from yoyo import get_backend
 from yoyo.migrations import Migration, MigrationList, StepCollector
 
 ROOT = Path(__file__).resolve().parent.parent
-MIGRATIONS_DIR = ROOT / "migrations"
-SQL_DIR = ROOT / "sql"
+
+
+def _locate(dirname: str, packaged: str) -> Path:
+    """The repo's top-level directory in a checkout; the copy packaged inside pgjobs/ in a wheel."""
+    in_repo = ROOT / dirname
+    if in_repo.is_dir():
+        return in_repo
+    return Path(__file__).resolve().parent / packaged
+
+
+MIGRATIONS_DIR = _locate("migrations", "_migrations")
+SQL_DIR = _locate("sql", "_sql")
 # Any constant works; it only has to be the same for every migrating process.
 _LOCK_KEY = 0x70676A6F6273  # "pgjobs"
 _TXN_LINE = re.compile(r"^\s*(BEGIN|COMMIT)\s*;\s*$", re.IGNORECASE | re.MULTILINE)

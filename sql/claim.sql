@@ -59,9 +59,15 @@ DECLARE
     v_controlled text[];
     v_rows       claimed_job[];
     v_more       claimed_job[];
-    v_limits     jsonb := kind_limits;
+    v_limits     jsonb;
 BEGIN
     PERFORM _check_claim_args(worker, queues, max_jobs, lease, kind_limits);
+    -- Normalised to integer caps (JSON 2.0 and 1e9 are valid limits too); '{}' stays '{}'
+    -- (no kind may be taken), it must not become NULL (any kind).
+    IF kind_limits IS NOT NULL THEN
+        v_limits := coalesce((SELECT jsonb_object_agg(e.key, least((e.value::text)::numeric, max_jobs)::int)
+                                FROM jsonb_each(kind_limits) AS e), '{}');
+    END IF;
 
     -- Paused queues give nothing. Queues with fairness or concurrency caps take the
     -- controlled path (fairness.sql); every other queue takes the plain fast path.
@@ -126,44 +132,59 @@ SET search_path = pgjobs, pg_catalog
 AS $$
 #variable_conflict use_column
 DECLARE
-    v_kinds text[] := CASE WHEN kind_limits IS NULL THEN NULL
-                           ELSE ARRAY(SELECT e.key FROM jsonb_each(kind_limits) AS e
-                                       WHERE (e.value::text)::numeric > 0) END;
+    -- What each candidate scan may take: one row (NULL kind, max_jobs) when any kind goes,
+    -- else one row per listed kind with its own cap, so a kind that comes first in claim order
+    -- cannot crowd out the candidates of another listed kind (the call still fills up).
+    v_kinds text[] := ARRAY[NULL::text];
+    v_caps  int[] := ARRAY[max_jobs];
     v_rows  claimed_job[];
 BEGIN
-    IF v_kinds IS NOT NULL AND cardinality(v_kinds) = 0 THEN
-        RETURN NULL;
+    IF kind_limits IS NOT NULL THEN
+        SELECT array_agg(e.key), array_agg(least((e.value::text)::numeric, max_jobs)::int)
+          INTO v_kinds, v_caps
+          FROM jsonb_each(kind_limits) AS e
+         WHERE (e.value::text)::numeric >= 1;
+        IF v_kinds IS NULL THEN
+            RETURN NULL;   -- only listed kinds may be taken, and none may
+        END IF;
     END IF;
-    WITH cand AS (
+    -- Every source is read in claim order (priority, run_at, id): due scheduled jobs and
+    -- expired leases too, so a due job of better priority is never passed over.
+    WITH k AS (
+        SELECT k.kind, k.cap FROM unnest(v_kinds, v_caps) AS k(kind, cap)
+    ), cand AS (
         SELECT p.id, p.priority, p.run_at, p.kind
           FROM unnest(queues) AS q(name)
+         CROSS JOIN k
          CROSS JOIN LATERAL (
                SELECT j.id, j.priority, j.run_at, j.kind FROM jobs AS j
                 WHERE j.state = 'pending' AND j.queue = q.name
-                  AND (v_kinds IS NULL OR j.kind = ANY (v_kinds))
+                  AND (k.kind IS NULL OR j.kind = k.kind)
                 ORDER BY j.priority, j.run_at, j.id
-                LIMIT max_jobs
+                LIMIT k.cap
                   FOR UPDATE SKIP LOCKED) AS p
         UNION ALL
         SELECT s.id, s.priority, s.run_at, s.kind
           FROM unnest(queues) AS q(name)
+         CROSS JOIN k
          CROSS JOIN LATERAL (
                SELECT j.id, j.priority, j.run_at, j.kind FROM jobs AS j
                 WHERE j.state = 'scheduled' AND j.queue = q.name AND j.run_at <= now()
-                  AND (v_kinds IS NULL OR j.kind = ANY (v_kinds))
-                ORDER BY j.run_at
-                LIMIT max_jobs
+                  AND (k.kind IS NULL OR j.kind = k.kind)
+                ORDER BY j.priority, j.run_at, j.id
+                LIMIT k.cap
                   FOR UPDATE SKIP LOCKED) AS s
         UNION ALL
         SELECT e.id, e.priority, e.run_at, e.kind
           FROM unnest(queues) AS q(name)
+         CROSS JOIN k
          CROSS JOIN LATERAL (
                SELECT j.id, j.priority, j.run_at, j.kind FROM jobs AS j
                 WHERE j.state = 'active' AND j.queue = q.name AND j.lease_expires_at < now()
                   AND j.attempt < j.max_attempts AND NOT j.cancel_requested
-                  AND (v_kinds IS NULL OR j.kind = ANY (v_kinds))
-                ORDER BY j.lease_expires_at
-                LIMIT max_jobs
+                  AND (k.kind IS NULL OR j.kind = k.kind)
+                ORDER BY j.priority, j.run_at, j.id
+                LIMIT k.cap
                   FOR UPDATE SKIP LOCKED) AS e
     ), picked AS (
         SELECT r.id FROM (
@@ -171,7 +192,7 @@ BEGIN
                    row_number() OVER (PARTITION BY c.kind ORDER BY c.priority, c.run_at, c.id) AS kind_rank,
                    c.kind
               FROM cand AS c) AS r
-         WHERE kind_limits IS NULL OR r.kind_rank <= (kind_limits ->> r.kind)::int
+         WHERE kind_limits IS NULL OR r.kind_rank <= (kind_limits ->> r.kind)::numeric
          ORDER BY r.priority, r.run_at, r.id
          LIMIT max_jobs
     ), upd AS (

@@ -210,7 +210,7 @@ BEGIN
                        THEN format('group_key must be a string, got %s', s.spec -> 'group_key')
                      WHEN jsonb_typeof(s.spec -> 'unique_live_only') NOT IN ('boolean', 'null')
                        THEN format('unique_live_only must be a boolean, got %s', s.spec -> 'unique_live_only')
-                     WHEN jsonb_typeof(s.spec -> 'ref') NOT IN ('string', 'number')
+                     WHEN jsonb_typeof(s.spec -> 'ref') NOT IN ('string', 'number', 'null')
                        THEN format('ref must be a string, got %s', s.spec -> 'ref')
                    END AS problem
               FROM jsonb_array_elements(jobs) WITH ORDINALITY AS s(spec, n)) AS c
@@ -257,7 +257,13 @@ BEGIN
 
     -- Bounded queues (rare): reserve room for the specs that would create a job.
     FOR v_bounded IN
-        SELECT s.spec ->> 'queue' AS queue, count(*)::int AS adding
+        -- Grouped by the queue each spec lands in: an omitted queue and an explicit 'default'
+        -- are one queue, and two reservations of it would each miss the other's jobs.
+        -- Specs repeating one unique key make one job: counted once.
+        SELECT coalesce(s.spec ->> 'queue', 'default') AS queue,
+               (count(*) FILTER (WHERE s.spec ->> 'unique_key' IS NULL)
+                + count(DISTINCT ARRAY[s.spec ->> 'kind', s.spec ->> 'unique_key'])
+                      FILTER (WHERE s.spec ->> 'unique_key' IS NOT NULL))::int AS adding
           FROM jsonb_array_elements(jobs) AS s(spec)
           JOIN queues AS q ON q.queue = coalesce(s.spec ->> 'queue', 'default') AND q.max_length IS NOT NULL
          WHERE NOT EXISTS (SELECT 1 FROM jobs AS h
@@ -267,7 +273,7 @@ BEGIN
          GROUP BY 1
          ORDER BY 1
     LOOP
-        PERFORM _reserve_capacity(coalesce(v_bounded.queue, 'default'), v_bounded.adding);
+        PERFORM _reserve_capacity(v_bounded.queue, v_bounded.adding);
     END LOOP;
 
     WITH ins AS (
@@ -278,9 +284,10 @@ BEGIN
                CASE WHEN coalesce(waiting[s.n], false) THEN 'waiting'::job_state
                     WHEN (s.spec ->> 'run_at')::timestamptz > now() THEN 'scheduled'
                     ELSE 'pending' END,
-               coalesce((s.spec ->> 'priority')::smallint, 0),
+               -- Through numeric: JSON 5.0 is a valid integer (_check_specs), '5.0'::smallint is not.
+               coalesce((s.spec ->> 'priority')::numeric::smallint, 0),
                coalesce((s.spec ->> 'run_at')::timestamptz, now()),
-               coalesce((s.spec ->> 'max_attempts')::int, 20),
+               coalesce((s.spec ->> 'max_attempts')::numeric::int, 20),
                s.spec ->> 'unique_key', coalesce((s.spec ->> 'unique_live_only')::boolean, false),
                s.spec ->> 'group_key', batch
           FROM jsonb_array_elements(jobs) WITH ORDINALITY AS s(spec, n)

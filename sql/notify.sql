@@ -15,9 +15,12 @@ AS $$
 $$;
 
 -- pgjobs_status: one small JSON object per transition ({"id","state","queue","kind","attempt",
--- "batch_id"}); many transitions of one call go out as JSON arrays of at most 40 objects, far
--- below NOTIFY's 8000-byte payload limit. A queue's status_events setting filters: 'all',
--- 'terminal' (only succeeded/failed/cancelled) or 'none'.
+-- "batch_id"}); many transitions of one call go out as JSON arrays cut by size (about 6,000
+-- bytes each), safely below NOTIFY's 8000-byte payload limit whatever the kind and queue
+-- names: pg_notify raises on a longer payload, which would fail the transition itself, so an
+-- event with an outsized name carries it cut to 200 characters (subscribers re-read the job).
+-- A queue's status_events setting filters: 'all', 'terminal' (only succeeded/failed/cancelled)
+-- or 'none'.
 CREATE OR REPLACE FUNCTION pgjobs._notify_status(events jsonb)
 RETURNS void
 LANGUAGE plpgsql
@@ -28,14 +31,19 @@ BEGIN
         RETURN;
     END IF;
     PERFORM pg_notify('pgjobs_status',
-                      CASE WHEN count(*) = 1 THEN (jsonb_agg(f.e) -> 0)::text
-                           ELSE jsonb_agg(f.e ORDER BY f.n)::text END)
-       FROM (SELECT x.e, x.n, (row_number() OVER (ORDER BY x.n) - 1) / 40 AS chunk
-               FROM jsonb_array_elements(events) WITH ORDINALITY AS x(e, n)
-               LEFT JOIN queues AS q ON q.queue = x.e ->> 'queue'
-              WHERE q.status_events IS NULL OR q.status_events = 'all'
-                 OR (q.status_events = 'terminal'
-                     AND x.e ->> 'state' IN ('succeeded', 'failed', 'cancelled'))) AS f
-      GROUP BY f.chunk;
+                      CASE WHEN count(*) = 1 THEN min(c.t)
+                           ELSE '[' || string_agg(c.t, ', ' ORDER BY c.n) || ']' END)
+       FROM (SELECT f.n, f.t, sum(octet_length(f.t) + 2) OVER (ORDER BY f.n) / 6000 AS chunk
+               FROM (SELECT x.n,
+                            CASE WHEN octet_length(x.e::text) <= 1000 THEN x.e::text
+                                 ELSE (x.e || jsonb_build_object('kind', left(x.e ->> 'kind', 200),
+                                                                 'queue', left(x.e ->> 'queue', 200)))::text
+                            END AS t
+                       FROM jsonb_array_elements(events) WITH ORDINALITY AS x(e, n)
+                       LEFT JOIN queues AS q ON q.queue = x.e ->> 'queue'
+                      WHERE q.status_events IS NULL OR q.status_events = 'all'
+                         OR (q.status_events = 'terminal'
+                             AND x.e ->> 'state' IN ('succeeded', 'failed', 'cancelled'))) AS f) AS c
+      GROUP BY c.chunk;
 END;
 $$;

@@ -90,7 +90,9 @@ BEGIN
 END;
 $$;
 
--- Progress is stored and pushed to status subscribers (the event carries it when small).
+-- Progress is stored and pushed to status subscribers. The event has the contract's shape
+-- ({"id","state","queue","kind","attempt","batch_id"}) like every other: subscribers read the
+-- progress value from the job, which also heals a missed notification.
 CREATE OR REPLACE FUNCTION pgjobs.progress(id bigint, lease_token uuid, progress jsonb)
 RETURNS boolean
 LANGUAGE plpgsql
@@ -104,8 +106,6 @@ BEGIN
      WHERE j.id = progress.id AND j.lease_token = progress.lease_token AND j.state = 'active'
     RETURNING jsonb_build_object('id', j.id, 'state', j.state, 'queue', j.queue, 'kind', j.kind,
                                  'attempt', j.attempt, 'batch_id', j.batch_id)
-              || CASE WHEN octet_length(progress.progress::text) <= 2000
-                      THEN jsonb_build_object('progress', progress.progress) ELSE '{}' END
       INTO v_event;
     IF NOT FOUND THEN
         RETURN false;

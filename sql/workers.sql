@@ -11,8 +11,9 @@ BEGIN
         RAISE EXCEPTION USING ERRCODE = 'PJ002',
             MESSAGE = format('worker must be a non-empty string, got %s', coalesce(quote_literal(worker), 'NULL'));
     END IF;
+    -- A NULL meta keeps what the worker reported before (EXCLUDED.meta is never NULL here).
     INSERT INTO workers AS w (id, meta) VALUES (worker, coalesce(meta, '{}'))
-    ON CONFLICT (id) DO UPDATE SET last_seen = now(), meta = coalesce(EXCLUDED.meta, w.meta);
+    ON CONFLICT (id) DO UPDATE SET last_seen = now(), meta = coalesce(worker_heartbeat.meta, w.meta);
     RETURN now();
 END;
 $$;
@@ -31,9 +32,10 @@ DECLARE
     v_gone text[];
     v_queues text[];
 BEGIN
-    IF stale_after IS NULL OR stale_after <= interval '0' THEN
+    -- 0 is allowed: every worker not seen in this very transaction is forgotten.
+    IF stale_after IS NULL OR stale_after < interval '0' THEN
         RAISE EXCEPTION USING ERRCODE = 'PJ002',
-            MESSAGE = format('stale_after must be a positive interval, got %s', coalesce(stale_after::text, 'NULL'));
+            MESSAGE = format('stale_after must not be negative, got %s', coalesce(stale_after::text, 'NULL'));
     END IF;
     WITH gone AS (
         DELETE FROM workers AS w WHERE w.last_seen < now() - stale_after RETURNING w.id)

@@ -58,7 +58,7 @@ AS $$
 DECLARE
     v_job record;
 BEGIN
-    SELECT j.id, j.state INTO v_job FROM jobs AS j WHERE j.id = retry.id FOR UPDATE;
+    SELECT j.id, j.state, j.queue INTO v_job FROM jobs AS j WHERE j.id = retry.id FOR UPDATE;
     IF NOT FOUND THEN
         PERFORM _not_found('job', retry.id);
     END IF;
@@ -66,6 +66,9 @@ BEGIN
         RAISE EXCEPTION USING ERRCODE = 'PJ004',
             MESSAGE = format('job %s is %s; only failed or cancelled jobs can be retried', retry.id, v_job.state);
     END IF;
+    -- The job becomes live again, so it takes a slot of a bounded queue like an enqueue
+    -- (PJ001 when the queue is full): max_length bounds the live jobs, however they got there.
+    PERFORM _reserve_capacity(v_job.queue, 1);
     BEGIN
         UPDATE jobs AS j
            SET state = 'pending', run_at = now(), completed_at = NULL, cancel_requested = false,

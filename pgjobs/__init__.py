@@ -17,10 +17,13 @@ from .records import (
     Job,
     JobState,
     JobStatus,
+    Materialized,
     QueueSettings,
     QueueStat,
+    Schedule,
     WorkerInfo,
 )
+from .recurring import PeriodicSpec
 
 __all__ = [
     "AsyncClient",
@@ -35,10 +38,13 @@ __all__ = [
     "JobNotFound",
     "JobState",
     "JobStatus",
+    "Materialized",
+    "PeriodicSpec",
     "PgJobsError",
     "QueueFull",
     "QueueSettings",
     "QueueStat",
+    "Schedule",
     "SchemaMissing",
     "WorkerInfo",
 ]

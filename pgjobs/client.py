@@ -16,11 +16,12 @@ from .admin import AdminOps, AsyncAdminOps
 from .claim import AsyncClaimOps, ClaimOps
 from .enqueue import AsyncEnqueueOps, EnqueueOps
 from .lifecycle import AsyncLifecycleOps, LifecycleOps
+from .recurring import AsyncRecurringOps, RecurringOps
 from .status import AsyncStatusOps, StatusOps
 from .workers import AsyncWorkerOps, WorkerOps
 
 
-class Client(EnqueueOps, ClaimOps, LifecycleOps, AdminOps, StatusOps, WorkerOps):
+class Client(EnqueueOps, ClaimOps, LifecycleOps, AdminOps, StatusOps, WorkerOps, RecurringOps):
     """Synchronous client. ``Client(dsn)`` opens its own pool; ``Client(pool=...)`` shares yours."""
 
     def __init__(
@@ -58,7 +59,9 @@ class Client(EnqueueOps, ClaimOps, LifecycleOps, AdminOps, StatusOps, WorkerOps)
         self.close()
 
 
-class AsyncClient(AsyncEnqueueOps, AsyncClaimOps, AsyncLifecycleOps, AsyncAdminOps, AsyncStatusOps, AsyncWorkerOps):
+class AsyncClient(
+    AsyncEnqueueOps, AsyncClaimOps, AsyncLifecycleOps, AsyncAdminOps, AsyncStatusOps, AsyncWorkerOps, AsyncRecurringOps
+):
     """Asynchronous client. Use ``async with AsyncClient(dsn) as client:`` (or ``await client.open()``)."""
 
     def __init__(

@@ -170,3 +170,37 @@ class WorkerInfo(_Row):
 class Renewed(_Row):
     id: int
     cancel_requested: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Schedule(_Row):
+    """A recurring schedule (a row of ``pgjobs.schedules``)."""
+
+    name: str
+    kind: str
+    cron: str
+    timezone: str
+    payload: Any
+    queue: str
+    priority: int
+    max_attempts: int
+    missed: str
+    code_defined: bool
+    paused: bool
+    next_run_at: datetime
+    last_run_at: datetime | None
+    last_job_id: int | None
+    created_at: datetime
+    updated_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class Materialized(_Row):
+    """One schedule advanced by ``materialize_schedules``: ``job_id`` is None for a skipped run (the 'skip'
+    missed-run policy); ``created`` is false when the run's job already existed."""
+
+    name: str
+    expected_run_at: datetime
+    next_run_at: datetime
+    job_id: int | None
+    created: bool

@@ -298,6 +298,16 @@ AS $$
      WHERE NOT s.paused AND (except_names IS NULL OR s.name <> ALL (except_names));
 $$;
 
+-- One schedule; no row when the name is unknown (reads do not raise).
+CREATE OR REPLACE FUNCTION pgjobs.get_schedule(name text)
+RETURNS SETOF pgjobs.schedules
+LANGUAGE sql
+STABLE
+SET search_path = pgjobs, pg_catalog
+AS $$
+    SELECT s.* FROM schedules AS s WHERE s.name = get_schedule.name;
+$$;
+
 CREATE OR REPLACE FUNCTION pgjobs.list_schedules()
 RETURNS SETOF pgjobs.schedules
 LANGUAGE sql

@@ -1,27 +1,593 @@
--- Job graphs: dependencies between jobs and batches, and their propagation.
--- Interim: dependency graphs and batches are not accepted yet (the workflows work adds them),
--- so no job has dependents and propagation has nothing to do.
+-- Job graphs: dependencies between jobs (and on whole batches), and their propagation.
+--
+-- An edge (child_id, parent_job_id | parent_batch_id, trigger) says "child runs once the parent
+-- settles in a way its trigger accepts": `success` (parent succeeded), `failure` (parent
+-- failed), `complete` (parent terminal in any way). A parent that ends `cancelled` is neither
+-- a success nor a failure. Edges are AND-ed: a child runs when every edge is satisfied, and is
+-- cancelled as soon as one edge can no longer be (the cancellation cascades).
+--
+-- Bookkeeping on the child row: remaining_deps counts edges whose parent has not settled,
+-- failed_deps edges that settled unsatisfied. Each edge settles exactly once (satisfied goes
+-- from NULL to true/false under the UPDATE that sets it), and the child's counters move under
+-- the child's row lock, so parents settling in overlapping transactions release it once.
+--
+-- The race with a parent settling while an edge to it is being added is closed by the parent's
+-- row lock: the enqueuer locks the parent (FOR NO KEY UPDATE) and sets has_dependents; the
+-- settler's UPDATE of the parent waits for that lock and then reads has_dependents = true and,
+-- in its next statement, the committed edge. Or the settler goes first, and the enqueuer, after
+-- waiting, reads the parent as terminal and settles the edge at insert.
 
+-- Whether a parent that ended in `state` satisfies `trigger` (NULL while it is not terminal).
+-- Batch states use the same names (executing = not settled).
+CREATE OR REPLACE FUNCTION pgjobs._edge_outcome(trigger pgjobs.dep_trigger, state text)
+RETURNS boolean
+LANGUAGE sql
+IMMUTABLE
+SET search_path = pgjobs, pg_catalog
+AS $$
+    SELECT CASE WHEN state IS NULL OR state NOT IN ('succeeded', 'failed', 'cancelled') THEN NULL
+                WHEN trigger = 'complete' THEN true
+                WHEN trigger = 'success' THEN state = 'succeeded'
+                ELSE state = 'failed' END;
+$$;
+
+-- enqueue_many's graph/batch path. Validation of the plain spec keys has run (_check_specs).
 CREATE OR REPLACE FUNCTION pgjobs._enqueue_graph(jobs jsonb, as_batch boolean, parent bigint)
 RETURNS TABLE (ref text, id bigint, created boolean, batch_id bigint)
 LANGUAGE plpgsql
 SET search_path = pgjobs, pg_catalog
 AS $$
+#variable_conflict use_column
 BEGIN
-    RAISE EXCEPTION USING ERRCODE = 'PJ002', MESSAGE = 'depends_on and as_batch are not supported yet';
+    RETURN QUERY
+    SELECT g.ref, g.id, g.created, g.batch_id
+      FROM _graph_insert(_enqueue_graph.jobs, NULL, coalesce(_enqueue_graph.as_batch, false),
+                         _enqueue_graph.parent, 'jobs') AS g
+     ORDER BY g.n;
 END;
 $$;
 
+-- Inserts a set of job specs with their dependencies, all or nothing:
+--   batch      an existing batch the new jobs join (add_to_batch), or NULL;
+--   new_batch  make the created jobs one new batch (enqueue_many(as_batch => true));
+--   parent     every spec also depends on this job with `success` (complete(..., continuations));
+--   label      names the array in error messages.
+-- Errors (PJ002 malformed dependency, PJ005 unknown ref / missing parent / duplicate edge / cycle)
+-- are raised before anything is written.
+CREATE OR REPLACE FUNCTION pgjobs._graph_insert(jobs jsonb, batch bigint, new_batch boolean, parent bigint,
+                                                label text)
+RETURNS TABLE (n bigint, ref text, id bigint, created boolean, batch_id bigint)
+LANGUAGE plpgsql
+SET search_path = pgjobs, pg_catalog
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_count     int := jsonb_array_length(jobs);
+    v_batch     bigint := batch;
+    v_bad       record;
+    -- One entry per dependency (parallel arrays): the dependent spec's index (1-based), the
+    -- parent's kind ('ref' | 'job' | 'batch'), its key (ref text or id), the trigger, and for a
+    -- ref the parent spec's index.
+    d_child     int[];
+    d_kind      text[];
+    d_key       text[];
+    d_trig      dep_trigger[];
+    d_pidx      int[];
+    -- Existing parents, locked: jobs and batches with their states.
+    x_ids       bigint[];
+    x_states    text[];
+    xb_ids      bigint[];
+    xb_states   text[];
+    v_waiting   boolean[];
+    v_ids       bigint[];
+    r_id        bigint[];
+    r_created   boolean[];
+    r_ref       text[];
+    v_created   int;
+    v_cancelled bigint[];
+    v_events    jsonb;
+    v_wake      text[];
+BEGIN
+    IF v_count = 0 THEN
+        RETURN;
+    END IF;
+
+    -- 1. Shape of each dependency (PJ002).
+    SELECT c.n, c.sref, c.k, c.problem INTO v_bad
+      FROM (SELECT s.n, s.spec ->> 'ref' AS sref, d.k,
+                   CASE
+                     WHEN s.spec ? 'depends_on' AND jsonb_typeof(s.spec -> 'depends_on') NOT IN ('array', 'null')
+                       THEN format('depends_on must be a JSON array of {"ref"|"job"|"batch": ..., "on": ...}, got %s',
+                                   left((s.spec -> 'depends_on')::text, 200))
+                     WHEN d.dep IS NULL THEN NULL
+                     WHEN jsonb_typeof(d.dep) <> 'object'
+                       THEN format('a dependency must be an object {"ref"|"job"|"batch": ..., "on": ...}, got %s',
+                                   left(d.dep::text, 200))
+                     WHEN d.dep - '{ref,job,batch,on}'::text[] <> '{}'
+                       THEN format('unknown key(s) %s in dependency %s',
+                                   (SELECT string_agg(quote_literal(x), ', ')
+                                      FROM jsonb_object_keys(d.dep - '{ref,job,batch,on}'::text[]) AS x),
+                                   left(d.dep::text, 200))
+                     WHEN (d.dep ? 'ref')::int + (d.dep ? 'job')::int + (d.dep ? 'batch')::int <> 1
+                       THEN format('a dependency names exactly one of "ref", "job", "batch", got %s', left(d.dep::text, 200))
+                     WHEN jsonb_typeof(d.dep -> 'on') NOT IN ('string', 'null')
+                          OR d.dep ->> 'on' NOT IN ('success', 'failure', 'complete')
+                       THEN format('unknown trigger %s in dependency %s (expected "success", "failure" or "complete")',
+                                   d.dep -> 'on', left(d.dep::text, 200))
+                     WHEN d.dep ? 'ref' AND jsonb_typeof(d.dep -> 'ref') NOT IN ('string', 'number')
+                       THEN format('ref must be a string, got %s', d.dep -> 'ref')
+                     WHEN (d.dep ? 'job' AND (jsonb_typeof(d.dep -> 'job') <> 'number'
+                                             OR (d.dep ->> 'job')::numeric % 1 <> 0
+                                             OR (d.dep ->> 'job')::numeric NOT BETWEEN 1 AND 9223372036854775807))
+                       THEN format('job must be a job id (a positive integer), got %s', d.dep -> 'job')
+                     WHEN (d.dep ? 'batch' AND (jsonb_typeof(d.dep -> 'batch') <> 'number'
+                                               OR (d.dep ->> 'batch')::numeric % 1 <> 0
+                                               OR (d.dep ->> 'batch')::numeric NOT BETWEEN 1 AND 9223372036854775807))
+                       THEN format('batch must be a batch id (a positive integer), got %s', d.dep -> 'batch')
+                   END AS problem
+              FROM jsonb_array_elements(jobs) WITH ORDINALITY AS s(spec, n)
+              LEFT JOIN LATERAL jsonb_array_elements(CASE WHEN jsonb_typeof(s.spec -> 'depends_on') = 'array'
+                                                          THEN s.spec -> 'depends_on' END)
+                        WITH ORDINALITY AS d(dep, k) ON true) AS c
+     WHERE c.problem IS NOT NULL
+     ORDER BY c.n, c.k
+     LIMIT 1;
+    IF FOUND THEN
+        RAISE EXCEPTION USING ERRCODE = 'PJ002',
+            MESSAGE = format('%s[%s]%s: %s%s', label, v_bad.n - 1,
+                             CASE WHEN v_bad.sref IS NOT NULL THEN format(' (ref %s)', v_bad.sref) ELSE '' END,
+                             CASE WHEN v_bad.k IS NOT NULL THEN format('depends_on[%s]: ', v_bad.k - 1) ELSE '' END,
+                             v_bad.problem);
+    END IF;
+
+    -- 2. The dependencies as arrays, with the implicit dependency on `parent` and refs resolved.
+    WITH deps AS (
+        SELECT s.n::int AS child, d.k AS k,
+               CASE WHEN d.dep ? 'ref' THEN 'ref' WHEN d.dep ? 'job' THEN 'job' ELSE 'batch' END AS kind,
+               CASE WHEN d.dep ? 'ref' THEN d.dep ->> 'ref'
+                    WHEN d.dep ? 'job' THEN ((d.dep ->> 'job')::numeric)::bigint::text
+                    ELSE ((d.dep ->> 'batch')::numeric)::bigint::text END AS key,
+               coalesce(d.dep ->> 'on', 'success')::dep_trigger AS trig
+          FROM jsonb_array_elements(jobs) WITH ORDINALITY AS s(spec, n)
+         CROSS JOIN LATERAL jsonb_array_elements(CASE WHEN jsonb_typeof(s.spec -> 'depends_on') = 'array'
+                                                      THEN s.spec -> 'depends_on' END) WITH ORDINALITY AS d(dep, k)
+        UNION ALL
+        -- A continuation depends on the job that added it (already succeeded: settled at insert),
+        -- unless its spec names that job itself.
+        SELECT s.n::int, 0, 'job', parent::text, 'success'::dep_trigger
+          FROM jsonb_array_elements(jobs) WITH ORDINALITY AS s(spec, n)
+         WHERE parent IS NOT NULL
+           AND NOT EXISTS (SELECT 1 FROM jsonb_array_elements(CASE WHEN jsonb_typeof(s.spec -> 'depends_on') = 'array'
+                                                                   THEN s.spec -> 'depends_on' END) AS d(dep)
+                            WHERE d.dep ? 'job' AND (d.dep ->> 'job')::numeric = parent)
+    ), refs AS (
+        SELECT s.spec ->> 'ref' AS ref, min(s.n)::int AS idx, count(*) AS uses
+          FROM jsonb_array_elements(jobs) WITH ORDINALITY AS s(spec, n)
+         WHERE s.spec ? 'ref' AND jsonb_typeof(s.spec -> 'ref') <> 'null'
+         GROUP BY 1
+    )
+    SELECT array_agg(d.child ORDER BY d.child, d.k), array_agg(d.kind ORDER BY d.child, d.k),
+           array_agg(d.key ORDER BY d.child, d.k), array_agg(d.trig ORDER BY d.child, d.k),
+           array_agg(CASE WHEN r.uses = 1 THEN r.idx END ORDER BY d.child, d.k)
+      INTO d_child, d_kind, d_key, d_trig, d_pidx
+      FROM deps AS d
+      LEFT JOIN refs AS r ON d.kind = 'ref' AND r.ref = d.key;
+
+    -- 3. Graph errors (PJ005), first one by spec order: unknown or ambiguous refs, duplicate edges.
+    SELECT c.child, c.problem INTO v_bad
+      FROM (SELECT d.child, d.ord,
+                   CASE WHEN d.kind = 'ref' AND d.pidx IS NULL
+                             AND EXISTS (SELECT 1 FROM jsonb_array_elements(jobs) AS s(spec) WHERE s.spec ->> 'ref' = d.key)
+                          THEN format('depends on ref %L, which names more than one job of this call', d.key)
+                        WHEN d.kind = 'ref' AND d.pidx IS NULL
+                          THEN format('depends on unknown ref %L', d.key)
+                        WHEN count(*) OVER (PARTITION BY d.child, d.kind, coalesce(d.pidx::text, d.key)) > 1
+                          THEN format('depends on %s %s more than once', d.kind,
+                                      CASE WHEN d.kind = 'ref' THEN quote_literal(d.key) ELSE d.key END)
+                   END AS problem
+              FROM unnest(d_child, d_kind, d_key, d_pidx) WITH ORDINALITY AS d(child, kind, key, pidx, ord)) AS c
+     WHERE c.problem IS NOT NULL
+     ORDER BY c.child, c.ord
+     LIMIT 1;
+    IF FOUND THEN
+        RAISE EXCEPTION USING ERRCODE = 'PJ005',
+            MESSAGE = format('%s[%s]%s %s', label, v_bad.child - 1,
+                             coalesce(format(' (ref %s)', jobs -> (v_bad.child - 1) ->> 'ref'), ''), v_bad.problem);
+    END IF;
+    PERFORM _check_acyclic(jobs, d_child, d_pidx, label);
+
+    -- 4. Existing parent jobs, with the siblings their continuations are held for
+    --    (add_to_batch(..., before_continuations)), locked in id order: see the header.
+    WITH ext AS (
+        SELECT DISTINCT d.key::bigint AS pid FROM unnest(d_kind, d_key) AS d(kind, key) WHERE d.kind = 'job'
+    ), held AS (
+        SELECT DISTINCT h.sibling_id AS pid FROM continuation_holds AS h JOIN ext ON h.job_id = ext.pid
+    )
+    SELECT array_agg(l.id ORDER BY l.id), array_agg(l.state::text ORDER BY l.id) INTO x_ids, x_states
+      FROM (SELECT j.id, j.state FROM jobs AS j
+             WHERE j.id IN (SELECT ext.pid FROM ext UNION SELECT held.pid FROM held)
+             ORDER BY j.id
+               FOR NO KEY UPDATE) AS l;
+    SELECT d.child, d.key INTO v_bad
+      FROM unnest(d_child, d_kind, d_key) AS d(child, kind, key)
+     WHERE d.kind = 'job' AND NOT (d.key::bigint = ANY (coalesce(x_ids, '{}')))
+     LIMIT 1;
+    IF FOUND THEN
+        RAISE EXCEPTION USING ERRCODE = 'PJ005',
+            MESSAGE = format('%s[%s]%s depends on job %s, which does not exist', label, v_bad.child - 1,
+                             coalesce(format(' (ref %s)', jobs -> (v_bad.child - 1) ->> 'ref'), ''), v_bad.key);
+    END IF;
+    -- Held siblings become extra `complete` dependencies of whoever depends on their holder.
+    IF EXISTS (SELECT 1 FROM continuation_holds AS h WHERE h.job_id = ANY (x_ids)) THEN
+        WITH extra AS (
+            SELECT DISTINCT d.child, h.sibling_id::text AS key
+              FROM unnest(d_child, d_kind, d_key) AS d(child, kind, key)
+              JOIN continuation_holds AS h ON d.kind = 'job' AND h.job_id = d.key::bigint
+             WHERE NOT EXISTS (SELECT 1 FROM unnest(d_child, d_kind, d_key) AS o(child, kind, key)
+                                WHERE o.child = d.child AND o.kind = 'job' AND o.key = h.sibling_id::text)
+        )
+        SELECT d_child || array_agg(e.child), d_kind || array_agg('job'::text), d_key || array_agg(e.key),
+               d_trig || array_agg('complete'::dep_trigger), d_pidx || array_agg(NULL::int)
+          INTO d_child, d_kind, d_key, d_trig, d_pidx
+          FROM extra AS e
+        HAVING count(*) > 0;
+    END IF;
+
+    -- 5. Existing parent batches, locked likewise.
+    SELECT array_agg(l.id ORDER BY l.id), array_agg(l.state::text ORDER BY l.id) INTO xb_ids, xb_states
+      FROM (SELECT b.id, b.state FROM batches AS b
+             WHERE b.id IN (SELECT d.key::bigint FROM unnest(d_kind, d_key) AS d(kind, key) WHERE d.kind = 'batch')
+             ORDER BY b.id
+               FOR NO KEY UPDATE) AS l;
+    SELECT d.child, d.key INTO v_bad
+      FROM unnest(d_child, d_kind, d_key) AS d(child, kind, key)
+     WHERE d.kind = 'batch' AND NOT (d.key::bigint = ANY (coalesce(xb_ids, '{}')))
+     LIMIT 1;
+    IF FOUND THEN
+        RAISE EXCEPTION USING ERRCODE = 'PJ005',
+            MESSAGE = format('%s[%s]%s depends on batch %s, which does not exist', label, v_bad.child - 1,
+                             coalesce(format(' (ref %s)', jobs -> (v_bad.child - 1) ->> 'ref'), ''), v_bad.key);
+    END IF;
+
+    -- 6. Insert. A spec waits when some dependency is not already satisfied by an existing parent.
+    SELECT array_agg(coalesce(w.wait, false) ORDER BY g.i) INTO v_waiting
+      FROM generate_series(1, v_count) AS g(i)
+      LEFT JOIN (SELECT d.child, bool_or(coalesce(NOT o.ok, true)) AS wait
+                   FROM unnest(d_child, d_kind, d_key, d_trig) AS d(child, kind, key, trig)
+                   LEFT JOIN LATERAL (
+                        SELECT _edge_outcome(d.trig, CASE d.kind
+                                   WHEN 'job' THEN (SELECT x.st FROM unnest(x_ids, x_states) AS x(id, st)
+                                                     WHERE x.id = d.key::bigint)
+                                   WHEN 'batch' THEN (SELECT x.st FROM unnest(xb_ids, xb_states) AS x(id, st)
+                                                       WHERE x.id = d.key::bigint) END) AS ok) AS o ON true
+                  GROUP BY d.child) AS w ON w.child = g.i;
+    IF new_batch THEN
+        INSERT INTO batches DEFAULT VALUES RETURNING batches.id INTO v_batch;
+    END IF;
+    v_ids := ARRAY(SELECT nextval('pgjobs.jobs_id_seq') FROM generate_series(1, v_count));
+    SELECT array_agg(r.id ORDER BY r.n), array_agg(r.created ORDER BY r.n), array_agg(r.ref ORDER BY r.n)
+      INTO r_id, r_created, r_ref
+      FROM _insert_specs(jobs, v_batch, v_ids, v_waiting) AS r;
+    SELECT count(*) FILTER (WHERE c) INTO v_created FROM unnest(r_created) AS c;
+    IF v_batch IS NOT NULL AND v_created > 0 THEN
+        UPDATE batches AS b SET total = b.total + v_created, pending = b.pending + v_created
+         WHERE b.id = v_batch;
+    END IF;
+
+    -- 7. A ref whose spec found an existing job by unique key points at that job: lock it too.
+    IF NOT (true = ALL (r_created)) THEN
+        WITH holders AS (
+            SELECT j.id, j.state FROM jobs AS j
+             WHERE j.id IN (SELECT r_id[d.pidx] FROM unnest(d_kind, d_pidx) AS d(kind, pidx)
+                             WHERE d.kind = 'ref' AND NOT r_created[d.pidx])
+             ORDER BY j.id
+               FOR NO KEY UPDATE)
+        SELECT coalesce(x_ids, '{}') || array_agg(h.id), coalesce(x_states, '{}') || array_agg(h.state::text)
+          INTO x_ids, x_states
+          FROM holders AS h
+        HAVING count(*) > 0;
+    END IF;
+
+    -- 8. Edges of the created jobs, settled at insert when the parent has already settled.
+    WITH e AS (
+        INSERT INTO edges AS e (child_id, parent_job_id, parent_batch_id, trigger, satisfied)
+        SELECT r_id[d.child],
+               CASE d.kind WHEN 'ref' THEN r_id[d.pidx] WHEN 'job' THEN d.key::bigint END,
+               CASE WHEN d.kind = 'batch' THEN d.key::bigint END,
+               d.trig,
+               CASE WHEN d.kind = 'ref' AND r_created[d.pidx] THEN NULL
+                    ELSE _edge_outcome(d.trig, CASE WHEN d.kind = 'batch'
+                             THEN (SELECT x.st FROM unnest(xb_ids, xb_states) AS x(id, st) WHERE x.id = d.key::bigint)
+                             ELSE (SELECT x.st FROM unnest(x_ids, x_states) AS x(id, st)
+                                    WHERE x.id = CASE WHEN d.kind = 'ref' THEN r_id[d.pidx] ELSE d.key::bigint END)
+                             END) END
+          FROM unnest(d_child, d_kind, d_key, d_trig, d_pidx) AS d(child, kind, key, trig, pidx)
+         WHERE r_created[d.child]
+        -- Two dependencies can only land on one parent through a ref resolved by unique key.
+        ON CONFLICT DO NOTHING
+        RETURNING e.child_id, e.parent_job_id, e.satisfied
+    ), counts AS (
+        SELECT e.child_id, count(*) FILTER (WHERE e.satisfied IS NULL)::int AS rem,
+               count(*) FILTER (WHERE NOT e.satisfied)::int AS fail
+          FROM e GROUP BY e.child_id
+    ), parents AS (
+        UPDATE jobs AS p SET has_dependents = true
+         WHERE p.id IN (SELECT e.parent_job_id FROM e) AND NOT p.has_dependents
+    ), u AS (
+        -- Only specs inserted as waiting need their counters (the others had every dependency
+        -- satisfied already and were inserted runnable).
+        UPDATE jobs AS j
+           SET remaining_deps = c.rem, failed_deps = c.fail,
+               state = CASE WHEN c.fail > 0 THEN 'cancelled'::job_state
+                            WHEN c.rem > 0 THEN 'waiting'
+                            WHEN j.run_at > now() THEN 'scheduled'
+                            ELSE 'pending' END,
+               completed_at = CASE WHEN c.fail > 0 THEN now() END
+          FROM counts AS c
+         WHERE j.id = c.child_id AND j.state = 'waiting'
+        RETURNING j.id, j.state, j.queue, j.kind, j.attempt, j.batch_id
+    )
+    SELECT jsonb_agg(jsonb_build_object('id', u.id, 'state', u.state, 'queue', u.queue, 'kind', u.kind,
+                                        'attempt', u.attempt, 'batch_id', u.batch_id)) FILTER (WHERE u.state <> 'waiting'),
+           array_agg(DISTINCT u.queue) FILTER (WHERE u.state = 'pending'),
+           array_agg(u.id) FILTER (WHERE u.state = 'cancelled')
+      INTO v_events, v_wake, v_cancelled
+      FROM u;
+    UPDATE batches AS b SET has_dependents = true WHERE b.id = ANY (xb_ids) AND NOT b.has_dependents;
+    PERFORM _wake(v_wake);
+    PERFORM _notify_status(v_events);
+    -- Cancelled at insert (a parent had already settled the wrong way): settle what waits on them.
+    IF v_cancelled IS NOT NULL THEN
+        PERFORM _propagate(v_cancelled);
+    END IF;
+
+    IF new_batch AND v_created = 0 THEN
+        -- Every spec found an existing job by unique key: nothing joined the new batch.
+        DELETE FROM batches AS b WHERE b.id = v_batch;
+    END IF;
+    RETURN QUERY
+    SELECT g.i::bigint, r_ref[g.i], r_id[g.i], r_created[g.i],
+           CASE WHEN r_created[g.i] THEN v_batch ELSE (SELECT j.batch_id FROM jobs AS j WHERE j.id = r_id[g.i]) END
+      FROM generate_series(1, v_count) AS g(i)
+     ORDER BY g.i;
+END;
+$$;
+
+-- PJ005 when the refs of one call form a cycle; the message spells the cycle out. Specs whose
+-- refs all point backwards (what any builder produces) are acyclic without a search.
+CREATE OR REPLACE FUNCTION pgjobs._check_acyclic(jobs jsonb, d_child int[], d_pidx int[], label text)
+RETURNS void
+LANGUAGE plpgsql
+SET search_path = pgjobs, pg_catalog
+AS $$
+DECLARE
+    v_count  int := jsonb_array_length(jobs);
+    v_adj    int[];   -- ref edges parent -> child, grouped by parent: p's children are
+    v_start  int[];   -- v_adj[v_start[p] .. v_start[p + 1] - 1]
+    v_radj   int[];   -- the same edges grouped by child (its parents)
+    v_rstart int[];
+    v_indeg  int[];
+    v_queue  int[];
+    v_head   int := 1;
+    v_tail   int := 0;
+    v_node   int;
+    v_next   int;
+    v_path   text[];
+BEGIN
+    IF d_child IS NULL OR NOT EXISTS (SELECT 1 FROM unnest(d_child, d_pidx) AS d(c, p) WHERE d.p >= d.c) THEN
+        RETURN;
+    END IF;
+    -- Kahn's algorithm: peel jobs whose parents are all peeled; whatever remains holds a cycle.
+    -- Arrays, not a loop of queries: O(jobs + edges).
+    SELECT array_agg(d.c ORDER BY d.p, d.c), array_agg(d.p ORDER BY d.c, d.p) INTO v_adj, v_radj
+      FROM unnest(d_child, d_pidx) AS d(c, p) WHERE d.p IS NOT NULL;
+    SELECT array_agg(s.fwd ORDER BY s.i), array_agg(s.rev ORDER BY s.i), array_agg(s.indeg ORDER BY s.i) FILTER (WHERE s.i <= v_count)
+      INTO v_start, v_rstart, v_indeg
+      FROM (SELECT g.i,
+                   1 + coalesce(sum(coalesce(o.outs, 0)) OVER (ORDER BY g.i ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING), 0)::int AS fwd,
+                   1 + coalesce(sum(coalesce(q.ins, 0)) OVER (ORDER BY g.i ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING), 0)::int AS rev,
+                   coalesce(q.ins, 0)::int AS indeg
+              FROM generate_series(1, v_count + 1) AS g(i)
+              LEFT JOIN (SELECT d.p, count(*) AS outs FROM unnest(d_child, d_pidx) AS d(c, p)
+                          WHERE d.p IS NOT NULL GROUP BY d.p) AS o ON o.p = g.i
+              LEFT JOIN (SELECT d.c, count(*) AS ins FROM unnest(d_child, d_pidx) AS d(c, p)
+                          WHERE d.p IS NOT NULL GROUP BY d.c) AS q ON q.c = g.i) AS s;
+    v_queue := array_fill(0, ARRAY[v_count]);
+    FOR i IN 1..v_count LOOP
+        IF v_indeg[i] = 0 THEN
+            v_tail := v_tail + 1;
+            v_queue[v_tail] := i;
+        END IF;
+    END LOOP;
+    WHILE v_head <= v_tail LOOP
+        v_node := v_queue[v_head];
+        v_head := v_head + 1;
+        FOR e IN v_start[v_node] .. v_start[v_node + 1] - 1 LOOP
+            v_next := v_adj[e];
+            v_indeg[v_next] := v_indeg[v_next] - 1;
+            IF v_indeg[v_next] = 0 THEN
+                v_tail := v_tail + 1;
+                v_queue[v_tail] := v_next;
+            END IF;
+        END LOOP;
+    END LOOP;
+    IF v_tail = v_count THEN
+        RETURN;
+    END IF;
+
+    -- Every job left has a parent left, so walking up parents enters the cycle within v_count steps.
+    v_node := array_position(ARRAY(SELECT x > 0 FROM unnest(v_indeg) AS x), true);
+    FOR step IN 1..v_count LOOP
+        v_node := _cycle_parent(v_node, v_radj, v_rstart, v_indeg);
+    END LOOP;
+    v_next := v_node;
+    v_path := ARRAY[quote_literal(jobs -> (v_node - 1) ->> 'ref')];
+    LOOP
+        v_next := _cycle_parent(v_next, v_radj, v_rstart, v_indeg);
+        v_path := v_path || quote_literal(jobs -> (v_next - 1) ->> 'ref');
+        EXIT WHEN v_next = v_node;
+    END LOOP;
+    RAISE EXCEPTION USING ERRCODE = 'PJ005',
+        MESSAGE = format('%s[%s] (ref %s) is in a dependency cycle: %s (each depends on the next)', label, v_node - 1,
+                         jobs -> (v_node - 1) ->> 'ref', array_to_string(v_path, ' -> '));
+END;
+$$;
+
+-- A parent of `node` that Kahn's peel left behind (helper of _check_acyclic).
+CREATE OR REPLACE FUNCTION pgjobs._cycle_parent(node int, radj int[], rstart int[], indeg int[])
+RETURNS int
+LANGUAGE plpgsql
+IMMUTABLE
+SET search_path = pgjobs, pg_catalog
+AS $$
+BEGIN
+    FOR e IN rstart[node] .. rstart[node + 1] - 1 LOOP
+        IF indeg[radj[e]] > 0 THEN
+            RETURN radj[e];
+        END IF;
+    END LOOP;
+    RETURN NULL;
+END;
+$$;
+
+-- Called in the transaction that made `ids` terminal (only for jobs in a batch or with
+-- dependents): updates batch counters, settles the edges of every job and batch that settled,
+-- releases or cancels the children, and repeats for the children it cancelled (the cascade).
+-- Set-based per round: one UPDATE of batches, one of edges, one of children, however many
+-- jobs settled. Rows are locked in id order (batches, then children) so concurrent settlers
+-- queue on each other instead of deadlocking.
 CREATE OR REPLACE FUNCTION pgjobs._propagate(ids bigint[])
 RETURNS void
 LANGUAGE plpgsql
 SET search_path = pgjobs, pg_catalog
 AS $$
+DECLARE
+    v_jobs    bigint[] := ids;
+    v_parents bigint[];
+    b_ids     bigint[];
+    b_n       int[];
+    b_s       int[];
+    b_f       int[];
+    b_c       int[];
+    v_settled bigint[];
+    c_ids     bigint[];
+    c_n       int[];
+    c_k       int[];
+    v_ev      jsonb;
+    v_wk      text[];
+    v_events  jsonb := '[]';
+    v_wake    text[] := '{}';
 BEGIN
-    RETURN;
+    WHILE v_jobs IS NOT NULL AND cardinality(v_jobs) > 0 LOOP
+        -- What settled: per batch, how many members ended each way; and which jobs have dependents.
+        WITH t AS MATERIALIZED (
+            SELECT j.id, j.batch_id, j.state, j.has_dependents FROM jobs AS j
+             WHERE j.id = ANY (v_jobs) AND j.state IN ('succeeded', 'failed', 'cancelled')
+        ), g AS (
+            SELECT t.batch_id, count(*)::int AS n,
+                   count(*) FILTER (WHERE t.state = 'succeeded')::int AS s,
+                   count(*) FILTER (WHERE t.state = 'failed')::int AS f,
+                   count(*) FILTER (WHERE t.state = 'cancelled')::int AS c
+              FROM t WHERE t.batch_id IS NOT NULL GROUP BY t.batch_id
+        )
+        SELECT (SELECT array_agg(t.id) FROM t WHERE t.has_dependents),
+               array_agg(g.batch_id ORDER BY g.batch_id), array_agg(g.n ORDER BY g.batch_id),
+               array_agg(g.s ORDER BY g.batch_id), array_agg(g.f ORDER BY g.batch_id),
+               array_agg(g.c ORDER BY g.batch_id)
+          INTO v_parents, b_ids, b_n, b_s, b_f, b_c
+          FROM g;
+
+        -- Batch counters: one UPDATE for all members settled in this call. The last member to
+        -- settle (pending reaching 0 under the batch's row lock) settles the batch.
+        v_settled := NULL;
+        IF b_ids IS NOT NULL THEN
+            IF cardinality(b_ids) > 1 THEN
+                PERFORM 1 FROM (SELECT b.id FROM batches AS b WHERE b.id = ANY (b_ids) ORDER BY b.id
+                                   FOR NO KEY UPDATE) AS l;
+            END IF;
+            WITH u AS (
+                UPDATE batches AS b
+                   SET pending = b.pending - t.n,
+                       succeeded = b.succeeded + t.s,
+                       failed = b.failed + t.f,
+                       cancelled = b.cancelled + t.c,
+                       state = CASE WHEN b.pending - t.n > 0 THEN 'executing'::batch_state
+                                    WHEN b.failed + t.f > 0 THEN 'failed'
+                                    WHEN b.cancelled + t.c > 0 THEN 'cancelled'
+                                    ELSE 'succeeded' END,
+                       completed_at = CASE WHEN b.pending - t.n > 0 THEN NULL ELSE now() END
+                  FROM unnest(b_ids, b_n, b_s, b_f, b_c) AS t(id, n, s, f, c)
+                 WHERE b.id = t.id
+                RETURNING b.id, b.pending, b.has_dependents
+            )
+            SELECT array_agg(u.id) FILTER (WHERE u.pending <= 0 AND u.has_dependents) INTO v_settled FROM u;
+        END IF;
+
+        -- Settle the edges of what settled: each edge once (satisfied IS NULL -> true/false).
+        c_ids := NULL;
+        IF v_parents IS NOT NULL OR v_settled IS NOT NULL THEN
+            WITH ej AS (
+                UPDATE edges AS e SET satisfied = _edge_outcome(e.trigger, p.state::text)
+                  FROM jobs AS p
+                 WHERE p.id = ANY (v_parents) AND e.parent_job_id = p.id AND e.satisfied IS NULL
+                RETURNING e.child_id, e.satisfied
+            ), eb AS (
+                UPDATE edges AS e SET satisfied = _edge_outcome(e.trigger, b.state::text)
+                  FROM batches AS b
+                 WHERE b.id = ANY (v_settled) AND e.parent_batch_id = b.id AND e.satisfied IS NULL
+                RETURNING e.child_id, e.satisfied
+            ), s AS (
+                SELECT ej.child_id, ej.satisfied FROM ej UNION ALL SELECT eb.child_id, eb.satisfied FROM eb
+            )
+            SELECT array_agg(x.child_id ORDER BY x.child_id), array_agg(x.n ORDER BY x.child_id),
+                   array_agg(x.k ORDER BY x.child_id)
+              INTO c_ids, c_n, c_k
+              FROM (SELECT s.child_id, count(*)::int AS n, count(*) FILTER (WHERE NOT s.satisfied)::int AS k
+                      FROM s GROUP BY s.child_id) AS x;
+        END IF;
+
+        -- Children: decrement under the child's row lock (the UPDATE re-reads the newest row
+        -- version when it had to wait), so N parents settling in overlapping transactions
+        -- release a child exactly once. An unsatisfiable edge cancels the child at once.
+        v_jobs := NULL;
+        IF c_ids IS NOT NULL THEN
+            IF cardinality(c_ids) > 1 THEN
+                PERFORM 1 FROM (SELECT j.id FROM jobs AS j WHERE j.id = ANY (c_ids) ORDER BY j.id
+                                   FOR NO KEY UPDATE) AS l;
+            END IF;
+            WITH u AS (
+                UPDATE jobs AS c
+                   SET remaining_deps = c.remaining_deps - t.n,
+                       failed_deps = c.failed_deps + t.k,
+                       state = CASE WHEN c.failed_deps + t.k > 0 THEN 'cancelled'::job_state
+                                    WHEN c.remaining_deps - t.n > 0 THEN 'waiting'
+                                    WHEN c.run_at > now() THEN 'scheduled'
+                                    ELSE 'pending' END,
+                       completed_at = CASE WHEN c.failed_deps + t.k > 0 THEN now() ELSE c.completed_at END
+                  FROM unnest(c_ids, c_n, c_k) AS t(id, n, k)
+                 WHERE c.id = t.id AND c.state = 'waiting'
+                RETURNING c.id, c.state, c.queue, c.kind, c.attempt, c.batch_id
+            )
+            SELECT jsonb_agg(jsonb_build_object('id', u.id, 'state', u.state, 'queue', u.queue, 'kind', u.kind,
+                                                'attempt', u.attempt, 'batch_id', u.batch_id))
+                       FILTER (WHERE u.state <> 'waiting'),
+                   array_agg(DISTINCT u.queue) FILTER (WHERE u.state = 'pending'),
+                   array_agg(u.id) FILTER (WHERE u.state = 'cancelled')
+              INTO v_ev, v_wk, v_jobs
+              FROM u;
+            v_events := v_events || coalesce(v_ev, '[]');
+            v_wake := v_wake || coalesce(v_wk, '{}');
+        END IF;
+    END LOOP;
+    PERFORM _wake(v_wake);
+    PERFORM _notify_status(v_events);
 END;
 $$;
 
+-- complete(..., continuations): follow-up jobs of `parent` (which has just succeeded), added
+-- atomically with the completion. Each depends on the parent with `success` (settled at insert:
+-- it shows in job_status().depends_on and lets the follow-up read the parent's result), and on
+-- any sibling the parent added with before_continuations.
 CREATE OR REPLACE FUNCTION pgjobs._add_continuations(parent bigint, specs jsonb)
 RETURNS void
 LANGUAGE plpgsql
@@ -29,28 +595,95 @@ SET search_path = pgjobs, pg_catalog
 AS $$
 BEGIN
     PERFORM _check_specs(specs, 'continuations');
-    PERFORM * FROM enqueue_many(specs);
+    PERFORM 1 FROM _graph_insert(specs, NULL, false, parent, 'continuations');
 END;
 $$;
 
--- A retried job reopens what its settlement closed (batch counters, children).
+-- retry() made `ids` (failed or cancelled) pending again: undo what their settlement closed.
+-- Their batches are recounted (and reopened); edges they had settled are unsettled for the
+-- children that still wait or that the graph cancelled because of them (cancelled with no
+-- cancel_requested: never run, never cancelled by a person); such a child with no other
+-- unsatisfied edge goes back to waiting, and the reopening cascades through it. Children that
+-- were already released (or ran) stay as they are.
 CREATE OR REPLACE FUNCTION pgjobs._reopen(ids bigint[])
 RETURNS void
 LANGUAGE plpgsql
 SET search_path = pgjobs, pg_catalog
 AS $$
+DECLARE
+    v_jobs     bigint[] := ids;
+    v_batches  bigint[];
+    v_reopened bigint[];
+    v_kids     bigint[];
+    v_was      bigint[];
+    v_ev       jsonb;
+    v_events   jsonb := '[]';
 BEGIN
-    RETURN;
+    WHILE v_jobs IS NOT NULL AND cardinality(v_jobs) > 0 LOOP
+        SELECT array_agg(DISTINCT j.batch_id) INTO v_batches
+          FROM jobs AS j WHERE j.id = ANY (v_jobs) AND j.batch_id IS NOT NULL;
+        v_reopened := NULL;
+        IF v_batches IS NOT NULL THEN
+            SELECT array_agg(r.id) FILTER (WHERE r.reopened) INTO v_reopened FROM _recount_batches(v_batches) AS r;
+        END IF;
+
+        -- Children that can still be affected, locked in id order.
+        SELECT array_agg(l.id ORDER BY l.id), array_agg(l.id ORDER BY l.id) FILTER (WHERE l.state = 'cancelled')
+          INTO v_kids, v_was
+          FROM (SELECT j.id, j.state FROM jobs AS j
+                 WHERE j.id IN (SELECT e.child_id FROM edges AS e
+                                 WHERE (e.parent_job_id = ANY (v_jobs) OR e.parent_batch_id = ANY (v_reopened))
+                                   AND e.satisfied IS NOT NULL)
+                   AND (j.state = 'waiting' OR (j.state = 'cancelled' AND NOT j.cancel_requested))
+                 ORDER BY j.id
+                   FOR NO KEY UPDATE) AS l;
+        IF v_kids IS NULL THEN
+            EXIT;
+        END IF;
+        UPDATE edges AS e SET satisfied = NULL
+         WHERE e.child_id = ANY (v_kids) AND e.satisfied IS NOT NULL
+           AND (e.parent_job_id = ANY (v_jobs) OR e.parent_batch_id = ANY (v_reopened));
+        -- Recount each child from its edges; a graph-cancelled child with nothing unsatisfied left waits again.
+        WITH cnt AS (
+            SELECT e.child_id, count(*) FILTER (WHERE e.satisfied IS NULL)::int AS rem,
+                   count(*) FILTER (WHERE NOT e.satisfied)::int AS fail
+              FROM edges AS e WHERE e.child_id = ANY (v_kids) GROUP BY e.child_id
+        ), u AS (
+            UPDATE jobs AS c
+               SET remaining_deps = cnt.rem, failed_deps = cnt.fail,
+                   state = CASE WHEN cnt.fail = 0 THEN 'waiting'::job_state ELSE c.state END,
+                   completed_at = CASE WHEN cnt.fail = 0 THEN NULL ELSE c.completed_at END
+              FROM cnt
+             WHERE c.id = cnt.child_id
+            RETURNING c.id, c.state, c.queue, c.kind, c.attempt, c.batch_id
+        )
+        SELECT jsonb_agg(jsonb_build_object('id', u.id, 'state', u.state, 'queue', u.queue, 'kind', u.kind,
+                                            'attempt', u.attempt, 'batch_id', u.batch_id)) FILTER (WHERE u.id = ANY (v_was)),
+               array_agg(u.id) FILTER (WHERE u.id = ANY (v_was))
+          INTO v_ev, v_jobs
+          FROM u
+         WHERE u.state = 'waiting';
+        v_events := v_events || coalesce(v_ev, '[]');
+    END LOOP;
+    PERFORM _notify_status(v_events);
 END;
 $$;
 
--- Purges settled batches whose members are all past their age; returns members removed.
-CREATE OR REPLACE FUNCTION pgjobs._purge_batches(succeeded_before interval, failed_before interval)
-RETURNS bigint
-LANGUAGE plpgsql
+-- The results of a job's parents, as {"<parent job id>": result}: its job parents, and every
+-- member of its batch parents. NULL for an unknown job; {} for a job with no parents.
+CREATE OR REPLACE FUNCTION pgjobs.parent_results(id bigint)
+RETURNS jsonb
+LANGUAGE sql
+STABLE
 SET search_path = pgjobs, pg_catalog
 AS $$
-BEGIN
-    RETURN 0;
-END;
+    SELECT CASE WHEN NOT EXISTS (SELECT 1 FROM jobs AS c WHERE c.id = parent_results.id) THEN NULL
+                ELSE coalesce((SELECT jsonb_object_agg(p.id::text, p.result ORDER BY p.id)
+                                 FROM jobs AS p
+                                WHERE p.id IN (SELECT e.parent_job_id FROM edges AS e
+                                                WHERE e.child_id = parent_results.id AND e.parent_job_id IS NOT NULL)
+                                   OR p.batch_id IN (SELECT e.parent_batch_id FROM edges AS e
+                                                      WHERE e.child_id = parent_results.id
+                                                        AND e.parent_batch_id IS NOT NULL)),
+                              '{}'::jsonb) END;
 $$;

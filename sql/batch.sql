@@ -1,0 +1,288 @@
+-- Batches: a set of jobs with live counters and a state of its own (created by
+-- enqueue_many(as_batch => true); counters kept by _propagate in graph.sql).
+--
+-- Counters: total (members), pending (members not yet terminal), succeeded, failed, cancelled.
+-- The batch settles when pending reaches 0: `failed` if any member failed, else `cancelled` if
+-- any was cancelled, else `succeeded`; batch-level continuations (depends_on {"batch": id})
+-- settle then.
+
+-- Recounts batches from their members, under the batches' row locks (taken in id order, before
+-- counting: a member settling concurrently either committed before the lock, and is counted
+-- as settled, or updates the counters after us). Returns whether each batch went from settled
+-- back to executing.
+CREATE OR REPLACE FUNCTION pgjobs._recount_batches(ids bigint[])
+RETURNS TABLE (id bigint, reopened boolean)
+LANGUAGE plpgsql
+SET search_path = pgjobs, pg_catalog
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_old bigint[];
+BEGIN
+    SELECT array_agg(l.id) FILTER (WHERE l.state <> 'executing') INTO v_old
+      FROM (SELECT b.id, b.state FROM batches AS b WHERE b.id = ANY (ids) ORDER BY b.id FOR NO KEY UPDATE) AS l;
+    RETURN QUERY
+    WITH cnt AS (
+        SELECT b.id,
+               count(j.id)::int AS total,
+               count(j.id) FILTER (WHERE j.state NOT IN ('succeeded', 'failed', 'cancelled'))::int AS pending,
+               count(j.id) FILTER (WHERE j.state = 'succeeded')::int AS succeeded,
+               count(j.id) FILTER (WHERE j.state = 'failed')::int AS failed,
+               count(j.id) FILTER (WHERE j.state = 'cancelled')::int AS cancelled
+          FROM unnest(ids) AS b(id)
+          LEFT JOIN jobs AS j ON j.batch_id = b.id
+         GROUP BY b.id
+    ), u AS (
+        UPDATE batches AS b
+           SET total = c.total, pending = c.pending, succeeded = c.succeeded, failed = c.failed,
+               cancelled = c.cancelled,
+               state = CASE WHEN c.pending > 0 THEN 'executing'::batch_state
+                            WHEN c.failed > 0 THEN 'failed'
+                            WHEN c.cancelled > 0 THEN 'cancelled'
+                            ELSE 'succeeded' END,
+               completed_at = CASE WHEN c.pending > 0 THEN NULL ELSE coalesce(b.completed_at, now()) END
+          FROM cnt AS c
+         WHERE b.id = c.id
+        RETURNING b.id, b.state
+    )
+    SELECT u.id, u.state = 'executing' AND u.id = ANY (coalesce(v_old, '{}')) FROM u;
+END;
+$$;
+
+-- Counters, state and progress of a batch; no row for an unknown id.
+CREATE OR REPLACE FUNCTION pgjobs.batch_status(batch_id bigint)
+RETURNS TABLE (id bigint, state pgjobs.batch_state, total int, pending int, succeeded int, failed int,
+               cancelled int, fraction_settled double precision, created_at timestamptz,
+               started_at timestamptz, completed_at timestamptz)
+LANGUAGE sql
+STABLE
+SET search_path = pgjobs, pg_catalog
+AS $$
+    SELECT b.id, b.state, b.total, b.pending, b.succeeded, b.failed, b.cancelled,
+           CASE WHEN b.total = 0 THEN 1.0 ELSE (b.total - b.pending)::double precision / b.total END,
+           b.created_at, b.started_at, b.completed_at
+      FROM batches AS b
+     WHERE b.id = batch_status.batch_id;
+$$;
+
+-- The batch as a graph: {"batch": <batch_status>, "nodes": [...], "edges": [...]}. Nodes are the
+-- members plus any job an edge connects them to ("member": false); edges are every edge into
+-- or out of a member, and the batch's own continuations ({"from_batch": id, "to": child}).
+-- NULL for an unknown id.
+CREATE OR REPLACE FUNCTION pgjobs.batch_graph(batch_id bigint)
+RETURNS jsonb
+LANGUAGE sql
+STABLE
+SET search_path = pgjobs, pg_catalog
+AS $$
+    WITH b AS (
+        SELECT * FROM batch_status(batch_graph.batch_id)
+    ), members AS (
+        SELECT j.id FROM jobs AS j WHERE j.batch_id = batch_graph.batch_id
+    ), e AS (
+        SELECT e.child_id, e.parent_job_id, e.parent_batch_id, e.trigger, e.satisfied FROM edges AS e
+         WHERE e.child_id IN (SELECT m.id FROM members AS m)
+        UNION
+        SELECT e.child_id, e.parent_job_id, e.parent_batch_id, e.trigger, e.satisfied FROM edges AS e
+         WHERE e.parent_job_id IN (SELECT m.id FROM members AS m)
+        UNION
+        SELECT e.child_id, e.parent_job_id, e.parent_batch_id, e.trigger, e.satisfied FROM edges AS e
+         WHERE e.parent_batch_id = batch_graph.batch_id
+    ), nodes AS (
+        SELECT j.id, j.kind, j.queue, j.state, j.attempt, j.batch_id, j.completed_at
+          FROM jobs AS j
+         WHERE j.id IN (SELECT m.id FROM members AS m
+                        UNION SELECT e.child_id FROM e
+                        UNION SELECT e.parent_job_id FROM e WHERE e.parent_job_id IS NOT NULL)
+    )
+    SELECT jsonb_build_object(
+               'batch', (SELECT to_jsonb(b) FROM b),
+               'nodes', coalesce((SELECT jsonb_agg(jsonb_build_object(
+                                             'id', n.id, 'kind', n.kind, 'queue', n.queue, 'state', n.state,
+                                             'attempt', n.attempt, 'batch_id', n.batch_id,
+                                             'member', n.batch_id IS NOT DISTINCT FROM batch_graph.batch_id)
+                                         ORDER BY n.id)
+                                    FROM nodes AS n), '[]'::jsonb),
+               'edges', coalesce((SELECT jsonb_agg(CASE WHEN e.parent_job_id IS NOT NULL
+                                                        THEN jsonb_build_object('from', e.parent_job_id)
+                                                        ELSE jsonb_build_object('from_batch', e.parent_batch_id) END
+                                                   || jsonb_build_object('to', e.child_id, 'on', e.trigger,
+                                                                         'satisfied', e.satisfied)
+                                                   ORDER BY e.child_id, e.parent_job_id NULLS LAST, e.parent_batch_id)
+                                    FROM e), '[]'::jsonb))
+      FROM b;
+$$;
+
+-- Cancels every member not yet terminal: waiting/scheduled/pending ones at once, running ones by
+-- request (their workers are told on pgjobs_cancel and end them `cancelled`). Returns how many
+-- members it cancelled (requests included). The batch settles when the last running member ends.
+CREATE OR REPLACE FUNCTION pgjobs.cancel_batch(batch_id bigint)
+RETURNS int
+LANGUAGE plpgsql
+SET search_path = pgjobs, pg_catalog
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_ids     bigint[];
+    v_events  jsonb;
+    v_active  int;
+BEGIN
+    PERFORM 1 FROM batches AS b WHERE b.id = cancel_batch.batch_id;
+    IF NOT FOUND THEN
+        PERFORM _not_found('batch', cancel_batch.batch_id);
+    END IF;
+    -- Lock in id order first (a claimer skips locked rows; a settler waits on them).
+    PERFORM 1 FROM (SELECT j.id FROM jobs AS j
+                     WHERE j.batch_id = cancel_batch.batch_id AND j.state IN ('waiting', 'scheduled', 'pending', 'active')
+                     ORDER BY j.id
+                       FOR NO KEY UPDATE) AS l;
+    -- cancel_requested marks a cancellation by a person: _reopen never revives these.
+    WITH u AS (
+        UPDATE jobs AS j SET state = 'cancelled', completed_at = now(), cancel_requested = true
+         WHERE j.batch_id = cancel_batch.batch_id AND j.state IN ('waiting', 'scheduled', 'pending')
+        RETURNING j.id, j.queue, j.kind, j.attempt, j.batch_id
+    )
+    SELECT array_agg(u.id ORDER BY u.id),
+           jsonb_agg(jsonb_build_object('id', u.id, 'state', 'cancelled', 'queue', u.queue, 'kind', u.kind,
+                                        'attempt', u.attempt, 'batch_id', u.batch_id) ORDER BY u.id)
+      INTO v_ids, v_events
+      FROM u;
+    WITH a AS (
+        UPDATE jobs AS j SET cancel_requested = true
+         WHERE j.batch_id = cancel_batch.batch_id AND j.state = 'active' AND NOT j.cancel_requested
+        RETURNING j.id
+    )
+    SELECT count(pg_notify('pgjobs_cancel', a.id::text))::int INTO v_active FROM a;
+    PERFORM _notify_status(v_events);
+    IF v_ids IS NOT NULL THEN
+        PERFORM _propagate(v_ids);
+    END IF;
+    RETURN coalesce(cardinality(v_ids), 0) + v_active;
+END;
+$$;
+
+-- A running batch member (lease token CAS: a stale token changes nothing and returns NULL) adds a
+-- sibling to its batch; returns the sibling's id. With before_continuations, the jobs that depend
+-- on the calling job (now, and any continuation attached later) also wait for the sibling to
+-- settle (an extra `complete` dependency: its outcome is the batch's business, not theirs).
+-- A job outside a batch raises PJ004.
+CREATE OR REPLACE FUNCTION pgjobs.add_to_batch(id bigint, lease_token uuid, job jsonb,
+                                               before_continuations boolean DEFAULT false)
+RETURNS bigint
+LANGUAGE plpgsql
+SET search_path = pgjobs, pg_catalog
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_batch   bigint;
+    v_found   boolean;
+    v_sib     bigint;
+    v_created boolean;
+    v_state   job_state;
+BEGIN
+    SELECT j.batch_id INTO v_batch FROM jobs AS j WHERE j.id = add_to_batch.id;
+    v_found := FOUND;
+    IF v_found AND v_batch IS NULL THEN
+        RAISE EXCEPTION USING ERRCODE = 'PJ004',
+            MESSAGE = format('job %s is not in a batch; add_to_batch needs a batch member', add_to_batch.id);
+    END IF;
+    PERFORM _check_specs(jsonb_build_array(job), 'job');
+    IF NOT v_found THEN
+        RETURN NULL;
+    END IF;
+    -- The caller's row lock keeps it active (so its batch cannot settle) until we commit.
+    SELECT j.batch_id INTO v_batch FROM jobs AS j
+     WHERE j.id = add_to_batch.id AND j.lease_token = add_to_batch.lease_token AND j.state = 'active'
+       FOR NO KEY UPDATE;
+    IF NOT FOUND THEN
+        RETURN NULL;
+    END IF;
+
+    SELECT g.id, g.created INTO v_sib, v_created
+      FROM _graph_insert(jsonb_build_array(job), v_batch, false, NULL, 'job') AS g;
+    SELECT j.state INTO v_state FROM jobs AS j WHERE j.id = v_sib;
+
+    IF before_continuations AND v_created AND v_state NOT IN ('succeeded', 'failed', 'cancelled') THEN
+        INSERT INTO continuation_holds (job_id, sibling_id) VALUES (add_to_batch.id, v_sib);
+        -- The caller's waiting children now also wait for the sibling (each under its row lock,
+        -- so a child being cancelled concurrently is left alone).
+        WITH kids AS (
+            SELECT c.id FROM jobs AS c
+             WHERE c.id IN (SELECT e.child_id FROM edges AS e
+                             WHERE e.parent_job_id = add_to_batch.id AND e.satisfied IS NULL)
+               AND c.state = 'waiting'
+             ORDER BY c.id
+               FOR NO KEY UPDATE
+        ), u AS (
+            UPDATE jobs AS c SET remaining_deps = c.remaining_deps + 1
+             WHERE c.id IN (SELECT kids.id FROM kids) AND c.state = 'waiting'
+            RETURNING c.id
+        )
+        INSERT INTO edges (child_id, parent_job_id, trigger)
+        SELECT u.id, v_sib, 'complete' FROM u;
+        UPDATE jobs AS j SET has_dependents = true WHERE j.id = v_sib;
+    END IF;
+    RETURN v_sib;
+END;
+$$;
+
+-- Deletes a settled batch with its members and their edges; returns the members removed.
+-- Unknown id: PJ003; a batch still executing: PJ004 (cancel it first).
+CREATE OR REPLACE FUNCTION pgjobs.delete_batch(batch_id bigint)
+RETURNS bigint
+LANGUAGE plpgsql
+SET search_path = pgjobs, pg_catalog
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_state   batch_state;
+    v_removed bigint;
+BEGIN
+    SELECT b.state INTO v_state FROM batches AS b WHERE b.id = delete_batch.batch_id FOR UPDATE;
+    IF NOT FOUND THEN
+        PERFORM _not_found('batch', delete_batch.batch_id);
+    END IF;
+    IF v_state = 'executing' THEN
+        RAISE EXCEPTION USING ERRCODE = 'PJ004',
+            MESSAGE = format('batch %s is executing; only settled batches can be deleted (cancel it first)',
+                             delete_batch.batch_id);
+    END IF;
+    WITH gone AS (DELETE FROM jobs AS j WHERE j.batch_id = delete_batch.batch_id RETURNING 1)
+    SELECT count(*) INTO v_removed FROM gone;
+    DELETE FROM batches AS b WHERE b.id = delete_batch.batch_id;
+    RETURN v_removed;
+END;
+$$;
+
+-- purge(): settled batches whose members are all past their age go whole, members and edges
+-- together (NULL age: that class is kept). Returns the members removed.
+CREATE OR REPLACE FUNCTION pgjobs._purge_batches(succeeded_before interval, failed_before interval)
+RETURNS bigint
+LANGUAGE plpgsql
+SET search_path = pgjobs, pg_catalog
+AS $$
+DECLARE
+    v_ids     bigint[];
+    v_removed bigint;
+BEGIN
+    IF succeeded_before IS NULL AND failed_before IS NULL THEN
+        RETURN 0;
+    END IF;
+    SELECT array_agg(l.id) INTO v_ids
+      FROM (SELECT b.id FROM batches AS b
+             WHERE b.state <> 'executing'
+               AND NOT EXISTS (SELECT 1 FROM jobs AS j
+                                WHERE j.batch_id = b.id
+                                  AND NOT coalesce((j.state = 'succeeded' AND j.completed_at < now() - succeeded_before)
+                                                   OR (j.state IN ('failed', 'cancelled')
+                                                       AND j.completed_at < now() - failed_before), false))
+               FOR UPDATE SKIP LOCKED) AS l;
+    IF v_ids IS NULL THEN
+        RETURN 0;
+    END IF;
+    WITH gone AS (DELETE FROM jobs AS j WHERE j.batch_id = ANY (v_ids) RETURNING 1)
+    SELECT count(*) INTO v_removed FROM gone;
+    DELETE FROM batches AS b WHERE b.id = ANY (v_ids);
+    RETURN v_removed;
+END;
+$$;

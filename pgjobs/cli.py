@@ -260,22 +260,20 @@ def _connect_kwargs(dsn: str) -> dict[str, Any]:
     return kwargs
 
 
-def unreachable(dsn: str, exc: BaseException) -> CliError:
-    return CliError(
-        f"cannot connect to the database {dsnmod.redact(dsn)}: {dsnmod.first_line(str(exc)) or type(exc).__name__}",
-        EXIT_UNREACHABLE,
-    )
+def unreachable(dsn: str, exc: BaseException, where: str | None = None) -> CliError:
+    reason = dsnmod.first_line(str(exc)) or type(exc).__name__
+    return CliError(f"cannot connect to {where or 'the database ' + dsnmod.redact(dsn)}: {reason}", EXIT_UNREACHABLE)
 
 
-def not_migrated(dsn: str, detail: str = "") -> CliError:
+def not_migrated(dsn: str, detail: str = "", where: str | None = None) -> CliError:
     suffix = f" ({detail})" if detail else ""
     return CliError(
-        f"the database {dsnmod.redact(dsn)} has no pgjobs schema{suffix}; run `pgjobs migrate` first",
+        f"{where or 'the database ' + dsnmod.redact(dsn)} has no pgjobs schema{suffix}; run `pgjobs migrate` first",
         EXIT_NOT_MIGRATED,
     )
 
 
-def check_database(dsn: str, need_schema: bool) -> None:
+def check_database(dsn: str, need_schema: bool, where: str | None = None) -> None:
     """Raises :class:`CliError` (exit 2) when the server does not answer, (exit 3) when the schema is missing."""
     try:
         with psycopg.connect(dsn, **_connect_kwargs(dsn)) as conn:
@@ -288,11 +286,11 @@ def check_database(dsn: str, need_schema: bool) -> None:
                 " FROM (SELECT to_regnamespace('pgjobs')::oid AS oid) AS n"
             ).fetchone()
     except psycopg.OperationalError as exc:
-        raise unreachable(dsn, exc) from None
+        raise unreachable(dsn, exc, where) from None
     if row is None or not row[0]:
-        raise not_migrated(dsn)
+        raise not_migrated(dsn, where=where)
     if not row[1]:
-        raise not_migrated(dsn, "its functions are not installed")
+        raise not_migrated(dsn, "its functions are not installed", where)
 
 
 @contextlib.contextmanager
@@ -341,7 +339,7 @@ def cmd_migrate(args: argparse.Namespace) -> int:
         except psycopg.Error as exc:
             raise CliError(f"verification failed: {dsnmod.first_line(str(exc))}") from None
         if not checked:
-            raise not_migrated(args.dsn, "nothing is deployed")
+            raise not_migrated(args.dsn, "nothing is deployed", args.where)
         out.print(f"verified {len(checked)} change(s): {', '.join(checked)}")
         return EXIT_OK
     if args.rollback:
@@ -916,6 +914,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         _error("interrupted")
         return EXIT_INTERRUPTED
+    except SystemExit as exc:  # argparse: --help (0), bad arguments (2); SIGTERM with the embedded server (143)
+        return exc.code if isinstance(exc.code, int) else EXIT_OK if exc.code is None else EXIT_ERROR
 
 
 def _error(message: str) -> None:
@@ -948,13 +948,15 @@ def _main(argv: list[str]) -> int:
     if needs == NEEDS_NOTHING:
         args.target = None
         args.uses_embedded = False
+        args.where = None
         return func(args)
     try:
         with dsnmod.resolve(args.dsn, args.data_dir) as target:
             args.target = target
             args.dsn = target.dsn
             args.uses_embedded = target.uses_embedded
-            check_database(target.dsn, need_schema=needs == NEEDS_SCHEMA)
+            args.where = target.describe() if target.uses_embedded else None
+            check_database(target.dsn, needs == NEEDS_SCHEMA, args.where)
             return _run(func, args)
     except dsnmod.DsnError as exc:
         raise CliError(str(exc), EXIT_UNREACHABLE) from None
@@ -964,15 +966,15 @@ def _run(func: Callable[[argparse.Namespace], int], args: argparse.Namespace) ->
     try:
         return func(args)
     except SchemaMissing as exc:
-        raise not_migrated(args.dsn, dsnmod.first_line(str(exc))) from None
+        raise not_migrated(args.dsn, dsnmod.first_line(str(exc)), args.where) from None
     except PgJobsError as exc:
         raise CliError(str(exc), EXIT_ERROR) from None
     except (psycopg.OperationalError, PoolTimeout) as exc:
-        raise unreachable(args.dsn, exc) from None
+        raise unreachable(args.dsn, exc, args.where) from None
     except (psycopg.errors.UndefinedTable, psycopg.errors.UndefinedFunction, psycopg.errors.UndefinedColumn) as exc:
         # an object the installed pgjobs lacks: the schema is older (or newer) than this package's
         if _functions_state(args.dsn, _sql_digest()) != "up to date":
-            raise not_migrated(args.dsn, f"it is out of date: {dsnmod.first_line(str(exc))}") from None
+            raise not_migrated(args.dsn, f"it is out of date: {dsnmod.first_line(str(exc))}", args.where) from None
         raise
     except psycopg.Error as exc:
         if os.environ.get("PGJOBS_DEBUG"):

@@ -52,13 +52,13 @@ class DsnError(Exception):
     """The DSN cannot be used: malformed, or the embedded server cannot start."""
 
 
-def normalize(dsn: str) -> str:
+def normalize(dsn: str, source: str = "--dsn") -> str:
     """``dsn`` with a SQLAlchemy driver suffix removed; validated by libpq's parser."""
     dsn = _DRIVER_SUFFIX.sub(r"\1://", dsn.strip())
     try:
         conninfo_to_dict(dsn)
-    except psycopg.ProgrammingError as exc:
-        raise DsnError(f"invalid DSN {redact(dsn)!r}: {first_line(str(exc))}") from None
+    except psycopg.ProgrammingError as exc:  # the DSN itself is not echoed: it may hold a password
+        raise DsnError(f"invalid DSN in {source}: {first_line(str(exc))}") from None
     return dsn
 
 
@@ -71,7 +71,7 @@ def configured(cli_dsn: str | None = None, environ: dict[str, str] | None = None
         (ENV_DATABASE_URL, env.get(ENV_DATABASE_URL)),
     ):
         if value and value.strip():
-            return normalize(value), source
+            return normalize(value, source), source
     return None
 
 

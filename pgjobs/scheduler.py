@@ -212,12 +212,14 @@ class Scheduler:
             batch = await self._batch(now)
             if batch is None:
                 break
-            due, results = batch
+            _, results = batch
             created += sum(1 for r in results if r.created)
             advanced += len(results)
-            # A short batch was the last one; a batch that moved nothing (rows held by other
-            # schedulers, or queues full) would only come back the same.
-            if len(due) < self.batch_size or not results:
+            # Go on while batches make progress: a schedule advanced to a run that is itself already
+            # due (a frequent cron, a late pass within the grace period) comes back in the next batch.
+            # A batch that moved nothing (rows held by other schedulers, full queues) would only come
+            # back the same.
+            if not results:
                 break
         return created, advanced
 

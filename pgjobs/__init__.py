@@ -10,7 +10,10 @@ from .errors import (
     QueueFull,
     SchemaMissing,
 )
+from .graph import Dep, JobRef, after_batch, on_complete, on_failure, on_success
 from .records import (
+    BatchState,
+    BatchStatus,
     ClaimedJob,
     Enqueued,
     EnqueuedSpec,
@@ -48,4 +51,5 @@ __all__ = [
     "SchemaMissing",
     "WorkerInfo",
 ]
+__all__ += ["BatchState", "BatchStatus", "Dep", "JobRef", "after_batch", "on_complete", "on_failure", "on_success"]
 __version__ = "0.1.0"

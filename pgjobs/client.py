@@ -15,13 +15,14 @@ from psycopg_pool import AsyncConnectionPool, ConnectionPool
 from .admin import AdminOps, AsyncAdminOps
 from .claim import AsyncClaimOps, ClaimOps
 from .enqueue import AsyncEnqueueOps, EnqueueOps
+from .graph import AsyncGraphOps, GraphOps
 from .lifecycle import AsyncLifecycleOps, LifecycleOps
 from .recurring import AsyncRecurringOps, RecurringOps
 from .status import AsyncStatusOps, StatusOps
 from .workers import AsyncWorkerOps, WorkerOps
 
 
-class Client(EnqueueOps, ClaimOps, LifecycleOps, AdminOps, StatusOps, WorkerOps, RecurringOps):
+class Client(EnqueueOps, ClaimOps, LifecycleOps, AdminOps, StatusOps, WorkerOps, RecurringOps, GraphOps):
     """Synchronous client. ``Client(dsn)`` opens its own pool; ``Client(pool=...)`` shares yours."""
 
     def __init__(
@@ -60,7 +61,14 @@ class Client(EnqueueOps, ClaimOps, LifecycleOps, AdminOps, StatusOps, WorkerOps,
 
 
 class AsyncClient(
-    AsyncEnqueueOps, AsyncClaimOps, AsyncLifecycleOps, AsyncAdminOps, AsyncStatusOps, AsyncWorkerOps, AsyncRecurringOps
+    AsyncEnqueueOps,
+    AsyncClaimOps,
+    AsyncLifecycleOps,
+    AsyncAdminOps,
+    AsyncStatusOps,
+    AsyncWorkerOps,
+    AsyncRecurringOps,
+    AsyncGraphOps,
 ):
     """Asynchronous client. Use ``async with AsyncClient(dsn) as client:`` (or ``await client.open()``)."""
 

@@ -204,3 +204,38 @@ class Materialized(_Row):
     next_run_at: datetime
     job_id: int | None
     created: bool
+
+
+class BatchState(enum.StrEnum):
+    EXECUTING = "executing"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+    @property
+    def settled(self) -> bool:
+        return self is not BatchState.EXECUTING
+
+
+@dataclass(frozen=True, slots=True)
+class BatchStatus:
+    """``batch_status()``: counters (``pending`` = members not yet terminal), state and progress of a batch."""
+
+    id: int
+    state: BatchState
+    total: int
+    pending: int
+    succeeded: int
+    failed: int
+    cancelled: int
+    fraction_settled: float
+    created_at: datetime
+    started_at: datetime | None
+    completed_at: datetime | None
+
+    @classmethod
+    def from_row(cls, row: dict[str, Any]) -> BatchStatus:
+        names = {f.name for f in fields(cls)}
+        values = {k: v for k, v in row.items() if k in names}
+        values["state"] = BatchState(values["state"])
+        return cls(**values)

@@ -310,27 +310,37 @@ BEGIN
         SELECT e.child_id, count(*) FILTER (WHERE e.satisfied IS NULL)::int AS rem,
                count(*) FILTER (WHERE NOT e.satisfied)::int AS fail
           FROM e GROUP BY e.child_id
-    ), parents AS (
-        UPDATE jobs AS p SET has_dependents = true
-         WHERE p.id IN (SELECT e.parent_job_id FROM e) AND NOT p.has_dependents
+    ), targets AS (
+        SELECT coalesce(c.child_id, p.pid) AS id, c.rem, c.fail, p.pid IS NOT NULL AS is_parent
+          FROM counts AS c
+          FULL JOIN (SELECT DISTINCT e.parent_job_id AS pid FROM e WHERE e.parent_job_id IS NOT NULL) AS p
+            ON p.pid = c.child_id
     ), u AS (
-        -- Only specs inserted as waiting need their counters (the others had every dependency
-        -- satisfied already and were inserted runnable).
+        -- One UPDATE for both roles (a job can be a parent and a child of this call; two UPDATEs
+        -- of one row in one statement would drop one). Parents get has_dependents; specs
+        -- inserted as waiting get their counters (the others had every dependency satisfied
+        -- already and were inserted runnable).
         UPDATE jobs AS j
-           SET remaining_deps = c.rem, failed_deps = c.fail,
-               state = CASE WHEN c.fail > 0 THEN 'cancelled'::job_state
-                            WHEN c.rem > 0 THEN 'waiting'
+           SET has_dependents = j.has_dependents OR t.is_parent,
+               remaining_deps = CASE WHEN t.rem IS NOT NULL AND j.state = 'waiting' THEN t.rem ELSE j.remaining_deps END,
+               failed_deps = CASE WHEN t.rem IS NOT NULL AND j.state = 'waiting' THEN t.fail ELSE j.failed_deps END,
+               state = CASE WHEN t.rem IS NULL OR j.state <> 'waiting' THEN j.state
+                            WHEN t.fail > 0 THEN 'cancelled'::job_state
+                            WHEN t.rem > 0 THEN 'waiting'
                             WHEN j.run_at > now() THEN 'scheduled'
                             ELSE 'pending' END,
-               completed_at = CASE WHEN c.fail > 0 THEN now() END
-          FROM counts AS c
-         WHERE j.id = c.child_id AND j.state = 'waiting'
-        RETURNING j.id, j.state, j.queue, j.kind, j.attempt, j.batch_id
+               completed_at = CASE WHEN t.rem IS NOT NULL AND j.state = 'waiting' AND t.fail > 0 THEN now()
+                                   ELSE j.completed_at END
+          FROM targets AS t
+         WHERE j.id = t.id
+           AND ((t.is_parent AND NOT j.has_dependents) OR (t.rem IS NOT NULL AND j.state = 'waiting'))
+        RETURNING j.id, j.state, j.queue, j.kind, j.attempt, j.batch_id, t.rem IS NOT NULL AS is_child
     )
     SELECT jsonb_agg(jsonb_build_object('id', u.id, 'state', u.state, 'queue', u.queue, 'kind', u.kind,
-                                        'attempt', u.attempt, 'batch_id', u.batch_id)) FILTER (WHERE u.state <> 'waiting'),
-           array_agg(DISTINCT u.queue) FILTER (WHERE u.state = 'pending'),
-           array_agg(u.id) FILTER (WHERE u.state = 'cancelled')
+                                        'attempt', u.attempt, 'batch_id', u.batch_id))
+               FILTER (WHERE u.is_child AND u.state <> 'waiting'),
+           array_agg(DISTINCT u.queue) FILTER (WHERE u.is_child AND u.state = 'pending'),
+           array_agg(u.id) FILTER (WHERE u.is_child AND u.state = 'cancelled')
       INTO v_events, v_wake, v_cancelled
       FROM u;
     UPDATE batches AS b SET has_dependents = true WHERE b.id = ANY (xb_ids) AND NOT b.has_dependents;

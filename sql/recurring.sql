@@ -104,9 +104,11 @@ BEGIN
     END IF;
 
     SELECT s.* INTO v_old FROM schedules AS s WHERE s.name = upsert_schedule.name;
-    -- pg_timezone_names reads the zone files (~30 ms): only look up a zone the row does not already carry.
+    -- pg_timezone_names reads the zone files (~30 ms): only look up a zone that no stored schedule
+    -- carries already (every stored zone was checked when it was stored).
     -- The names are matched exactly (case included) because the scheduler resolves them with zoneinfo.
     IF upsert_schedule.timezone <> 'UTC' AND upsert_schedule.timezone IS DISTINCT FROM v_old.timezone
+       AND NOT EXISTS (SELECT 1 FROM schedules AS o WHERE o.timezone = upsert_schedule.timezone)
        AND NOT EXISTS (SELECT 1 FROM pg_timezone_names AS z WHERE z.name = upsert_schedule.timezone) THEN
         RAISE EXCEPTION USING ERRCODE = 'PJ002',
             MESSAGE = format('schedule %L: unknown time zone %L (expected an IANA name such as ''Europe/Paris'')',

@@ -1,5 +1,6 @@
 """pgjobs: durable background jobs that live inside PostgreSQL."""
 
+from .app import App, CancelFlag, JobCancelled, JobContext, JobHandler, Retry, Snooze, SyncJobContext
 from .client import AsyncClient, Client
 from .errors import (
     GraphError,
@@ -27,6 +28,8 @@ from .records import (
     WorkerInfo,
 )
 from .recurring import PeriodicSpec
+from .stream import StatusEvent
+from .worker import Worker
 
 __all__ = [
     "AsyncClient",
@@ -52,4 +55,16 @@ __all__ = [
     "WorkerInfo",
 ]
 __all__ += ["BatchState", "BatchStatus", "Dep", "JobRef", "after_batch", "on_complete", "on_failure", "on_success"]
+__all__ += [
+    "App",
+    "CancelFlag",
+    "JobCancelled",
+    "JobContext",
+    "JobHandler",
+    "Retry",
+    "Snooze",
+    "StatusEvent",
+    "SyncJobContext",
+    "Worker",
+]
 __version__ = "0.1.0"

@@ -19,6 +19,7 @@ from .graph import AsyncGraphOps, GraphOps
 from .lifecycle import AsyncLifecycleOps, LifecycleOps
 from .recurring import AsyncRecurringOps, RecurringOps
 from .status import AsyncStatusOps, StatusOps
+from .stream import StreamOps
 from .workers import AsyncWorkerOps, WorkerOps
 
 
@@ -69,6 +70,7 @@ class AsyncClient(
     AsyncWorkerOps,
     AsyncRecurringOps,
     AsyncGraphOps,
+    StreamOps,
 ):
     """Asynchronous client. Use ``async with AsyncClient(dsn) as client:`` (or ``await client.open()``)."""
 

@@ -1,0 +1,827 @@
+"""The worker runtime: claims jobs, runs their handlers, reports the outcome.
+
+One process, one anyio task group (asyncio: psycopg's async connections need it):
+
+* per served queue, a **claimer** on its own connection: ``claim(max_jobs = free capacity, kind_limits =
+  {kind: free capacity} for every kind the app has a handler for)``. It claims again at once while calls come
+  back full, and otherwise sleeps until a ``pgjobs_wake`` for its queue, a slot frees up after a full claim,
+  or the poll fallback;
+* per queue, ``capacity`` long-lived **slot** tasks that run the claimed jobs (no task spawn per job);
+* one **listener** (``pgjobs/listen.py``): ``pgjobs_wake`` (payload: queue) wakes that queue's claimer,
+  ``pgjobs_cancel`` (payload: job id) sets the running job's ``ctx.cancelled``; reconnects with backoff and
+  jitter, and wakes every claimer after a reconnect (a wake sent meanwhile is lost);
+* a **poller**: wakes the claimers every ``poll_interval`` and at the next due ``run_at`` (``next_due_at``);
+* a **completer** on its own connection: whatever completions accumulated go out in one ``complete_many``
+  (a lone job is flushed at once; under load the batch grows while the previous call is in flight);
+* a **renewer**: every ``lease / 3`` one ``renew_leases`` for all held jobs. A job missing from its answer
+  lost its lease (reclaimed elsewhere): its handler is cancelled and nothing is reported for it. A job
+  reported ``cancel_requested`` gets ``ctx.cancelled`` set (the fallback for a missed ``pgjobs_cancel``);
+* a **heartbeat**: ``worker_heartbeat(name, meta)`` and ``reap_workers`` every ``heartbeat_interval``.
+
+A slot frees when the handler returns (its completion may still be in the completer's next batch).
+
+Outcomes: return -> ``complete`` (batched); ``Retry`` -> ``fail(retry_at)``; ``Snooze`` -> ``release(run_at)``;
+other exception -> ``fail(traceback)`` (``retry_at`` from the handler's ``retry`` policy, else the SQL backoff);
+timeout -> ``fail("TimeoutError: ...")``; cancellation requested -> ``ack_cancel`` however the handler ended;
+lease lost -> nothing (the token no longer holds the job); shutdown after the grace period -> ``release``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import importlib
+import importlib.util
+import json
+import logging
+import math
+import os
+import signal
+import socket
+import threading
+import traceback
+import uuid
+from collections import deque
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from functools import partial
+from typing import Any, LiteralString
+
+import anyio
+import psycopg
+from anyio.abc import TaskGroup
+from psycopg.types.json import Jsonb
+from psycopg_pool import AsyncConnectionPool
+
+from .app import App, CancelFlag, JobContext, JobHandler, Retry, Snooze, SyncJobContext, when_to_datetime
+from .errors import translate
+from .listen import Listener, backoff_delay
+
+log = logging.getLogger("pgjobs.worker")
+
+WAKE_CHANNEL = "pgjobs_wake"
+CANCEL_CHANNEL = "pgjobs_cancel"
+
+_CLAIM_SQL: LiteralString = (
+    "SELECT id, kind, queue, payload, attempt, max_attempts, lease_token::text, checkpoint, batch_id, meta"
+    " FROM pgjobs.claim(worker => %s, queues => %s::text[], max_jobs => %s, lease => %s::interval,"
+    " kind_limits => %s::jsonb)"
+)
+_COMPLETE_SQL: LiteralString = (
+    "SELECT pgjobs.complete_many(ids => %s::bigint[], lease_tokens => %s::uuid[], results => %s::jsonb[])"
+)
+_RENEW_SQL: LiteralString = (
+    "SELECT id, cancel_requested FROM pgjobs.renew_leases(ids => %s::bigint[], lease_tokens => %s::uuid[],"
+    " lease => %s::interval)"
+)
+_NEXT_DUE_SQL: LiteralString = "SELECT extract(epoch FROM pgjobs.next_due_at(%s::text[]) - clock_timestamp())::float8"
+
+# A claim needs no durable commit: if the server crashes before the claim's WAL reaches disk, the job simply
+# comes back unclaimed (attempt not counted), and this worker's later calls for it fail the token compare-and-set
+# (no-ops). Skipping the flush wait takes ~0.5 ms off every claim, i.e. off the wake-up latency.
+import os as _os
+_CLAIM_OPTIONS = _os.environ.get("PGJOBS_CLAIM_OPTIONS", "-c synchronous_commit=off")
+
+# A job's phases, for the renewer and the shutdown: only a RUNNING handler can be cancelled.
+_QUEUED, _RUNNING, _FINISHING = 0, 1, 2
+
+
+class _Job:
+    """One claimed job held by this worker."""
+
+    __slots__ = (
+        "attempt",
+        "batch_id",
+        "checkpoint",
+        "ctx",
+        "handler",
+        "id",
+        "kind",
+        "max_attempts",
+        "meta",
+        "payload",
+        "phase",
+        "queue",
+        "scope",
+        "stop_reason",
+        "token",
+    )
+
+    def __init__(self, row: tuple[Any, ...], handler: JobHandler, queue: _Queue) -> None:
+        (self.id, self.kind, _q, self.payload, self.attempt, self.max_attempts, self.token, self.checkpoint,
+         self.batch_id, self.meta) = row  # fmt: skip
+        self.handler = handler
+        self.queue = queue
+        self.phase = _QUEUED
+        self.scope: anyio.CancelScope | None = None
+        self.stop_reason: str | None = None  # why the worker cancelled the handler: timeout/lease/shutdown
+        self.ctx: JobContext | SyncJobContext | None = None
+
+    def interrupt(self, reason: str) -> None:
+        """Cancels the running handler (first reason wins) and tells it through ctx.cancelled."""
+        if self.stop_reason is None:
+            self.stop_reason = reason
+        if self.ctx is not None:
+            self.ctx.cancelled.set(reason)
+        if self.scope is not None and self.phase == _RUNNING:
+            self.scope.cancel()
+
+
+class _Queue:
+    """Per served queue: capacity, the claimer's wake state, the ready jobs and the parked slots."""
+
+    __slots__ = ("capacity", "claimer_wait", "more", "name", "parked", "ready", "running", "waiting_for")
+
+    def __init__(self, name: str, capacity: int) -> None:
+        self.name = name
+        self.capacity = capacity
+        self.running = 0  # claimed and not yet ended (queued in `ready` or running in a slot)
+        self.more = True  # something may be claimable: claim when capacity allows
+        self.claimer_wait: anyio.Event | None = None
+        self.waiting_for: str | None = None  # "wake" | "slot" while the claimer sleeps
+        self.ready: deque[_Job] = deque()
+        self.parked: list[anyio.Event] = []
+
+    def poke(self, why: str) -> None:
+        if self.claimer_wait is not None and (why == "any" or why == self.waiting_for):
+            self.claimer_wait.set()
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerStats:
+    claimed: int
+    completed: int
+    failed: int
+    released: int
+    cancelled: int
+    lost: int
+
+
+def default_worker_name() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
+
+
+def _seconds(value: float | timedelta) -> float:
+    return value.total_seconds() if isinstance(value, timedelta) else float(value)
+
+
+class Worker:
+    """Runs an :class:`~pgjobs.App`'s handlers for jobs of the ``queues`` it serves.
+
+    ``queues``: ``{"default": 10, "emails": 5}`` (queue -> how many jobs it runs at once), or a list of names
+    that each get ``concurrency``. ``lease``: seconds a claim holds a job before another worker may take it
+    (renewed every lease/3 while the handler runs). ``grace_period``: on stop, how long running jobs may
+    finish before they are released. ``poll_interval``: the fallback beat when no notification comes.
+    ``heartbeat_interval``: ``worker_heartbeat`` + ``reap_workers(reap_after)`` (default 6 heartbeats).
+    ``scheduler``: also run the recurring-jobs scheduler (when ``pgjobs.scheduler`` is installed).
+    """
+
+    def __init__(
+        self,
+        app: App,
+        dsn: str,
+        queues: Mapping[str, int] | Sequence[str] | None = None,
+        *,
+        lease: float | timedelta = 30.0,
+        grace_period: float | timedelta = 30.0,
+        poll_interval: float | timedelta = 5.0,
+        name: str | None = None,
+        scheduler: bool = True,
+        heartbeat_interval: float | timedelta = 10.0,
+        reap_after: float | timedelta | None = None,
+        concurrency: int = 10,
+        pool_size: int = 4,
+    ) -> None:
+        if queues is None:
+            queues = {"default": concurrency}
+        elif not isinstance(queues, Mapping):
+            queues = {q: concurrency for q in queues}
+        if not queues:
+            raise ValueError("a worker needs at least one queue")
+        for q, n in queues.items():
+            if not q:
+                raise ValueError("queue names must be non-empty")
+            if int(n) < 1:
+                raise ValueError(f"concurrency of queue {q!r} must be >= 1, got {n}")
+        self.app = app
+        self.dsn = dsn
+        self.queues: dict[str, int] = {q: int(n) for q, n in queues.items()}
+        self.lease = _seconds(lease)
+        self.grace_period = _seconds(grace_period)
+        self.poll_interval = _seconds(poll_interval)
+        self.heartbeat_interval = _seconds(heartbeat_interval)
+        self.reap_after = _seconds(reap_after) if reap_after is not None else 6 * self.heartbeat_interval
+        for label, value in (("lease", self.lease), ("poll_interval", self.poll_interval),
+                             ("heartbeat_interval", self.heartbeat_interval)):  # fmt: skip
+            if value <= 0:
+                raise ValueError(f"{label} must be positive, got {value}")
+        if self.grace_period < 0:
+            raise ValueError(f"grace_period must be >= 0, got {self.grace_period}")
+        self.name = name or default_worker_name()
+        self.scheduler = scheduler
+        self.pool_size = pool_size
+
+        self._queues = [_Queue(q, n) for q, n in self.queues.items()]
+        self._by_queue = {q.name: q for q in self._queues}
+        self._jobs: dict[int, _Job] = {}
+        self._done: list[tuple[int, str, str | None]] = []  # (id, token, result json) awaiting complete_many
+        self._in_flight: list[tuple[int, str, str | None]] = []
+        self._completer_wait: anyio.Event | None = None
+        self._poller_wait: anyio.Event | None = None
+        self._stop_event: anyio.Event | None = None
+        self._stopping = False
+        self._hard_stop = False
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._pool: AsyncConnectionPool[Any] | None = None
+        self._limiter: anyio.CapacityLimiter | None = None
+        self._lease_td = timedelta(seconds=self.lease)
+        self._limits_cache: dict[int, str] = {}
+        self.listener: Listener | None = None
+        self.started = threading.Event()  # set once the worker claims (tests, CLI)
+        self.claimed = self.completed = self.failed = self.released = self.cancelled = self.lost = 0
+
+    # ------------------------------------------------------------------------------------------ control
+
+    def stop(self, graceful: bool = True) -> None:
+        """Asks the worker to stop: no more claims, running jobs get ``grace_period`` to finish (none when
+        ``graceful`` is False), the rest are released. Safe from any thread and from signal handlers."""
+        self._stopping = True
+        if not graceful:
+            self._hard_stop = True
+        loop = self._loop
+        if loop is None or loop.is_closed():
+            return
+        try:
+            running_loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+        except RuntimeError:
+            running_loop = None
+        if running_loop is loop:
+            self._on_stop()
+        else:
+            with contextlib.suppress(RuntimeError):  # loop closing
+                loop.call_soon_threadsafe(self._on_stop)
+
+    def _on_stop(self) -> None:
+        if self._stop_event is not None:
+            self._stop_event.set()
+        for q in self._queues:
+            q.poke("any")
+
+    def run_sync(self) -> int:
+        """Runs the worker until SIGINT/SIGTERM (graceful stop; a second signal releases at once). Returns 0."""
+        installed: dict[signal.Signals, Any] = {}
+
+        def on_signal(signum: int, frame: Any) -> None:
+            if self._stopping:
+                log.warning("second signal: releasing running jobs now")
+                self.stop(graceful=False)
+            else:
+                log.info("signal %d: stopping (grace period %.1f s)", signum, self.grace_period)
+                self.stop()
+
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                installed[sig] = signal.signal(sig, on_signal)
+        try:
+            anyio.run(self.run)
+        finally:
+            for sig, previous in installed.items():
+                signal.signal(sig, previous)
+        return 0
+
+    @property
+    def stats(self) -> WorkerStats:
+        return WorkerStats(self.claimed, self.completed, self.failed, self.released, self.cancelled, self.lost)
+
+    @property
+    def active(self) -> int:
+        return sum(q.running for q in self._queues)
+
+    # ------------------------------------------------------------------------------------------ run
+
+    async def run(self) -> None:
+        """Runs until :meth:`stop`; raises on fatal errors (schema missing, database unreachable at start)."""
+        self._loop = asyncio.get_running_loop()
+        self._stop_event = anyio.Event()
+        if self._stopping:
+            self._stop_event.set()
+        self._limiter = anyio.CapacityLimiter(max(1, sum(self.queues.values())))
+        pool: AsyncConnectionPool[Any] = AsyncConnectionPool(
+            self.dsn,
+            min_size=1,
+            max_size=max(2, self.pool_size),
+            kwargs={"autocommit": True, "application_name": f"pgjobs-worker:{self.name}"},
+            open=False,
+            name=f"pgjobs-worker-{self.name}",
+        )
+        self._pool = pool
+        try:
+            await pool.open(wait=True, timeout=15)
+            await self._heartbeat_once()  # fails fast on a missing schema or an unreachable database
+            async with anyio.create_task_group() as services:
+                listener = Listener(
+                    self.dsn,
+                    [WAKE_CHANNEL, CANCEL_CHANNEL],
+                    on_connect=self._on_listen_connect,
+                    application_name=f"pgjobs-listen:{self.name}",
+                )
+                self.listener = listener
+                await services.start(listener.run, self._on_notify)
+                services.start_soon(self._poller)
+                services.start_soon(self._renewer)
+                services.start_soon(self._heartbeat)
+                await self._start_scheduler(services)
+                async with anyio.create_task_group() as work:
+                    work.start_soon(self._completer)
+                    async with anyio.create_task_group() as jobs:
+                        for q in self._queues:
+                            for _ in range(q.capacity):
+                                jobs.start_soon(self._slot, q)
+                            jobs.start_soon(self._claimer, q)
+                        self.started.set()
+                        await self._stop_event.wait()
+                        await self._drain(jobs)
+                    # every slot ended: flush the last completions, then stop the completer
+                    if self._jobs:
+                        log.warning("%d job(s) could not be released; their leases will expire", len(self._jobs))
+                        self._jobs.clear()
+                    self._poke_completer()
+                services.cancel_scope.cancel()
+        finally:
+            with anyio.CancelScope(shield=True):
+                await pool.close()
+            self._pool = None
+
+    async def _start_scheduler(self, tg: TaskGroup) -> None:
+        """Hook for the recurring-jobs scheduler (pgjobs/scheduler.py): started in the worker's task group
+        when ``scheduler=True`` and the module is installed."""
+        if not self.scheduler:
+            return
+        if importlib.util.find_spec(f"{__package__}.scheduler") is None:
+            return
+        scheduler_mod = importlib.import_module(f"{__package__}.scheduler")
+        sched = scheduler_mod.Scheduler(self.app, self.dsn, pool=self._pool, name=self.name)
+        await tg.start(sched.run)
+
+    async def _drain(self, jobs: TaskGroup) -> None:
+        """Graceful end: claimers stop (they see _stopping), running jobs get the grace period, the rest are
+        released; then the slots exit."""
+        self._stopping = True
+        for q in self._queues:
+            q.poke("any")
+        deadline = anyio.current_time() + (0.0 if self._hard_stop else self.grace_period)
+        while self._jobs and anyio.current_time() < deadline and not self._hard_stop:
+            await anyio.sleep(min(0.05, max(0.0, deadline - anyio.current_time())))
+        if self._jobs:
+            log.info("grace period over: releasing %d running job(s)", len(self._jobs))
+            for job in list(self._jobs.values()):
+                if job.phase == _QUEUED:
+                    job.stop_reason = "shutdown"
+                job.interrupt("shutdown")
+            # releases take one round trip each; bounded so a dead database cannot hold the exit
+            with anyio.move_on_after(max(5.0, self.lease / 3)):
+                while self._jobs:
+                    await anyio.sleep(0.01)
+        for q in self._queues:
+            for ev in q.parked:
+                ev.set()
+            q.parked.clear()
+        if self._jobs:
+            jobs.cancel_scope.cancel()
+
+    # ------------------------------------------------------------------------------------------ notifications
+
+    def _on_notify(self, channel: str, payload: str) -> None:
+        if channel == WAKE_CHANNEL:
+            q = self._by_queue.get(payload)
+            if q is not None:
+                q.more = True
+                q.poke("wake")
+        elif channel == CANCEL_CHANNEL:
+            try:
+                job = self._jobs.get(int(payload))
+            except ValueError:
+                return
+            if job is not None and job.ctx is not None:
+                job.ctx.cancelled.set("cancel requested")
+            elif job is not None:
+                job.stop_reason = "cancel requested"
+
+    async def _on_listen_connect(self) -> None:
+        # Notifications sent while the connection was down are lost: look again at every queue.
+        self._wake_all()
+
+    def _wake_all(self) -> None:
+        for q in self._queues:
+            q.more = True
+            q.poke("wake")
+
+    # ------------------------------------------------------------------------------------------ claiming
+
+    async def _connect(self, role: str, options: str | None = None) -> psycopg.AsyncConnection[Any]:
+        extra: dict[str, Any] = {} if options is None else {"options": options}
+        return await psycopg.AsyncConnection.connect(
+            self.dsn, autocommit=True, application_name=f"pgjobs-{role}:{self.name}", connect_timeout=10, **extra
+        )
+
+    def _kind_limits(self, free: int) -> str:
+        text = self._limits_cache.get(free)
+        if text is None:
+            text = json.dumps({k: free for k in self.app.handlers})
+            if len(self._limits_cache) < 4096:
+                self._limits_cache[free] = text
+        return text
+
+    async def _claimer(self, q: _Queue) -> None:
+        conn: psycopg.AsyncConnection[Any] | None = None
+        failures = 0
+        queues = [q.name]
+        handlers = self.app.handlers
+        try:
+            while not self._stopping:
+                free = q.capacity - q.running
+                if free <= 0 or not q.more:
+                    q.waiting_for = "slot" if free <= 0 else "wake"
+                    q.claimer_wait = anyio.Event()
+                    await q.claimer_wait.wait()
+                    q.claimer_wait = None
+                    q.waiting_for = None
+                    continue
+                if not handlers:
+                    q.more = False
+                    continue
+                q.more = False  # a wake that arrives while this claim runs sets it again
+                try:
+                    if conn is None or conn.closed:
+                        conn = await self._connect("claim", _CLAIM_OPTIONS)
+                    cur = await conn.execute(
+                        _CLAIM_SQL, (self.name, queues, free, self._lease_td, self._kind_limits(free)), prepare=True
+                    )
+                    rows = await cur.fetchall()
+                    failures = 0
+                except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
+                    failures += 1
+                    delay = backoff_delay(failures, 0.05, 5.0)
+                    log.warning("claim on queue %r failed (%s); retrying in %.2f s", q.name, exc, delay)
+                    if conn is not None:
+                        await conn.close()
+                        conn = None
+                    q.more = True
+                    await anyio.sleep(delay)
+                    continue
+                except psycopg.Error as exc:
+                    raise translate(exc) from exc
+                if len(rows) >= free:
+                    q.more = True
+                if rows:
+                    self._dispatch(q, rows)
+        finally:
+            if conn is not None:
+                with anyio.CancelScope(shield=True):
+                    await conn.close()
+
+    def _dispatch(self, q: _Queue, rows: list[tuple[Any, ...]]) -> None:
+        handlers = self.app.handlers
+        jobs = self._jobs
+        ready = q.ready
+        n = 0
+        for row in rows:
+            handler = handlers.get(row[1])
+            job = _Job(row, handler, q) if handler is not None else None
+            if job is None:  # cannot happen with kind_limits; give it back rather than hold it
+                log.error("claimed job %s of kind %r without a handler; releasing it", row[0], row[1])
+                bogus = _Job(row, JobHandler(row[1], lambda p, c: None), q)
+                jobs[bogus.id] = bogus
+                q.running += 1
+                bogus.stop_reason = "shutdown"
+                ready.append(bogus)
+                n += 1
+                continue
+            jobs[job.id] = job
+            ready.append(job)
+            n += 1
+        q.running += n
+        self.claimed += n
+        if self._stopping:  # claimed by a call that was in flight when stop() came: give them back
+            for job in list(ready)[-n:]:
+                job.stop_reason = "shutdown"
+        parked = q.parked
+        if parked:
+            parked.pop().set()  # each woken slot wakes the next while jobs remain (see _slot)
+
+    # ------------------------------------------------------------------------------------------ running
+
+    async def _slot(self, q: _Queue) -> None:
+        ready = q.ready
+        parked = q.parked
+        while True:
+            if ready:
+                job = ready.popleft()
+                if ready and parked:
+                    parked.pop().set()
+                await self._run(job)
+                continue
+            if self._stopping and not self._jobs_of(q):
+                return
+            ev = anyio.Event()
+            parked.append(ev)
+            await ev.wait()
+            if self._stopping and not ready and not self._jobs_of(q):
+                return
+
+    def _jobs_of(self, q: _Queue) -> bool:
+        return q.running > 0
+
+    async def _run(self, job: _Job) -> None:
+        handler = job.handler
+        q = job.queue
+        try:
+            if job.stop_reason == "shutdown":  # claimed but not started before the worker stopped
+                job.phase = _FINISHING
+                await self._release(job, None)
+                return
+            flag = CancelFlag(threaded=not handler.is_async)
+            ctx_cls = JobContext if handler.is_async else SyncJobContext
+            ctx = ctx_cls(self, job.id, job.kind, q.name, job.attempt, job.max_attempts, job.token, job.checkpoint,
+                          job.batch_id, job.meta, flag)  # fmt: skip
+            job.ctx = ctx
+            if job.stop_reason == "cancel requested":  # the cancel arrived before the slot picked it up
+                flag.set("cancel requested")
+            error: BaseException | None = None
+            result: Any = None
+            timeout = handler.timeout
+            scope = (
+                anyio.CancelScope() if timeout is None else anyio.CancelScope(deadline=anyio.current_time() + timeout)
+            )
+            job.scope = scope
+            job.phase = _RUNNING
+            try:
+                with scope:
+                    if handler.is_async:
+                        result = await handler.func(job.payload, ctx)
+                    else:
+                        assert self._limiter is not None
+                        result = await anyio.to_thread.run_sync(
+                            partial(handler.func, job.payload, ctx), abandon_on_cancel=True, limiter=self._limiter
+                        )
+            except Exception as exc:
+                error = exc
+            job.phase = _FINISHING
+            if scope.cancelled_caught or (scope.cancel_called and error is not None):
+                reason = job.stop_reason
+                if reason is None and timeout is not None:
+                    reason = "timeout"
+                    flag.set("timeout")
+                await self._interrupted(job, reason or "timeout")
+            elif flag.is_set() and flag.reason == "cancel requested":
+                await self._ack_cancel(job)
+            elif error is None:
+                try:
+                    encoded = None if result is None else json.dumps(result)
+                except (TypeError, ValueError) as exc:
+                    await self._failed(job, TypeError(f"the handler's result is not JSON-serializable: {exc}"))
+                else:
+                    self._done.append((job.id, job.token, encoded))
+                    self._poke_completer()
+            else:
+                await self._failed(job, error)
+        finally:
+            if self._jobs.pop(job.id, None) is not None:
+                q.running -= 1
+                q.poke("slot")
+
+    def _poke_completer(self) -> None:
+        ev = self._completer_wait
+        if ev is not None:
+            ev.set()
+
+    async def _interrupted(self, job: _Job, reason: str) -> None:
+        if reason == "lease lost":
+            self.lost += 1
+            log.warning("job %s (%s): lease lost (reclaimed elsewhere); its outcome is dropped", job.id, job.kind)
+        elif reason == "shutdown":
+            await self._release(job, None)
+        elif reason == "cancel requested":
+            await self._ack_cancel(job)
+        else:  # timeout
+            timeout = job.handler.timeout
+            await self._fail(job, f"TimeoutError: the job ran longer than its timeout of {timeout:g} s", None)
+
+    async def _failed(self, job: _Job, error: BaseException) -> None:
+        if isinstance(error, Retry):
+            retry_at = None if error.after is None else when_to_datetime(error.after)
+            await self._fail(job, str(error), retry_at)
+        elif isinstance(error, Snooze):
+            await self._release(job, when_to_datetime(error.until))
+        elif job.ctx is not None and job.ctx.cancelled.is_set() and job.ctx.cancelled.reason == "cancel requested":
+            await self._ack_cancel(job)
+        else:
+            text = "".join(traceback.format_exception(error)).rstrip()
+            log.warning("job %s (%s) attempt %s failed: %r", job.id, job.kind, job.attempt, error)
+            await self._fail(job, text, job.handler.retry_at(job.attempt))
+
+    # ------------------------------------------------------------------------------------------ per-job calls
+
+    async def _call(self, query: LiteralString, params: Sequence[Any]) -> Any:
+        """One round trip on the pool; connection errors are retried with backoff (every call is a lease-token
+        CAS, so a replay after a lost reply changes nothing); gives up after ~30 s."""
+        failures = 0
+        while True:
+            assert self._pool is not None
+            try:
+                async with self._pool.connection() as conn:
+                    cur = await conn.execute(query, params)
+                    row = await cur.fetchone()
+                    return None if row is None else row[0]
+            except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
+                failures += 1
+                if failures > 8:
+                    raise
+                delay = backoff_delay(failures, 0.1, 5.0)
+                log.warning("database call failed (%s); retrying in %.2f s", exc, delay)
+                await anyio.sleep(delay)
+            except psycopg.Error as exc:
+                raise translate(exc) from exc
+
+    async def _report(self, job: _Job, query: LiteralString, params: Sequence[Any]) -> Any:
+        """A job's final call: shielded (a shutdown must not cut it), errors logged, never raised."""
+        with anyio.CancelScope(shield=True):
+            try:
+                return await self._call(query, params)
+            except Exception as exc:
+                log.error("job %s (%s): reporting its outcome failed: %s", job.id, job.kind, exc)
+                return None
+
+    async def _fail(self, job: _Job, error: str, retry_at: datetime | None) -> None:
+        state = await self._report(
+            job,
+            "SELECT pgjobs.fail(id => %s, lease_token => %s::uuid, error => %s, retry_at => %s)::text",
+            (job.id, job.token, error, retry_at),
+        )
+        self.failed += 1
+        if state == "scheduled":
+            self._poke_poller()
+
+    async def _release(self, job: _Job, run_at: datetime | None) -> None:
+        ok = await self._report(
+            job, "SELECT pgjobs.release(id => %s, lease_token => %s::uuid, run_at => %s)", (job.id, job.token, run_at)
+        )
+        if ok:
+            self.released += 1
+        if run_at is not None:
+            self._poke_poller()
+
+    async def _ack_cancel(self, job: _Job) -> None:
+        ok = await self._report(job, "SELECT pgjobs.ack_cancel(id => %s, lease_token => %s::uuid)", (job.id, job.token))
+        if ok:
+            self.cancelled += 1
+
+    async def _ctx_call(self, op: str, ctx: JobContext | SyncJobContext, arg: Any) -> Any:
+        """What ``ctx.save_checkpoint`` / ``report_progress`` / ``add_to_batch`` run (on the event loop)."""
+        if op == "checkpoint":
+            return await self._call(
+                "SELECT pgjobs.checkpoint(id => %s, lease_token => %s::uuid, checkpoint => %s)",
+                (ctx.id, ctx.lease_token, Jsonb(arg)),
+            )
+        if op == "progress":
+            return await self._call(
+                "SELECT pgjobs.progress(id => %s, lease_token => %s::uuid, progress => %s)",
+                (ctx.id, ctx.lease_token, Jsonb(arg)),
+            )
+        if op == "add_to_batch":
+            spec, before = arg
+            return await self._call(
+                "SELECT pgjobs.add_to_batch(id => %s, lease_token => %s::uuid, job => %s, before_continuations => %s)",
+                (ctx.id, ctx.lease_token, Jsonb(spec), before),
+            )
+        raise ValueError(f"unknown context call {op!r}")
+
+    # ------------------------------------------------------------------------------------------ completer
+
+    async def _completer(self) -> None:
+        conn: psycopg.AsyncConnection[Any] | None = None
+        failures = 0
+        try:
+            while True:
+                if not self._done:
+                    if self._stopping and not self._jobs:
+                        return
+                    self._completer_wait = anyio.Event()
+                    with anyio.move_on_after(0.5 if self._stopping else math.inf):
+                        await self._completer_wait.wait()
+                    self._completer_wait = None
+                    continue
+                batch, self._done = self._done, []
+                self._in_flight = batch
+                ids = [b[0] for b in batch]
+                tokens = [b[1] for b in batch]
+                results = [b[2] for b in batch]
+                if not any(r is not None for r in results):
+                    results = None  # type: ignore[assignment]
+                while True:
+                    try:
+                        if conn is None or conn.closed:
+                            conn = await self._connect("complete")
+                        with anyio.CancelScope(shield=True):
+                            cur = await conn.execute(_COMPLETE_SQL, (ids, tokens, results), prepare=True)
+                            row = await cur.fetchone()
+                        done = int(row[0]) if row else 0
+                        self.completed += done
+                        if done < len(ids):
+                            self.lost += len(ids) - done
+                        failures = 0
+                        break
+                    except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
+                        failures += 1
+                        delay = backoff_delay(failures, 0.05, 5.0)
+                        log.warning("complete_many of %d job(s) failed (%s); retrying in %.2f s", len(ids), exc, delay)
+                        if conn is not None:
+                            await conn.close()
+                            conn = None
+                        await anyio.sleep(delay)
+                    except psycopg.Error as exc:
+                        raise translate(exc) from exc
+                self._in_flight = []
+        finally:
+            if conn is not None:
+                with anyio.CancelScope(shield=True):
+                    await conn.close()
+
+    # ------------------------------------------------------------------------------------------ background
+
+    def _poke_poller(self) -> None:
+        if self._poller_wait is not None:
+            self._poller_wait.set()
+
+    async def _poller(self) -> None:
+        names = list(self.queues)
+        while True:
+            delay = self.poll_interval
+            try:
+                due_in = await self._call(_NEXT_DUE_SQL, (names,))
+            except Exception as exc:
+                log.warning("next_due_at failed: %s", exc)
+                due_in = None
+            if due_in is not None and due_in > 0:
+                delay = min(delay, due_in + 0.002)
+            self._poller_wait = anyio.Event()
+            with anyio.move_on_after(delay) as scope:
+                await self._poller_wait.wait()
+            self._poller_wait = None
+            if scope.cancelled_caught:
+                self._wake_all()
+
+    async def _renewer(self) -> None:
+        interval = self.lease / 3
+        while True:
+            await anyio.sleep(interval)
+            held = [j for j in self._jobs.values() if j.phase != _FINISHING]
+            pending = list(self._in_flight) + list(self._done)
+            if not held and not pending:
+                continue
+            ids = [j.id for j in held] + [p[0] for p in pending]
+            tokens = [j.token for j in held] + [p[1] for p in pending]
+            try:
+                assert self._pool is not None
+                async with self._pool.connection() as conn:
+                    cur = await conn.execute(_RENEW_SQL, (ids, tokens, self._lease_td))
+                    rows = await cur.fetchall()
+            except psycopg.Error as exc:
+                log.warning("lease renewal of %d job(s) failed: %s", len(ids), exc)
+                continue
+            still = {r[0]: r[1] for r in rows}
+            for job in held:
+                if job.id not in still:
+                    # Reclaimed elsewhere (or settled): this attempt's outcome no longer counts.
+                    if self._jobs.get(job.id) is job and job.phase == _RUNNING:
+                        job.interrupt("lease lost")
+                elif still[job.id] and job.ctx is not None:
+                    job.ctx.cancelled.set("cancel requested")
+
+    def _meta(self) -> dict[str, Any]:
+        return {
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
+            "queues": self.queues,
+            "concurrency": sum(self.queues.values()),
+            "active": self.active,
+            "kinds": self.app.kinds,
+        }
+
+    async def _heartbeat_once(self) -> None:
+        await self._call("SELECT pgjobs.worker_heartbeat(worker => %s, meta => %s)", (self.name, Jsonb(self._meta())))
+
+    async def _heartbeat(self) -> None:
+        while True:
+            await anyio.sleep(self.heartbeat_interval)
+            try:
+                await self._heartbeat_once()
+                reaped = await self._call(
+                    "SELECT pgjobs.reap_workers(stale_after => %s::interval)", (timedelta(seconds=self.reap_after),)
+                )
+                if reaped:
+                    log.info("reaped %d silent worker(s); their jobs are claimable now", reaped)
+                    self._wake_all()
+            except Exception as exc:
+                log.warning("heartbeat failed: %s", exc)

@@ -49,6 +49,8 @@ class PeriodicSpec:
     def __post_init__(self) -> None:
         if not self.kind:
             object.__setattr__(self, "kind", self.name)
+        if self.payload is None:
+            object.__setattr__(self, "payload", {})
         self.validate()
 
     def validate(self) -> None:

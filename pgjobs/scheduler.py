@@ -123,7 +123,8 @@ async def sync_code_schedules(client: AsyncClient, app_or_specs: Any, *, now: da
 class Scheduler:
     """Materialises due schedules. ``Scheduler(dsn_or_pool, app=None, clock=...)``.
 
-    ``dsn_or_pool``: a DSN, an ``AsyncConnectionPool`` (autocommit connections) or an ``AsyncClient``.
+    ``dsn_or_pool``: a DSN, an ``AsyncConnectionPool`` (autocommit connections) or an ``AsyncClient``
+    (``pool=`` also takes the pool, with the DSN as first argument; ``name`` labels the log lines).
     ``app``: an App whose ``periodic_specs`` are synchronised when :meth:`run` starts.
     ``clock``: returns the current time as an aware datetime (tests inject their own).
     ``batch_size``: schedules per transaction. ``grace``: how late a run may be and still count as on time.
@@ -132,26 +133,36 @@ class Scheduler:
 
     def __init__(
         self,
-        dsn_or_pool: str | AsyncConnectionPool[Any] | AsyncClient,
-        *,
+        dsn_or_pool: str | AsyncConnectionPool[Any] | AsyncClient | Any,
         app: Any = None,
+        *,
         clock: Callable[[], datetime] = utc_now,
         batch_size: int = 500,
         grace: timedelta = timedelta(seconds=60),
         max_sleep: float = 30.0,
         error_backoff: timedelta = timedelta(minutes=5),
         queue_full_backoff: timedelta = timedelta(seconds=5),
+        pool: AsyncConnectionPool[Any] | None = None,
+        name: str | None = None,
     ) -> None:
         if batch_size < 1:
             raise InvalidArgument(f"batch_size must be >= 1, got {batch_size}")
+        if hasattr(dsn_or_pool, "periodic_specs") and (app is None or isinstance(app, str)):
+            # Also accepted: Scheduler(app, dsn, pool=...), the worker's order.
+            dsn_or_pool, app = app, dsn_or_pool
         self._owns_client = False
-        if isinstance(dsn_or_pool, AsyncClient):
+        if pool is not None:
+            self.client = AsyncClient(dsn_or_pool if isinstance(dsn_or_pool, str) else None, pool=pool)
+        elif isinstance(dsn_or_pool, AsyncClient):
             self.client = dsn_or_pool
         elif isinstance(dsn_or_pool, str):
             self.client = AsyncClient(dsn_or_pool, min_size=1, max_size=2)
             self._owns_client = True
-        else:
+        elif isinstance(dsn_or_pool, AsyncConnectionPool):
             self.client = AsyncClient(pool=dsn_or_pool)
+        else:
+            raise InvalidArgument(f"Scheduler needs a DSN, an AsyncConnectionPool or an AsyncClient: {dsn_or_pool!r}")
+        self.name = name or "scheduler"
         self.app = app
         self.clock = clock
         self.batch_size = batch_size
@@ -293,7 +304,7 @@ class Scheduler:
             except (psycopg.Error, OSError) as exc:
                 failures += 1
                 delay = min(0.5 * 2**failures, self.max_sleep)
-                log.warning("scheduler pass failed (%s); retrying in %.1fs", exc, delay)
+                log.warning("%s: pass failed (%s); retrying in %.1fs", self.name, exc, delay)
             else:
                 if wake_at is None:
                     delay = self.max_sleep
@@ -318,6 +329,6 @@ class Scheduler:
                     async for _ in conn.notifies():
                         self._wakeup.set()
             except (psycopg.Error, OSError) as exc:
-                log.warning("scheduler LISTEN connection lost (%s); reconnecting in %.1fs", exc, backoff)
+                log.warning("%s: LISTEN connection lost (%s); reconnecting in %.1fs", self.name, exc, backoff)
                 await anyio.sleep(backoff)
                 backoff = min(backoff * 2, 30.0)

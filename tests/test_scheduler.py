@@ -7,6 +7,7 @@ Time is the test's: every Scheduler gets an injected clock, so hours of schedule
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import signal
@@ -542,3 +543,86 @@ def test_run_syncs_the_app_and_wakes_on_schedule_changes(dsn: str, conn: psycopg
     anyio.run(main)
     row = conn.execute("SELECT schedule_name, kind FROM pgjobs.jobs ORDER BY id LIMIT 1").fetchone()
     assert row == ("every-second", "k")
+
+
+def test_constructor_forms(dsn: str) -> None:
+    app = FakeApp([PeriodicSpec(name="c", cron="* * * * *")])
+
+    async def main() -> None:
+        async with AsyncClient(dsn) as client:
+            # the worker's form: Scheduler(app, dsn, pool=its pool)
+            s = Scheduler(app, dsn, pool=client.pool, name="w1")
+            assert s.app is app and s.client.pool is client.pool and s.listen_dsn == dsn
+            assert (await s.sync_code_schedules(app)).schedules[0].name == "c"
+            s2 = Scheduler(client.pool, app=app)
+            assert s2.listen_dsn and await s2.tick() == 0
+
+    anyio.run(main)
+    with pytest.raises(pgjobs.InvalidArgument):
+        Scheduler(42)
+    with pytest.raises(pgjobs.InvalidArgument):
+        Scheduler(dsn, batch_size=0)
+
+
+# -- the CLI ------------------------------------------------------------------------------------------------
+
+
+def cli(dsn: str, *argv: str) -> int:
+    import argparse
+
+    from pgjobs.cli_schedules import register
+
+    parser = argparse.ArgumentParser(prog="pgjobs")
+    register(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(argv)
+    args.dsn = dsn
+    return int(args.func(args))
+
+
+def test_cli_schedules_commands(dsn: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli(dsn, "schedules", "add", "report", "send_report", "0 8 * * 1-5", "--tz", "Europe/Paris",
+               "--payload", '{"to": "ops"}', "--missed", "skip") == 0  # fmt: skip
+    assert "report" in capsys.readouterr().out
+    assert cli(dsn, "schedules", "pause", "report") == 0
+    assert cli(dsn, "schedules", "list") == 0
+    out = capsys.readouterr().out
+    assert "report" in out and "paused" in out and "Europe/Paris" in out and "dynamic (skip)" in out
+    assert cli(dsn, "schedules", "resume", "report") == 0
+    assert cli(dsn, "schedules", "list", "--json") == 0
+    out = capsys.readouterr().out
+    listed = json.loads(out[out.index("[") :])
+    assert listed[0]["name"] == "report" and listed[0]["paused"] is False and listed[0]["payload"] == {"to": "ops"}
+    assert cli(dsn, "schedules", "add", "x", "k", "* * * * *") == 0
+    with Client(dsn) as client:
+        client.upsert_schedule("x", "k", "* * * * *", T0, code_defined=True)  # an app declares it
+    with pytest.raises(InvalidState):
+        cli(dsn, "schedules", "remove", "x")
+    assert cli(dsn, "schedules", "remove", "x", "--force") == 0
+    with pytest.raises(pgjobs.JobNotFound):
+        cli(dsn, "schedules", "remove", "ghost")
+    with pytest.raises(pgjobs.InvalidArgument):
+        cli(dsn, "schedules", "add", "bad", "k", "not a cron")
+
+
+def test_cli_scheduler_runs_until_sigterm(dsn: str, conn: psycopg.Connection[Any]) -> None:
+    with Client(dsn) as client:
+        client.add_schedule("s", "k", "* * * * * *")  # every second
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(Path(pgjobs.__file__).resolve().parent.parent) + os.pathsep + env.get("PYTHONPATH", "")
+    code = (
+        "import argparse, sys; from pgjobs.cli_schedules import cmd_scheduler;"
+        f" sys.exit(cmd_scheduler(argparse.Namespace(dsn={dsn!r}, app=None, batch_size=100)))"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", code], stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        deadline = time.monotonic() + 30
+        while not conn.execute("SELECT count(*) FROM pgjobs.jobs").fetchone()[0]:  # type: ignore[index]
+            assert time.monotonic() < deadline and proc.poll() is None, "the scheduler did not run"
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.stderr is not None and "SIGTERM" in proc.stderr.read()

@@ -15,12 +15,14 @@ that runs elsewhere (``pgjobs worker --app pgjobs.demo_app:app --queues pgjobs-d
 from __future__ import annotations
 
 import argparse
+import asyncio
 import collections
 import contextlib
+import logging
 import os
 import signal
 import time
-from collections.abc import Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import FrameType
 from typing import Any
@@ -45,6 +47,7 @@ from .cli import (
     describe_progress,
     progress_fraction,
     short,
+    stdout,
 )
 from .records import JobState
 
@@ -72,43 +75,62 @@ class Interrupted(Exception):
 
 
 class _Signals:
-    """SIGTERM behaves like Ctrl-C while the demo runs; during the cleanup both are noted and ignored.
+    """Ctrl-C and SIGTERM stop the demo the same way, whatever state it is in.
 
-    Ctrl-C inside ``anyio.run`` cancels the main task (asyncio's runner does that), so the worker stops
-    and every ``finally`` runs; outside it, it raises KeyboardInterrupt. SIGTERM is turned into SIGINT
-    to get the same path. Once cleaning up (dropping the database, stopping the server), a signal must
-    not cut the cleanup short and leave the server running: it is only remembered.
+    While the server starts and while the demo cleans up (dropping its database, stopping the server), a
+    signal is only noted: cutting either short could leave a server running. In between (``armed``), a
+    signal raises KeyboardInterrupt, except while the event loop runs: there the first one cancels the
+    demo's main task (``call_soon_threadsafe`` from the handler), so the worker stops, its jobs are
+    released and every ``finally`` runs; a second one raises KeyboardInterrupt at once. A SIGINT that the
+    parent ignores (``nohup``, ``&`` in a script) stays ignored.
     """
 
     def __init__(self) -> None:
         self.received: int | None = None
+        self.interrupt: Callable[[], None] | None = None  # set while the event loop runs
         self._saved: dict[int, Any] = {}
 
     def __enter__(self) -> _Signals:
         for sig in (signal.SIGINT, signal.SIGTERM):
             self._saved[sig] = signal.getsignal(sig)
-        signal.signal(signal.SIGTERM, self._on_sigterm)
+        self._install(self._note)
         return self
 
-    def _on_sigterm(self, signum: int, frame: FrameType | None) -> None:
-        self.received = self.received or signum
-        signal.raise_signal(signal.SIGINT)
+    def _install(self, handler: Callable[[int, FrameType | None], None]) -> None:
+        for sig, previous in self._saved.items():
+            if previous is not signal.SIG_IGN:
+                signal.signal(sig, handler)
 
     def _note(self, signum: int, frame: FrameType | None) -> None:
         self.received = self.received or signum
 
-    @contextlib.contextmanager
-    def cleanup(self) -> Iterator[None]:
-        previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
-        for sig in previous:
-            signal.signal(sig, self._note)
-        try:
-            yield
-        finally:
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        first = self.received is None
+        self.received = self.received or signum
+        if first and self.interrupt is not None:
+            self.interrupt()
+            return
+        raise KeyboardInterrupt
+
+    def arm(self) -> None:
+        """From now on a signal interrupts; one that came while disarmed interrupts now."""
+        self._install(self._on_signal)
+        if self.received is not None:
+            raise KeyboardInterrupt
+
+    def disarm(self) -> None:
+        self.interrupt = None
+        self._install(self._note)
+
+    def bind(self) -> None:
+        """Called on the event loop: the first signal cancels the task that called it."""
+        loop = asyncio.get_running_loop()
+        task = asyncio.current_task()
+        assert task is not None
+        self.interrupt = lambda: loop.call_soon_threadsafe(task.cancel)
 
     def __exit__(self, *exc: object) -> None:
+        self.interrupt = None
         for sig, handler in self._saved.items():
             signal.signal(sig, handler)
 
@@ -275,8 +297,12 @@ async def _watch(dsn: str, run: Run, console: Console, plain: bool, worker: Any,
         return snap
 
 
-async def _run_async(dsn: str, run: Run, args: argparse.Namespace, console: Console, plain: bool) -> None:
+async def _run_async(
+    dsn: str, run: Run, args: argparse.Namespace, console: Console, plain: bool, signals: _Signals
+) -> None:
     import pgjobs
+
+    signals.bind()
 
     from . import demo_app
 
@@ -294,7 +320,10 @@ async def _run_async(dsn: str, run: Run, args: argparse.Namespace, console: Cons
             dsn,
             queues={demo_app.QUEUE: args.concurrency},
             lease=10.0,
-            grace_period=2.0,
+            grace_period=1.0,
+            # retries come back within a second or two; a short fallback beat keeps the demo brisk even
+            # where no notification announces them
+            poll_interval=0.5,
             name=f"pgjobs-demo-{os.getpid()}",
             scheduler=False,
         )
@@ -408,11 +437,19 @@ def _summary(dsn: str, run: Run, console: Console) -> None:
     console.print(
         f"{retried} jobs needed more than one attempt; {errors} errors are kept in their jobs' history "
         f"(`pgjobs status ID`). {totals['failed']} jobs failed for good"
-        + (f", e.g. {failed[0]}: {short(failed[1], 70)}" if failed else "")
+        + (f", e.g. {failed[0]}: {short(_last_line(failed[1]), 90)}" if failed else "")
         + f". {totals['cancelled']} job scheduled an hour ahead was cancelled before it ran."
     )
     if report is not None:
         _report_story(console, show.report_id, report)
+
+
+def _last_line(error: Any) -> str:
+    """The exception line of a stored traceback (its last line), without the module path of the class."""
+    lines = [x.strip() for x in str(error or "").strip().splitlines() if x.strip()]
+    last = lines[-1] if lines else "error"
+    name, sep, rest = last.partition(": ")
+    return f"{name.rsplit('.', 1)[-1]}{sep}{rest}" if sep and " " not in name else last
 
 
 def _report_story(console: Console, job_id: int, report: tuple[Any, ...]) -> None:
@@ -427,9 +464,7 @@ def _report_story(console: Console, job_id: int, report: tuple[Any, ...]) -> Non
         how = "started from the beginning" if i == 0 else f"resumed from its checkpoint at chunk {first}"
         line = f"  attempt {r['attempt']}: {how}, ran {span}"
         if r.get("crashed"):
-            err = crash_errors.get(r["attempt"], "")
-            last_line = [x for x in str(err).strip().splitlines() if x.strip()]
-            line += f", then crashed ({short(last_line[-1] if last_line else 'error', 90)})"
+            line += f", then crashed ({short(_last_line(crash_errors.get(r['attempt'])), 100)})"
         console.print(line)
         seen.extend(range(first, last + 1))
     if runs:
@@ -459,10 +494,21 @@ def _drop_database(admin_dsn: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    console = stdout()
+    plain = bool(args.plain) or not console.is_terminal
+    # the handlers fail on purpose: the worker's warnings about it would scribble over the display
+    quiet = logging.getLogger("pgjobs")
+    level = quiet.level
+    quiet.setLevel(logging.ERROR)
+    try:
+        return _run(args, console, plain)
+    finally:
+        quiet.setLevel(level)
+
+
+def _run(args: argparse.Namespace, console: Console, plain: bool) -> int:
     from .migrate import migrate
 
-    console = Console(highlight=False)
-    plain = bool(args.plain) or not console.is_terminal
     with _Signals() as signals:
         try:
             if args.no_worker and dsnmod.configured(args.dsn) is None:
@@ -470,6 +516,7 @@ def run(args: argparse.Namespace) -> int:
             t0 = time.perf_counter()
             with dsnmod.resolve(args.dsn, args.data_dir) as target:
                 try:
+                    signals.arm()
                     if target.uses_embedded:
                         demo_dsn = _create_database(target.dsn)
                         where = f"embedded PostgreSQL in {target.data_dir}, fresh database {DEMO_DATABASE!r}"
@@ -485,14 +532,14 @@ def run(args: argparse.Namespace) -> int:
                         + (f", applied {', '.join(migrated.applied)}" if migrated.applied else "")
                     )
                     demo = Run(target.describe())
-                    anyio.run(_run_async, demo_dsn, demo, args, console, plain)
+                    anyio.run(_run_async, demo_dsn, demo, args, console, plain, signals)
                     _summary(demo_dsn, demo, console)
                     if not target.uses_embedded:
                         console.print("the jobs stay in queue 'pgjobs-demo': pgjobs jobs --queue pgjobs-demo")
                 finally:
-                    with signals.cleanup():
-                        if target.uses_embedded:
-                            _drop_database(target.dsn)
+                    signals.disarm()  # until the server is stopped
+                    if target.uses_embedded:
+                        _drop_database(target.dsn)
             # the embedded server is stopped here (when no other process uses it)
             if signals.received:
                 raise KeyboardInterrupt
@@ -500,7 +547,7 @@ def run(args: argparse.Namespace) -> int:
                 f"done in {time.perf_counter() - t0:.1f} s" + (", server stopped" if target.uses_embedded else "")
             )
             return EXIT_OK
-        except (KeyboardInterrupt, Interrupted):
+        except (KeyboardInterrupt, asyncio.CancelledError, Interrupted):
             console.print("[yellow]demo interrupted[/]; the worker is stopped and the server with it")
             return signals.exit_code
         except dsnmod.DsnError as exc:

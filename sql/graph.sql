@@ -466,10 +466,15 @@ $$;
 -- Set-based per round: one UPDATE of batches, one of edges, one of children, however many
 -- jobs settled. Rows are locked in id order (batches, then children) so concurrent settlers
 -- queue on each other instead of deadlocking.
+-- enable_seqscan = off: every statement here starts from arrays of ids and must probe indexes.
+-- A freshly filled edges table has no statistics yet (autovacuum analyzes it later), and the
+-- planner's default guess (0.5 % of rows per parent id) then prefers a scan of every edge per
+-- call, which made settling a 10,000-job fan-in 3x slower than it should be.
 CREATE OR REPLACE FUNCTION pgjobs._propagate(ids bigint[])
 RETURNS void
 LANGUAGE plpgsql
 SET search_path = pgjobs, pg_catalog
+SET enable_seqscan = off
 AS $$
 DECLARE
     v_jobs    bigint[] := ids;
@@ -536,15 +541,19 @@ BEGIN
         -- Settle the edges of what settled: each edge once (satisfied IS NULL -> true/false).
         c_ids := NULL;
         IF v_parents IS NOT NULL OR v_settled IS NOT NULL THEN
+            -- Both sides filtered by the id arrays (= ANY on edges too), so the plan probes the
+            -- parent indexes instead of hashing a scan of all edges.
             WITH ej AS (
                 UPDATE edges AS e SET satisfied = _edge_outcome(e.trigger, p.state::text)
                   FROM jobs AS p
-                 WHERE p.id = ANY (v_parents) AND e.parent_job_id = p.id AND e.satisfied IS NULL
+                 WHERE e.parent_job_id = ANY (v_parents) AND p.id = ANY (v_parents)
+                   AND e.parent_job_id = p.id AND e.satisfied IS NULL
                 RETURNING e.child_id, e.satisfied
             ), eb AS (
                 UPDATE edges AS e SET satisfied = _edge_outcome(e.trigger, b.state::text)
                   FROM batches AS b
-                 WHERE b.id = ANY (v_settled) AND e.parent_batch_id = b.id AND e.satisfied IS NULL
+                 WHERE e.parent_batch_id = ANY (v_settled) AND b.id = ANY (v_settled)
+                   AND e.parent_batch_id = b.id AND e.satisfied IS NULL
                 RETURNING e.child_id, e.satisfied
             ), s AS (
                 SELECT ej.child_id, ej.satisfied FROM ej UNION ALL SELECT eb.child_id, eb.satisfied FROM eb

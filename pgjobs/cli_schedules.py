@@ -174,15 +174,17 @@ def _next(s: Schedule) -> str:
 
 def cmd_pause(args: argparse.Namespace) -> int:
     with Client(args.dsn, max_size=1) as client:
-        s = client.pause_schedule(args.name)
-    _console().print(f"schedule {s.name!r} paused")
+        changed = client.pause_schedule(args.name)
+    _console().print(f"schedule {args.name!r} {'paused' if changed else 'was already paused'}")
     return 0
 
 
 def cmd_resume(args: argparse.Namespace) -> int:
     with Client(args.dsn, max_size=1) as client:
-        s = client.resume_schedule(args.name, catch_up=args.catch_up)
-    _console().print(f"schedule {s.name!r} resumed, next run {_next(s)}")
+        changed = client.resume_schedule(args.name, catch_up=args.catch_up)
+        s = client.get_schedule(args.name)
+    state = "resumed" if changed else "was not paused"
+    _console().print(f"schedule {args.name!r} {state}, next run {_next(s) if s is not None else '-'}")
     return 0
 
 

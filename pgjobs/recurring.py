@@ -135,15 +135,15 @@ def spec_call(spec: PeriodicSpec, next_run_at: datetime, *, code_defined: bool) 
     )
 
 
-def pause_schedule_call(name: str) -> Call[Schedule]:
-    return Call("SELECT * FROM pgjobs.pause_schedule(name => %(name)s)", {"name": name}, _schedule)
+def pause_schedule_call(name: str) -> Call[bool]:
+    return Call("SELECT pgjobs.pause_schedule(name => %(name)s)", {"name": name}, scalar)
 
 
-def resume_schedule_call(name: str, next_run_at: datetime | None) -> Call[Schedule]:
+def resume_schedule_call(name: str, next_run_at: datetime | None) -> Call[bool]:
     return Call(
-        "SELECT * FROM pgjobs.resume_schedule(name => %(name)s, next_run_at => %(next)s)",
+        "SELECT pgjobs.resume_schedule(name => %(name)s, next_run_at => %(next)s)",
         {"name": name, "next": next_run_at},
-        _schedule,
+        scalar,
     )
 
 
@@ -304,14 +304,16 @@ class RecurringOps(SyncRunner):
             conn,
         )
 
-    def pause_schedule(self, name: str, *, conn: SyncConn | None = None) -> Schedule:
+    def pause_schedule(self, name: str, *, conn: SyncConn | None = None) -> bool:
+        """Pauses ``name``: True if this call paused it, False if it was paused already (JobNotFound if unknown)."""
         return self._run(pause_schedule_call(name), conn)
 
     def resume_schedule(
         self, name: str, *, catch_up: bool = False, now: datetime | None = None, conn: SyncConn | None = None
-    ) -> Schedule:
-        """Unpauses ``name``. By default it restarts at its next run after ``now`` (runs that fell in the pause
-        are not made up); ``catch_up=True`` keeps its old next run, so its missed-run policy applies."""
+    ) -> bool:
+        """Unpauses ``name``; True if this call resumed it, False if it was not paused. By default it restarts at
+        its next run after ``now`` (runs that fell in the pause are not made up); ``catch_up=True`` keeps its old
+        next run, so its missed-run policy applies."""
         next_run_at = None
         if not catch_up:
             current = self.get_schedule(name, conn=conn)
@@ -402,12 +404,12 @@ class AsyncRecurringOps(AsyncRunner):
             conn,
         )
 
-    async def pause_schedule(self, name: str, *, conn: AsyncConn | None = None) -> Schedule:
+    async def pause_schedule(self, name: str, *, conn: AsyncConn | None = None) -> bool:
         return await self._run(pause_schedule_call(name), conn)
 
     async def resume_schedule(
         self, name: str, *, catch_up: bool = False, now: datetime | None = None, conn: AsyncConn | None = None
-    ) -> Schedule:
+    ) -> bool:
         next_run_at = None
         if not catch_up:
             current = await self.get_schedule(name, conn=conn)

@@ -146,57 +146,62 @@ BEGIN
 END;
 $$;
 
+-- Returns whether this call paused it (false: it was paused already). Unknown name: PJ003.
 CREATE OR REPLACE FUNCTION pgjobs.pause_schedule(name text)
-RETURNS pgjobs.schedules
+RETURNS boolean
 LANGUAGE plpgsql
 SET search_path = pgjobs, pg_catalog
 AS $$
 #variable_conflict use_column
 DECLARE
-    v_row schedules;
+    v_was boolean;
 BEGIN
     PERFORM _check_schedule_name(pause_schedule.name);
-    UPDATE schedules AS s SET paused = true, updated_at = now()
-     WHERE s.name = pause_schedule.name
-    RETURNING s.* INTO v_row;
+    -- Lock first: the old state read and the change must see the same row version.
+    SELECT s.paused INTO v_was FROM schedules AS s WHERE s.name = pause_schedule.name FOR UPDATE;
     IF NOT FOUND THEN
         PERFORM _schedule_not_found(pause_schedule.name);
     END IF;
+    IF v_was THEN
+        RETURN false;
+    END IF;
+    UPDATE schedules AS s SET paused = true, updated_at = now() WHERE s.name = pause_schedule.name;
     PERFORM pg_notify('pgjobs_schedules', pause_schedule.name);
-    RETURN v_row;
+    RETURN true;
 END;
 $$;
 
--- Unpauses. Without `next_run_at` the schedule keeps the next_run_at it had, so runs that came due
--- while it was paused are handled by its missed-run policy ('once': one catch-up run); with it
--- (the Python client and CLI pass the next future time by default) a paused schedule restarts
--- there, and the paused period is simply skipped. A schedule that is not paused is left as it is.
+-- Unpauses; returns whether this call resumed it (false: it was not paused, and nothing changes).
+-- Without `next_run_at` the schedule keeps the next_run_at it had, so runs that came due while it
+-- was paused are handled by its missed-run policy ('once': one catch-up run); with it (the Python
+-- client and CLI pass the next future run by default) the schedule restarts there, and the paused
+-- period is simply skipped. Unknown name: PJ003.
 CREATE OR REPLACE FUNCTION pgjobs.resume_schedule(name text, next_run_at timestamptz DEFAULT NULL)
-RETURNS pgjobs.schedules
+RETURNS boolean
 LANGUAGE plpgsql
 SET search_path = pgjobs, pg_catalog
 AS $$
 #variable_conflict use_column
 DECLARE
-    v_row schedules;
+    v_was boolean;
 BEGIN
     PERFORM _check_schedule_name(resume_schedule.name);
     IF resume_schedule.next_run_at IS NOT NULL AND NOT isfinite(resume_schedule.next_run_at) THEN
         RAISE EXCEPTION USING ERRCODE = 'PJ002',
             MESSAGE = format('next_run_at must be a finite timestamp, got %s', resume_schedule.next_run_at);
     END IF;
-    UPDATE schedules AS s
-       SET paused = false,
-           next_run_at = CASE WHEN s.paused THEN coalesce(resume_schedule.next_run_at, s.next_run_at)
-                              ELSE s.next_run_at END,
-           updated_at = now()
-     WHERE s.name = resume_schedule.name
-    RETURNING s.* INTO v_row;
+    SELECT s.paused INTO v_was FROM schedules AS s WHERE s.name = resume_schedule.name FOR UPDATE;
     IF NOT FOUND THEN
         PERFORM _schedule_not_found(resume_schedule.name);
     END IF;
+    IF NOT v_was THEN
+        RETURN false;
+    END IF;
+    UPDATE schedules AS s
+       SET paused = false, next_run_at = coalesce(resume_schedule.next_run_at, s.next_run_at), updated_at = now()
+     WHERE s.name = resume_schedule.name;
     PERFORM pg_notify('pgjobs_schedules', resume_schedule.name);
-    RETURN v_row;
+    RETURN true;
 END;
 $$;
 

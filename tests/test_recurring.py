@@ -207,16 +207,20 @@ def test_due_schedules_returns_unpaused_schedules_due_by_now(conn: psycopg.Conne
 
 def test_pause_and_resume(conn: psycopg.Connection[Any]) -> None:
     upsert(conn, "s", T0)
-    conn.execute("SELECT pgjobs.pause_schedule('s')")
+    assert conn.execute("SELECT pgjobs.pause_schedule('s')").fetchone() == (True,)
+    assert conn.execute("SELECT pgjobs.pause_schedule('s')").fetchone() == (False,)  # already paused
     assert conn.execute("SELECT count(*) FROM pgjobs.due_schedules(%s, 10)", (T0,)).fetchone() == (0,)
     assert materialize(conn, "s", T0, T0 + timedelta(minutes=1)) is None  # a paused schedule does not run
-    row = conn.execute("SELECT paused, next_run_at FROM pgjobs.resume_schedule('s')").fetchone()
-    assert row == (False, T0)  # without next_run_at: the old run stays due (the missed policy decides)
+    assert conn.execute("SELECT pgjobs.resume_schedule('s')").fetchone() == (True,)
+    row = schedule(conn, "s")
+    assert row is not None and (row["paused"], row["next_run_at"]) == (False, T0)  # the old run stays due
     conn.execute("SELECT pgjobs.pause_schedule('s')")
     later = T0 + timedelta(days=1)
-    assert conn.execute("SELECT next_run_at FROM pgjobs.resume_schedule('s', %s)", (later,)).fetchone() == (later,)
+    assert conn.execute("SELECT pgjobs.resume_schedule('s', %s)", (later,)).fetchone() == (True,)
+    assert schedule(conn, "s")["next_run_at"] == later  # type: ignore[index]
     # resuming a schedule that is not paused changes nothing
-    assert conn.execute("SELECT next_run_at FROM pgjobs.resume_schedule('s', %s)", (T0,)).fetchone() == (later,)
+    assert conn.execute("SELECT pgjobs.resume_schedule('s', %s)", (T0,)).fetchone() == (False,)
+    assert schedule(conn, "s")["next_run_at"] == later  # type: ignore[index]
 
 
 def test_schedule_changes_are_notified(conn: psycopg.Connection[Any], connect: Any) -> None:
@@ -429,12 +433,16 @@ def test_client_schedule_methods(dsn: str) -> None:
         done = client.materialize_schedules([Run("hourly", s.next_run_at + timedelta(hours=1), T0 + timedelta(days=3))])
         assert len(done) == 1 and done[0].created and done[0].job_id is not None
 
-        paused = client.pause_schedule("hourly")
-        assert paused.paused
-        resumed = client.resume_schedule("hourly", now=T0 + timedelta(days=10, minutes=5))
-        assert not resumed.paused and resumed.next_run_at == T0 + timedelta(days=10, minutes=30)
+        assert client.pause_schedule("hourly") is True
+        assert client.get_schedule("hourly").paused  # type: ignore[union-attr]
+        assert client.resume_schedule("hourly", now=T0 + timedelta(days=10, minutes=5)) is True
+        resumed = client.get_schedule("hourly")
+        assert resumed is not None and not resumed.paused
+        assert resumed.next_run_at == T0 + timedelta(days=10, minutes=30)
+        assert client.resume_schedule("hourly") is False
         client.pause_schedule("hourly")
-        assert client.resume_schedule("hourly", catch_up=True).next_run_at == resumed.next_run_at
+        assert client.resume_schedule("hourly", catch_up=True) is True
+        assert client.get_schedule("hourly").next_run_at == resumed.next_run_at  # type: ignore[union-attr]
 
         with pytest.raises(InvalidArgument, match="cron"):
             client.add_schedule("bad", "k", "every day")

@@ -87,7 +87,7 @@ class _Signals:
 
     def __init__(self) -> None:
         self.received: int | None = None
-        self.interrupt: Callable[[], None] | None = None  # set while the event loop runs
+        self.interrupt: Callable[[], object] | None = None  # set while the event loop runs
         self._saved: dict[int, Any] = {}
 
     def __enter__(self) -> _Signals:
@@ -256,8 +256,7 @@ async def _status_feed(dsn: str, run: Run, console: Console | None) -> None:
     last: dict[int, tuple[str, int]] = {}
     try:
         async with pgjobs.AsyncClient(dsn, min_size=1, max_size=2) as client:
-            subscribe: Any = client.subscribe  # type: ignore[attr-defined,unused-ignore]
-            async for ev in subscribe(queue=show.queue, kinds=kinds):
+            async for ev in client.subscribe(queue=show.queue, kinds=kinds):
                 key = (str(ev.state), int(ev.attempt))
                 if last.get(ev.id) == key:
                     continue  # a progress report: the bars show those
@@ -314,8 +313,7 @@ async def _run_async(
         console.print(f"enqueued {len(run.showcase.ids)} jobs in one enqueue_many call ({ms:.0f} ms): {kinds}")
     worker: Any = None
     if not args.no_worker:
-        worker_class: Any = pgjobs.Worker  # type: ignore[attr-defined,unused-ignore]
-        worker = worker_class(
+        worker = pgjobs.Worker(
             demo_app.app,
             dsn,
             queues={demo_app.QUEUE: args.concurrency},

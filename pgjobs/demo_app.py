@@ -53,7 +53,7 @@ async def call_api(payload: dict[str, Any], ctx: Any) -> dict[str, Any]:
     """Rate limited on its first attempt: ``Retry(after=...)`` picks the next run time itself."""
     await anyio.sleep(payload["ms"] / 1000)
     if ctx.attempt <= payload.get("rate_limited_attempts", 0):
-        raise pgjobs.Retry(after=payload.get("retry_after", 0.3))  # type: ignore[attr-defined,unused-ignore]
+        raise pgjobs.Retry(after=payload.get("retry_after", 0.3))
     return {"status": 200}
 
 

@@ -173,7 +173,7 @@ async def subscribe(
         async for item in events:
             batch: list[StatusEvent] = []
             if isinstance(item, Notifications):
-                need_progress: list[int] = []
+                need_progress: list[int] = []  # indexes into batch
                 for channel, payload in item.items:
                     if channel != STATUS_CHANNEL:
                         continue
@@ -190,15 +190,17 @@ async def subscribe(
                         if not flt.match(ev.id, ev.batch_id, ev.queue, ev.kind):
                             continue
                         if ev.state == JobState.ACTIVE and ev.progress is None and active.get(ev.id) == ev.attempt:
-                            need_progress.append(ev.id)
+                            need_progress.append(len(batch))  # active again, same attempt: a progress report
+                        if ev.state == JobState.ACTIVE:
+                            active[ev.id] = ev.attempt
+                        else:
+                            active.pop(ev.id, None)
                         batch.append(ev)
                 if need_progress:
-                    progress = await _progress_of(item.conn, need_progress)
-                    if progress:
-                        batch = [
-                            _with_progress(ev, progress[ev.id]) if ev.id in progress and ev.progress is None else ev
-                            for ev in batch
-                        ]
+                    progress = await _progress_of(item.conn, sorted({batch[i].id for i in need_progress}))
+                    for i in need_progress:
+                        if batch[i].id in progress:
+                            batch[i] = _with_progress(batch[i], progress[batch[i].id])
             elif isinstance(item, Connected):
                 if tracked:
                     got = await snapshot(item.conn, full=True)

@@ -4,57 +4,23 @@ connection killed with pg_terminate_backend (the worker reconnects and keeps pro
 
 from __future__ import annotations
 
-import json
-import os
 import signal
-import subprocess
-import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import psycopg
 import pytest
 
-REPO = Path(__file__).resolve().parent.parent
-APP = REPO / "tests" / "apps" / "worker_app.py"
-
-StartWorker = Callable[..., subprocess.Popen[bytes]]
+from tests.apps.procs import StartWorker, wait_for, worker_processes
 
 
 @pytest.fixture
 def start_worker(dsn: str, tmp_path: Path) -> Iterator[StartWorker]:
-    """``start_worker(**options)`` starts ``tests/apps/worker_app.py`` with Worker options; every process
-    still running at teardown is killed (its log is printed when the test failed)."""
-    procs: list[tuple[subprocess.Popen[bytes], Path]] = []
-
-    def start(**options: Any) -> subprocess.Popen[bytes]:
-        log = tmp_path / f"worker-{len(procs)}.log"
-        env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-        with log.open("wb") as out:
-            proc = subprocess.Popen(
-                [sys.executable, str(APP), dsn, json.dumps(options)], cwd=REPO, env=env, stdout=out, stderr=out
-            )
-        procs.append((proc, log))
-        return proc
-
-    yield start
-    for proc, log in procs:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(10)
-        sys.stderr.write(f"--- {log.name} (exit {proc.returncode}) ---\n{log.read_text(errors='replace')[-4000:]}\n")
-
-
-def wait_for(check: Callable[[], Any], timeout: float = 30.0, what: str = "condition") -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+    """``start_worker(**options)``: a worker process of tests/apps/worker_app.py, killed at teardown."""
+    with worker_processes(dsn, tmp_path) as start:
+        yield start
 
 
 def job_row(conn: psycopg.Connection[Any], job_id: int) -> tuple[Any, ...]:

@@ -128,7 +128,8 @@ BEGIN
               FROM jsonb_array_elements(jobs) WITH ORDINALITY AS s(spec, n)
               LEFT JOIN LATERAL jsonb_array_elements(CASE WHEN jsonb_typeof(s.spec -> 'depends_on') = 'array'
                                                           THEN s.spec -> 'depends_on' END)
-                        WITH ORDINALITY AS d(dep, k) ON true) AS c
+                        WITH ORDINALITY AS d(dep, k) ON true
+             WHERE s.spec ? 'depends_on') AS c
      WHERE c.problem IS NOT NULL
      ORDER BY c.n, c.k
      LIMIT 1;
@@ -355,11 +356,12 @@ BEGIN
         -- Every spec found an existing job by unique key: nothing joined the new batch.
         DELETE FROM batches AS b WHERE b.id = v_batch;
     END IF;
+    -- unnest, not r_ref[i]: subscripting an array of variable-width elements walks it from the start.
     RETURN QUERY
-    SELECT g.i::bigint, r_ref[g.i], r_id[g.i], r_created[g.i],
-           CASE WHEN r_created[g.i] THEN v_batch ELSE (SELECT j.batch_id FROM jobs AS j WHERE j.id = r_id[g.i]) END
-      FROM generate_series(1, v_count) AS g(i)
-     ORDER BY g.i;
+    SELECT r.n, r.ref, r.id, r.created,
+           CASE WHEN r.created THEN v_batch ELSE (SELECT j.batch_id FROM jobs AS j WHERE j.id = r.id) END
+      FROM unnest(r_ref, r_id, r_created) WITH ORDINALITY AS r(ref, id, created, n)
+     ORDER BY r.n;
 END;
 $$;
 

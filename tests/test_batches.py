@@ -392,3 +392,38 @@ def test_async_builder(dsn: str) -> None:
 
     total, a_id = asyncio.run(main())
     assert total == 2 and a_id is not None
+
+
+def test_subscribe_to_a_batch_shows_it_settle(dsn: str, connect: ConnectFactory) -> None:
+    setup = connect()
+    batch_id, ids = make_batch(setup, ["s0", "s1", "s2"])
+    zip_id = enqueue_rows(setup, [{"kind": "zipper", "ref": "z", "depends_on": [{"batch": batch_id}]}])[0]["id"]
+
+    def work() -> None:
+        c = connect()
+        for i in ids.values():
+            succeed(c, i)
+
+    async def main() -> list[tuple[int, str]]:
+        seen: list[tuple[int, str]] = []
+        async with pgjobs.AsyncClient(dsn) as client:
+            stream = client.subscribe(batch_id=batch_id, resync_interval=0.5)
+            worker: asyncio.Task[None] | None = None
+            async for event in stream:
+                seen.append((event.id, str(event.state)))
+                if worker is None:  # subscribed (the first event is the durable snapshot): start working
+                    worker = asyncio.create_task(asyncio.to_thread(work))
+                status = await client.batch_status(batch_id)
+                if status is not None and status.state.settled:
+                    break
+            assert worker is not None
+            await worker
+        return seen
+
+    seen = asyncio.run(asyncio.wait_for(main(), 60))
+    # the stream carries only the batch's members, and it saw them finish until the batch had settled
+    assert {i for i, _ in seen} <= set(ids.values())
+    assert any(s == "succeeded" for _, s in seen)
+    status = batch(setup, batch_id)
+    assert status["state"] == "succeeded" and status["completed_at"] is not None
+    assert state(setup, zip_id) == "pending"

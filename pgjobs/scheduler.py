@@ -38,7 +38,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from .client import AsyncClient
 from .cron import next_fire
-from .errors import InvalidArgument, QueueFull
+from .errors import InvalidArgument, PgJobsError, QueueFull
 from .records import Materialized, Schedule
 from .recurring import (
     PeriodicSpec,
@@ -280,11 +280,12 @@ class Scheduler:
 
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         """Runs until cancelled: syncs ``app``'s code-defined schedules (if any), then materialises due
-        schedules, sleeping until the next one or until the schedules change."""
+        schedules, sleeping until the next one or until the schedules change. Database errors are logged
+        and retried with backoff; ``task_status.started()`` is signalled before the first pass."""
+        if self.app is not None:
+            _specs_of(self.app)  # declaration mistakes (a name declared twice) fail here, at once
         await self.open()
         try:
-            if self.app is not None:
-                await self.sync_code_schedules(self.app)
             async with anyio.create_task_group() as tg:
                 tg.start_soon(self._listen)
                 task_status.started()
@@ -294,14 +295,20 @@ class Scheduler:
 
     async def _loop(self) -> None:
         failures = 0
+        synced = self.app is None
         while True:
             # A fresh event before the pass: a NOTIFY that arrives during the pass wakes the next sleep.
             self._wakeup = anyio.Event()
             try:
+                if not synced:
+                    await self.sync_code_schedules(self.app)
+                    synced = True
                 _, advanced = await self._tick()
                 wake_at = await self.next_wakeup()
                 failures = 0
-            except (psycopg.Error, OSError) as exc:
+            except (psycopg.Error, OSError, PgJobsError) as exc:
+                # The database is unreachable or refused (not migrated yet ...): keep trying, with backoff,
+                # rather than bring down the worker this scheduler runs in.
                 failures += 1
                 delay = min(0.5 * 2**failures, self.max_sleep)
                 log.warning("%s: pass failed (%s); retrying in %.1fs", self.name, exc, delay)

@@ -533,7 +533,9 @@ def test_run_syncs_the_app_and_wakes_on_schedule_changes(dsn: str, conn: psycopg
         async with AsyncClient(dsn) as client, anyio.create_task_group() as tg:
             scheduler = Scheduler(client, app=app, max_sleep=3600)
             await tg.start(scheduler.run)
-            assert [s.name for s in await client.list_schedules()] == ["hourly"]
+            with anyio.fail_after(20):  # the first pass syncs the app's declarations
+                while [s.name for s in await client.list_schedules()] != ["hourly"]:
+                    await anyio.sleep(0.05)
             await anyio.sleep(0.3)  # let it go to sleep
             await client.add_schedule("every-second", "k", "* * * * * *")
             with anyio.fail_after(20):
@@ -627,3 +629,22 @@ def test_cli_scheduler_runs_until_sigterm(dsn: str, conn: psycopg.Connection[Any
             proc.kill()
             proc.wait()
     assert proc.stderr is not None and "SIGTERM" in proc.stderr.read()
+
+
+def test_run_survives_a_database_that_is_not_there_yet(dsn: str, conn: psycopg.Connection[Any]) -> None:
+    """A scheduler started before the database answers keeps retrying (and a later sync succeeds)."""
+    app = FakeApp([PeriodicSpec(name="later", cron="0 * * * *")])
+
+    async def main() -> None:
+        async with anyio.create_task_group() as tg:
+            broken = Scheduler("postgresql://postgres@127.0.0.1:1/nowhere?connect_timeout=1", app=app)
+            await tg.start(broken.run)
+            await anyio.sleep(1.5)  # a few failed passes, logged, not raised
+            healthy = Scheduler(dsn, app=app)
+            await tg.start(healthy.run)
+            with anyio.fail_after(20):
+                while not conn.execute("SELECT count(*) FROM pgjobs.schedules").fetchone()[0]:  # type: ignore[index]
+                    await anyio.sleep(0.05)
+            tg.cancel_scope.cancel()
+
+    anyio.run(main)

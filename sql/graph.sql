@@ -250,6 +250,38 @@ BEGIN
                              coalesce(format(' (ref %s)', jobs -> (v_bad.child - 1) ->> 'ref'), ''), v_bad.key);
     END IF;
 
+    -- 5b. Joining an existing batch (add_to_batch): the batch settles only after the new job, so
+    --     the new job must not wait on that batch, directly or through live ancestors (a job, or
+    --     the members of a batch, that it waits for). Nothing existing can wait on a new batch.
+    IF batch IS NOT NULL AND d_kind IS NOT NULL THEN
+        WITH RECURSIVE anc(id) AS (
+            SELECT x.id FROM unnest(x_ids, x_states) AS x(id, st)
+             WHERE x.st NOT IN ('succeeded', 'failed', 'cancelled')
+            UNION
+            SELECT n.id
+              FROM anc
+             CROSS JOIN LATERAL (
+                   SELECT e.parent_job_id AS id FROM edges AS e
+                    WHERE e.child_id = anc.id AND e.satisfied IS NULL AND e.parent_job_id IS NOT NULL
+                   UNION ALL
+                   SELECT m.id FROM edges AS e
+                     JOIN jobs AS m ON m.batch_id = e.parent_batch_id
+                    WHERE e.child_id = anc.id AND e.satisfied IS NULL AND e.parent_batch_id IS NOT NULL
+                      AND m.state NOT IN ('succeeded', 'failed', 'cancelled')) AS n
+        )
+        SELECT d.child, d.key INTO v_bad
+          FROM unnest(d_child, d_kind, d_key) AS d(child, kind, key)
+         WHERE (d.kind = 'batch' AND d.key::bigint = batch)
+            OR EXISTS (SELECT 1 FROM anc JOIN edges AS e ON e.child_id = anc.id
+                        WHERE e.parent_batch_id = batch AND e.satisfied IS NULL)
+         LIMIT 1;
+        IF FOUND THEN
+            RAISE EXCEPTION USING ERRCODE = 'PJ005',
+                MESSAGE = format('%s[%s] would join batch %s while waiting for that batch to settle (a dependency cycle)',
+                                 label, v_bad.child - 1, batch);
+        END IF;
+    END IF;
+
     -- 6. Insert. A spec waits when some dependency is not already satisfied by an existing parent.
     SELECT array_agg(coalesce(w.wait, false) ORDER BY g.i) INTO v_waiting
       FROM generate_series(1, v_count) AS g(i)

@@ -427,3 +427,19 @@ def test_subscribe_to_a_batch_shows_it_settle(dsn: str, connect: ConnectFactory)
     status = batch(setup, batch_id)
     assert status["state"] == "succeeded" and status["completed_at"] is not None
     assert state(setup, zip_id) == "pending"
+
+
+def test_add_to_batch_refuses_a_sibling_that_would_wait_for_its_own_batch(conn: Conn) -> None:
+    batch_id, ids = make_batch(conn, ["a", "b"])
+    outside = enqueue_rows(conn, [{"kind": "outside", "ref": "o", "depends_on": [{"batch": batch_id}]}])[0]["id"]
+    token = take(conn, ids["a"])
+    for spec in (
+        {"kind": "direct", "depends_on": [{"batch": batch_id, "on": "complete"}]},
+        {"kind": "through", "depends_on": [{"job": outside}]},
+    ):
+        with pytest.raises(psycopg.Error) as err:
+            add_to_batch(conn, ids["a"], token, spec)
+        assert err.value.sqlstate == "PJ005" and "cycle" in (err.value.diag.message_primary or "")
+    # depending on a sibling is fine
+    sib = add_to_batch(conn, ids["a"], token, {"kind": "after_b", "depends_on": [{"job": ids["b"]}]})
+    assert state(conn, sib) == "waiting" and batch(conn, batch_id)["total"] == 3

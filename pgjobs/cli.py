@@ -168,6 +168,16 @@ def non_negative_float(text: str) -> float:
     return x
 
 
+def positive_float(text: str) -> float:
+    try:
+        x = float(text)
+    except ValueError:
+        x = 0.0
+    if not x > 0:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds > 0, got {text!r}")
+    return x
+
+
 def progress_fraction(progress: Any) -> float | None:
     """A fraction in [0, 1] from a job's progress, when it has a recognisable shape.
 
@@ -426,6 +436,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
         queues=queues,
         lease=args.lease,
         grace_period=args.grace_period,
+        poll_interval=args.poll_interval,
         name=args.name,
         scheduler=not args.no_scheduler,
     )
@@ -789,13 +800,20 @@ def build_parser() -> argparse.ArgumentParser:
         help="queues and their concurrency, e.g. default=10,emails=5 (default: default=CONCURRENCY)",
     )
     p.add_argument("--concurrency", type=positive_int, default=10, help="jobs at once per queue given without =N (10)")
-    p.add_argument("--lease", type=non_negative_float, default=30.0, metavar="S", help="lease in seconds (30)")
+    p.add_argument("--lease", type=positive_float, default=30.0, metavar="S", help="lease in seconds (30)")
     p.add_argument(
         "--grace-period",
         type=non_negative_float,
         default=30.0,
         metavar="S",
         help="on SIGINT/SIGTERM, how long running jobs may finish before they are released (30)",
+    )
+    p.add_argument(
+        "--poll-interval",
+        type=positive_float,
+        default=5.0,
+        metavar="S",
+        help="fallback poll when no notification comes (5); LISTEN/NOTIFY wakes the worker at once",
     )
     p.add_argument("--name", help="worker name (default: host-pid)")
     p.add_argument("--no-scheduler", action="store_true", help="do not materialise recurring schedules")

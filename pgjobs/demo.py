@@ -438,6 +438,11 @@ def _summary(dsn: str, run: Run, console: Console) -> None:
         + (f", e.g. {failed[0]}: {short(_last_line(failed[1]), 90)}" if failed else "")
         + f". {totals['cancelled']} job scheduled an hour ahead was cancelled before it ran."
     )
+    if run.event_count:
+        console.print(
+            f"the status stream (LISTEN pgjobs_status) delivered {run.event_count} transitions of the report, the "
+            "import and the card charges; any process can follow a job the same way: pgjobs status ID --follow"
+        )
     if report is not None:
         _report_story(console, show.report_id, report)
 

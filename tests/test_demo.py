@@ -153,7 +153,11 @@ def _assert_showcase_done(dsn: str) -> None:
 @pytest.mark.slow
 def test_demo_split_like_compose_a_worker_process_and_the_enqueuer(dsn: str) -> None:
     worker = subprocess.Popen(
-        _pgjobs("--dsn", dsn, "worker", "--app", "pgjobs.demo_app:app", "--queues", f"{DEMO_QUEUE}=20"),
+        # a short fallback poll keeps this test quick whatever the worker's wake-up at retry times does
+        _pgjobs(
+            *("--dsn", dsn, "worker", "--app", "pgjobs.demo_app:app", "--queues", f"{DEMO_QUEUE}=20"),
+            *("--poll-interval", "0.5"),
+        ),
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         text=True,
@@ -176,6 +180,7 @@ def test_demo_split_like_compose_a_worker_process_and_the_enqueuer(dsn: str) -> 
     assert worker.returncode == 0
 
 
+@pytest.mark.smoke
 def test_demo_no_worker_needs_a_dsn() -> None:
     p = subprocess.run(_pgjobs("demo", "--no-worker"), capture_output=True, text=True, env=_env(), timeout=60)
     assert p.returncode == 2

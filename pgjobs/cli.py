@@ -440,11 +440,11 @@ def cmd_worker(args: argparse.Namespace) -> int:
         name=args.name,
         scheduler=not args.no_scheduler,
     )
-    err = Console(stderr=True, highlight=False)
+    err = Console(stderr=True, highlight=False, width=stdout().width)
     where = args.target.describe() if args.target is not None else dsnmod.redact(args.dsn)
     err.print(
-        f"pgjobs worker {getattr(worker, 'name', '') or ''}: app {args.app}, queues "
-        f"{', '.join(f'{q}={n}' for q, n in queues.items())}, database {where}. Ctrl-C or SIGTERM stops it "
+        f"pgjobs worker {worker.name}: app {args.app} ({len(app.handlers)} kinds), queues "
+        f"{', '.join(f'{q}={n}' for q, n in queues.items())}, on {where}. Ctrl-C or SIGTERM stops it "
         f"gracefully ({args.grace_period:g} s grace)."
     )
     worker.run_sync()
@@ -985,24 +985,42 @@ def _main(argv: list[str]) -> int:
 def _run(func: Callable[[argparse.Namespace], int], args: argparse.Namespace) -> int:
     try:
         return func(args)
-    except SchemaMissing as exc:
-        raise not_migrated(args.dsn, dsnmod.first_line(str(exc)), args.where) from None
-    except PgJobsError as exc:
-        raise CliError(str(exc), EXIT_ERROR) from None
-    except (psycopg.OperationalError, PoolTimeout) as exc:
-        raise unreachable(args.dsn, exc, args.where) from None
-    except (psycopg.errors.UndefinedTable, psycopg.errors.UndefinedFunction, psycopg.errors.UndefinedColumn) as exc:
-        # an object the installed pgjobs lacks: the schema is older (or newer) than this package's
-        if _functions_state(args.dsn, _sql_digest()) != "up to date":
-            raise not_migrated(args.dsn, f"it is out of date: {dsnmod.first_line(str(exc))}", args.where) from None
-        raise
-    except psycopg.Error as exc:
-        if os.environ.get("PGJOBS_DEBUG"):
+    except Exception as exc:
+        mapped = _expected(_only_leaf(exc), args)
+        if mapped is None:
             raise
+        raise mapped from None
+
+
+def _only_leaf(exc: BaseException) -> BaseException:
+    """The one exception inside (nested) exception groups, as anyio task groups raise them; else ``exc``."""
+    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
+        exc = exc.exceptions[0]
+    return exc
+
+
+def _expected(exc: BaseException, args: argparse.Namespace) -> CliError | None:
+    """The one-line error for a failure a user can expect, or None for a bug (its traceback is shown)."""
+    if isinstance(exc, CliError):
+        return exc
+    if isinstance(exc, SchemaMissing):
+        return not_migrated(args.dsn, dsnmod.first_line(str(exc)), args.where)
+    if isinstance(exc, PgJobsError):
+        return CliError(str(exc), EXIT_ERROR)
+    if isinstance(exc, psycopg.OperationalError | PoolTimeout):
+        return unreachable(args.dsn, exc, args.where)
+    if isinstance(
+        exc, psycopg.errors.UndefinedTable | psycopg.errors.UndefinedFunction | psycopg.errors.UndefinedColumn
+    ):
+        # an object the installed pgjobs lacks: the schema is older (or newer) than this package's
+        with contextlib.suppress(psycopg.Error):
+            if _functions_state(args.dsn, _sql_digest()) != "up to date":
+                return not_migrated(args.dsn, f"it is out of date: {dsnmod.first_line(str(exc))}", args.where)
+        return None
+    if isinstance(exc, psycopg.Error) and not os.environ.get("PGJOBS_DEBUG"):
         state = f" [{exc.sqlstate}]" if exc.sqlstate else ""
-        raise CliError(
-            f"database error{state}: {dsnmod.first_line(str(exc))} (PGJOBS_DEBUG=1 shows the traceback)"
-        ) from None
+        return CliError(f"database error{state}: {dsnmod.first_line(str(exc))} (PGJOBS_DEBUG=1 shows the traceback)")
+    return None
 
 
 def _sql_digest() -> str:

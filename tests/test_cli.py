@@ -351,3 +351,9 @@ def test_worker_command_runs_jobs_and_stops_on_sigterm(dsn: str, tmp_path: Path)
             raise
     assert proc.returncode == 0, err
     assert "cli_test_app:app" in err  # the banner names the app and its queues
+
+
+def test_bench_delegates_every_argument(capsys: pytest.CaptureFixture[str]) -> None:
+    # `--help` after `bench` is the benchmark's own, not pgjobs'
+    assert main(["bench", "--help"]) == 0
+    assert "python -m bench" in capsys.readouterr().out

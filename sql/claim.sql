@@ -137,6 +137,7 @@ DECLARE
     -- cannot crowd out the candidates of another listed kind (the call still fills up).
     v_kinds text[] := ARRAY[NULL::text];
     v_caps  int[] := ARRAY[max_jobs];
+    v_any   text[];   -- set when no listed cap is below max_jobs: one scan for all listed kinds
     v_rows  claimed_job[];
 BEGIN
     IF kind_limits IS NOT NULL THEN
@@ -146,6 +147,15 @@ BEGIN
          WHERE (e.value::text)::numeric >= 1;
         IF v_kinds IS NULL THEN
             RETURN NULL;   -- only listed kinds may be taken, and none may
+        END IF;
+        -- No cap binds (a worker lists every kind it handles at its free capacity): no kind can
+        -- crowd out another, so one scan with kind = ANY gives the same rows. Per-kind scans
+        -- would each walk the queue's whole pending index when their kind has no job there
+        -- (kind is not in the index): O(pending) per listed kind and per claim.
+        IF cardinality(v_kinds) > 1 AND (SELECT min(c) FROM unnest(v_caps) AS c) >= max_jobs THEN
+            v_any := v_kinds;
+            v_kinds := ARRAY[NULL::text];
+            v_caps := ARRAY[max_jobs];
         END IF;
     END IF;
     -- Every source is read in claim order (priority, run_at, id): due scheduled jobs and
@@ -159,7 +169,7 @@ BEGIN
          CROSS JOIN LATERAL (
                SELECT j.id, j.priority, j.run_at, j.kind FROM jobs AS j
                 WHERE j.state = 'pending' AND j.queue = q.name
-                  AND (k.kind IS NULL OR j.kind = k.kind)
+                  AND (k.kind IS NULL OR j.kind = k.kind) AND (v_any IS NULL OR j.kind = ANY (v_any))
                 ORDER BY j.priority, j.run_at, j.id
                 LIMIT k.cap
                   FOR UPDATE SKIP LOCKED) AS p
@@ -170,7 +180,7 @@ BEGIN
          CROSS JOIN LATERAL (
                SELECT j.id, j.priority, j.run_at, j.kind FROM jobs AS j
                 WHERE j.state = 'scheduled' AND j.queue = q.name AND j.run_at <= now()
-                  AND (k.kind IS NULL OR j.kind = k.kind)
+                  AND (k.kind IS NULL OR j.kind = k.kind) AND (v_any IS NULL OR j.kind = ANY (v_any))
                 ORDER BY j.priority, j.run_at, j.id
                 LIMIT k.cap
                   FOR UPDATE SKIP LOCKED) AS s
@@ -182,7 +192,7 @@ BEGIN
                SELECT j.id, j.priority, j.run_at, j.kind FROM jobs AS j
                 WHERE j.state = 'active' AND j.queue = q.name AND j.lease_expires_at < now()
                   AND j.attempt < j.max_attempts AND NOT j.cancel_requested
-                  AND (k.kind IS NULL OR j.kind = k.kind)
+                  AND (k.kind IS NULL OR j.kind = k.kind) AND (v_any IS NULL OR j.kind = ANY (v_any))
                 ORDER BY j.priority, j.run_at, j.id
                 LIMIT k.cap
                   FOR UPDATE SKIP LOCKED) AS e

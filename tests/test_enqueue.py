@@ -105,6 +105,20 @@ def test_eight_threads_racing_one_unique_key_make_exactly_one_job(connect: Conne
     assert count(conns[0], "kind = 'race'") == 1
 
 
+def test_enqueue_many_racing_on_shared_unique_keys(connect: ConnectFactory) -> None:
+    conns = [connect() for _ in range(6)]
+
+    def batch(i: int) -> list[dict[str, Any]]:
+        keys = ["shared-a", f"own-{i}", "shared-b"]
+        return call(conns[i], "enqueue_many", jobs=[{"kind": "race", "unique_key": k, "ref": k} for k in keys])
+
+    results = run_threads(6, batch)
+    for key in ("shared-a", "shared-b"):
+        rows = [r for res in results for r in res if r["ref"] == key]
+        assert len({r["id"] for r in rows}) == 1 and sum(r["created"] for r in rows) == 1, key
+    assert count(conns[0], "kind = 'race'") == 2 + 6
+
+
 def test_racing_unique_key_inside_open_transactions(connect: ConnectFactory) -> None:
     """The loser waits on the winner's uncommitted row, then returns it once it commits."""
     conns = [connect(autocommit=False) for _ in range(4)]

@@ -1,7 +1,7 @@
 """``pgjobs demo``: the whole system in a few seconds, on a machine with no database.
 
 With no ``--dsn`` (nor ``PGJOBS_DSN``/``DATABASE_URL``) it starts the embedded PostgreSQL, creates a
-fresh database ``pgjobs_demo`` on it, migrates it, enqueues the showcase of :mod:`pgjobs.demo_app`
+fresh database ``pgjobs_demo_<pid>`` on it, migrates it, enqueues the showcase of :mod:`pgjobs.demo_app`
 (about 300 jobs: quick ones, flaky ones that are retried, some that fail for good, a long report that
 crashes half way and resumes from its checkpoint, an import that reports progress), runs a worker in
 this process, draws the live progress, prints a summary, drops the database and stops the server.
@@ -483,17 +483,40 @@ def _report_story(console: Console, job_id: int, report: tuple[Any, ...]) -> Non
 # entry point
 
 
+def _demo_database() -> str:
+    """This run's database: one per process, so two demos on one embedded server never collide."""
+    return f"{DEMO_DATABASE}_{os.getpid()}"
+
+
 def _create_database(admin_dsn: str) -> str:
+    """Creates this run's database, after dropping those left by demos that were killed (their pid is gone)."""
+    name = _demo_database()
     with psycopg.connect(admin_dsn, autocommit=True) as conn:
-        ident = sql.Identifier(DEMO_DATABASE)
-        conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(ident))
-        conn.execute(sql.SQL("CREATE DATABASE {}").format(ident))
-    return dsnmod.with_database(admin_dsn, DEMO_DATABASE)
+        rows = conn.execute(
+            "SELECT datname FROM pg_database WHERE datname = %s OR datname ~ %s",
+            [DEMO_DATABASE, f"^{DEMO_DATABASE}_[0-9]+$"],
+        ).fetchall()
+        for (stale,) in rows:
+            pid = stale.rpartition("_")[2]
+            if stale == name or not pid.isdigit() or not _pid_alive(int(pid)):
+                conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(stale)))
+        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    return dsnmod.with_database(admin_dsn, name)
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _drop_database(admin_dsn: str) -> None:
     with contextlib.suppress(psycopg.Error), psycopg.connect(admin_dsn, autocommit=True, connect_timeout=5) as conn:
-        conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(DEMO_DATABASE)))
+        conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(_demo_database())))
 
 
 def run(args: argparse.Namespace) -> int:
@@ -522,7 +545,7 @@ def _run(args: argparse.Namespace, console: Console, plain: bool) -> int:
                     signals.arm()
                     if target.uses_embedded:
                         demo_dsn = _create_database(target.dsn)
-                        where = f"embedded PostgreSQL in {target.data_dir}, fresh database {DEMO_DATABASE!r}"
+                        where = f"embedded PostgreSQL in {target.data_dir}, fresh database {_demo_database()!r}"
                     else:
                         check_database(target.dsn, need_schema=False)
                         demo_dsn = target.dsn

@@ -36,6 +36,7 @@ import psycopg
 from psycopg.conninfo import conninfo_to_dict
 from psycopg_pool import ConnectionPool, PoolTimeout
 from rich.console import Console
+from rich.progress_bar import ProgressBar
 from rich.table import Table
 
 from . import __version__
@@ -506,7 +507,13 @@ def _job_table(job: JobStatus) -> Table:
     row("batch", str(job.batch_id) if job.batch_id is not None else None)
     row("depends on", job.depends_on)
     row("payload", job.payload)
-    row("progress", describe_progress(job.progress))
+    fraction = progress_fraction(job.progress)
+    if fraction is not None:
+        bar = Table.grid(padding=(0, 1))
+        bar.add_row(ProgressBar(total=1000, completed=int(fraction * 1000), width=30), describe_progress(job.progress))
+        table.add_row("progress", bar)
+    else:
+        row("progress", describe_progress(job.progress))
     row("checkpoint", job.checkpoint)
     row("result", job.result)
     row("last error", short(job.last_error, 200))

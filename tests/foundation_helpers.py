@@ -138,10 +138,25 @@ def listen(conn: Conn, *channels: str) -> None:
         conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel)))
 
 
-def drain(conn: Conn, timeout: float = 0.2) -> list[tuple[str, str]]:
-    """Every notification that arrives within ``timeout`` seconds. Call it after the sender committed: the
-    server has queued them by then, so the window only covers the trip to this client."""
-    return [(n.channel, n.payload) for n in conn.notifies(timeout=timeout)]
+_FENCE = "pgjobs_test_fence"
+
+
+def drain(conn: Conn, timeout: float = 15.0) -> list[tuple[str, str]]:
+    """Every notification committed before this call, in order, without guessing a quiet window.
+
+    NOTIFY delivers in commit order, so the listener commits a fence notification of its own and reads
+    until the fence comes back: everything committed earlier (by any session) has arrived by then."""
+    token = secrets.token_hex(8)
+    conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(_FENCE)))
+    conn.execute("SELECT pg_notify(%s, %s)", [_FENCE, token])
+    got: list[tuple[str, str]] = []
+    for n in conn.notifies(timeout=timeout):
+        if n.channel == _FENCE:
+            if n.payload == token:
+                return got
+            continue
+        got.append((n.channel, n.payload))
+    raise AssertionError(f"the fence notification did not come back within {timeout} s; got {got}")
 
 
 def status_events(notes: list[tuple[str, str]]) -> list[dict[str, Any]]:

@@ -129,7 +129,8 @@ def test_backoff_grows_and_ends_in_failed(conn: Conn) -> None:
         row = job(conn, jid)
         if attempt < 5:
             assert state == "scheduled"
-            delays.append((row["run_at"] - now(conn)).total_seconds())
+            failed_at = datetime.fromisoformat(row["errors"][-1]["at"])  # the fail's own now()
+            delays.append((row["run_at"] - failed_at).total_seconds())
         else:
             assert state == "failed"
             assert row["completed_at"] is not None

@@ -901,7 +901,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _plugins() -> list[Callable[[Any], None]]:
     """``register(subparsers)`` of the queue and schedule commands (imported here: they import this module)."""
-    from . import cli_schedules
+    from . import cli_schedules, web
 
     found: list[Callable[[Any], None]] = []
     try:  # the fairness engineer's `pgjobs queue ...`, while it is not there yet
@@ -911,6 +911,7 @@ def _plugins() -> list[Callable[[Any], None]]:
     else:
         found.append(cli_queue.register)
     found.append(cli_schedules.register)
+    found.append(web.register)
     return found
 
 

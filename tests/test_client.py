@@ -210,3 +210,24 @@ def test_the_package_exports_the_client_api() -> None:
     for name in ("Client", "AsyncClient", "QueueFull", "InvalidArgument", "JobNotFound", "InvalidState", "GraphError",
                  "JobState", "ClaimedJob", "JobStatus"):  # fmt: skip
         assert hasattr(pgjobs, name), name
+
+
+def test_sync_and_async_clients_offer_the_same_calls() -> None:
+    """Every call of the foundation mixins exists on both clients, async on AsyncClient, with the same parameters."""
+    import inspect
+
+    from pgjobs.admin import AdminOps
+    from pgjobs.claim import ClaimOps
+    from pgjobs.enqueue import EnqueueOps
+    from pgjobs.lifecycle import LifecycleOps
+    from pgjobs.status import StatusOps
+    from pgjobs.workers import WorkerOps
+
+    names = {n for ops in (EnqueueOps, ClaimOps, LifecycleOps, AdminOps, StatusOps, WorkerOps) for n in vars(ops)}
+    names = {n for n in names if not n.startswith("_")}
+    assert {"enqueue", "claim", "complete_many", "cancel", "list_jobs", "reap_workers"} <= names
+    for name in names:
+        method = getattr(AsyncClient, name)
+        assert inspect.iscoroutinefunction(method), f"AsyncClient.{name} is not async"
+        s_params = list(inspect.signature(getattr(Client, name)).parameters)
+        assert list(inspect.signature(method).parameters) == s_params, name

@@ -134,6 +134,25 @@ def _migration_lock(dsn: str) -> Iterator[psycopg.Connection[Any]]:
             conn.execute("SELECT pg_advisory_unlock(%s)", (_LOCK_KEY,))
 
 
+def _validate_routines(conn: psycopg.Connection[Any]) -> None:
+    """Checks every pgjobs routine body with its language's validator, inside the installing transaction.
+
+    The files are installed with ``check_function_bodies = off`` (a function may call one that a later file
+    defines); checking afterwards makes a broken body fail the migration, not the first call that reaches
+    it. Validators do not apply a routine's own ``SET search_path``, so the one every pgjobs routine pins
+    is set here.
+    """
+    conn.execute("SET LOCAL check_function_bodies = on")
+    conn.execute("SET LOCAL search_path = pgjobs, pg_catalog")
+    rows = conn.execute(
+        "SELECT p.oid, l.lanvalidator::regproc::text FROM pg_proc AS p JOIN pg_language AS l ON l.oid = p.prolang"
+        " WHERE p.pronamespace = 'pgjobs'::regnamespace AND l.lanvalidator <> 0 ORDER BY p.oid"
+    ).fetchall()
+    for oid, validator in rows:
+        conn.execute(pgsql.SQL("SELECT pg_catalog.{}(%s)").format(pgsql.Identifier(validator)), (oid,))
+    # (both settings are LOCAL: the transaction's end restores the session's own)
+
+
 def install_functions(conn: psycopg.Connection[Any], force: bool = False) -> bool:
     """Installs ``sql/`` unless the installed revision matches. Returns whether it installed."""
     digest = sql_digest()
@@ -151,6 +170,7 @@ def install_functions(conn: psycopg.Connection[Any], force: bool = False) -> boo
         conn.execute("SET LOCAL check_function_bodies = off")
         for f in sql_files():
             conn.execute(f.read_text())
+        _validate_routines(conn)
         conn.execute(
             "INSERT INTO pgjobs.sql_revision (digest) VALUES (%s) "
             "ON CONFLICT (singleton) DO UPDATE SET digest = EXCLUDED.digest, applied_at = now()",

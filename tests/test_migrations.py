@@ -216,3 +216,27 @@ def test_threads_migrating_a_fresh_database_at_once(blank_dsn: str, dsn: str) ->
     assert sorted(len(r.applied) for r in results) == [0, 0, 0, len(PLAN)]
     assert sum(r.functions_installed for r in results) == 1
     assert catalog(blank_dsn) == catalog(dsn)
+
+
+def test_a_broken_function_body_fails_the_install_and_leaves_the_old_functions(
+    dsn: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Bodies are installed unchecked (cross-file calls) and then validated in the same transaction."""
+    oids, before = routine_oids(dsn), catalog(dsn)
+    broken = tmp_path / "sql"
+    broken.mkdir()
+    for f in m.sql_files():
+        (broken / f.name).write_text(f.read_text())
+    (broken / "zz_broken.sql").write_text(
+        "CREATE FUNCTION pgjobs.broken() RETURNS int LANGUAGE plpgsql SET search_path = pgjobs, pg_catalog"
+        " AS $$ BEGIN SELCT 1; RETURN 1; END $$;"
+    )
+    monkeypatch.setattr(m, "SQL_DIR", broken)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("SET search_path = public")
+        with pytest.raises(psycopg.errors.SyntaxError, match="SELCT"):
+            m.install_functions(conn)
+        assert conn.execute("SHOW search_path").fetchone() == ("public",)  # the session's own setting is back
+    assert routine_oids(dsn) == oids and catalog(dsn) == before
+    monkeypatch.undo()
+    assert m.migrate(dsn).functions_installed is False

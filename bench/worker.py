@@ -1,0 +1,240 @@
+"""The worker suite: jobs through the real worker (``pgjobs.Worker`` in worker processes), end to end.
+
+* **Throughput**: N no-op jobs are enqueued into a paused queue, the worker process(es) start and go idle,
+  the queue is unpaused (and woken); the figure is N / (last ``completed_at`` - the unpause), both server
+  timestamps. Configurations: one process at concurrency 10 and 50, two processes at 50 each; status
+  events ``all`` (the default) and ``none`` (``configure_queue(status_events => 'none')``). Each runs
+  ``rounds`` times, alternating; the median is reported.
+* **Wake latency**: an idle worker (one process, concurrency 10); 200 times, one job is enqueued (one
+  autocommit ``enqueue`` call) and the handler returns ``time.time()`` at its start, stored as the job's
+  result; the sample is that minus the server's clock at the end of the enqueue statement, which commits
+  right after it (see :func:`wake_latency`).
+  Between samples the bench waits for the job to finish and a random 5-25 ms more, so the worker is
+  asleep on its LISTEN connection each time.
+
+The machine has 2 cores shared by PostgreSQL, the worker process(es) and this bench.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import psycopg
+
+from .common import Figure, connect, figure, median, percentile, server_settings
+
+QUEUE = "bench"
+LATENCY_QUEUE = "latency"
+HERE = Path(__file__).resolve().parent
+BAR_JOBS_PER_S = 10_000.0
+BAR_P50_MS = 2.0
+BAR_P99_MS = 20.0
+
+
+def _start_workers(dsn: str, n: int, queue: str, concurrency: int) -> list[subprocess.Popen[bytes]]:
+    env = dict(os.environ, PYTHONPATH=str(HERE.parent) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    cmd = [sys.executable, "-m", "bench._worker_app", dsn, queue, str(concurrency)]
+    return [
+        subprocess.Popen(cmd, cwd=HERE.parent, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        for _ in range(n)
+    ]
+
+
+def _wait_ready(conn: psycopg.Connection[Any], procs: list[subprocess.Popen[bytes]], timeout: float = 30) -> None:
+    """Until every process registered (worker_heartbeat) and listens."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        row = conn.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE application_name LIKE 'pgjobs-listen:%%'"
+            " AND datname = current_database()"
+        ).fetchone()
+        if row is not None and row[0] >= len(procs):
+            time.sleep(0.3)  # the claimers' first (empty) claims
+            return
+        for p in procs:
+            if p.poll() is not None:
+                err = p.stderr.read().decode(errors="replace")[-2000:] if p.stderr else ""
+                raise RuntimeError(f"bench worker exited with {p.returncode}: {err}")
+        time.sleep(0.05)
+    raise RuntimeError("bench workers did not start in time")
+
+
+def _stop(procs: list[subprocess.Popen[bytes]]) -> None:
+    for p in procs:
+        if p.poll() is None:
+            p.send_signal(signal.SIGTERM)
+    for p in procs:
+        try:
+            p.wait(20)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait(5)
+
+
+def _fill(conn: psycopg.Connection[Any], n: int) -> None:
+    conn.execute("TRUNCATE pgjobs.jobs CASCADE")
+    conn.execute("DELETE FROM pgjobs.workers")
+    chunk = json.dumps([{"kind": "noop", "queue": QUEUE}] * 5000)
+    for done in range(0, n, 5000):
+        spec = chunk if n - done >= 5000 else json.dumps([{"kind": "noop", "queue": QUEUE}] * (n - done))
+        conn.execute("SELECT count(*) FROM pgjobs.enqueue_many(%s::jsonb)", [spec])
+    conn.execute("VACUUM ANALYZE pgjobs.jobs")
+
+
+def throughput(dsn: str, n_jobs: int, processes: int, concurrency: int, events: str) -> float:
+    """Jobs/s for one configuration (see the module docstring)."""
+    with connect(dsn) as conn:
+        conn.execute("SELECT pgjobs.configure_queue(%s, paused => true, status_events => %s)", [QUEUE, events])
+        _fill(conn, n_jobs)
+        procs = _start_workers(dsn, processes, QUEUE, concurrency)
+        try:
+            _wait_ready(conn, procs)
+            row = conn.execute(
+                "SELECT now() FROM pgjobs.configure_queue(%s, paused => false), pg_notify('pgjobs_wake', %s)",
+                [QUEUE, QUEUE],
+            ).fetchone()
+            assert row is not None
+            t0 = row[0]
+            deadline = time.monotonic() + 300
+            while time.monotonic() < deadline:
+                time.sleep(0.1)
+                left = conn.execute(
+                    "SELECT EXISTS (SELECT 1 FROM pgjobs.jobs WHERE state IN ('pending', 'active') AND queue = %s)",
+                    [QUEUE],
+                ).fetchone()
+                if left is not None and not left[0]:
+                    break
+            else:
+                raise RuntimeError("the bench jobs did not finish in 300 s")
+            row = conn.execute(
+                "SELECT count(*), extract(epoch FROM max(completed_at) - %s) FROM pgjobs.jobs"
+                " WHERE state = 'succeeded' AND queue = %s",
+                [t0, QUEUE],
+            ).fetchone()
+            assert row is not None
+            done, seconds = int(row[0]), float(row[1])
+            if done != n_jobs:
+                raise RuntimeError(f"{done} of {n_jobs} bench jobs succeeded")
+            return n_jobs / seconds
+        finally:
+            _stop(procs)
+
+
+def wake_latency(dsn: str, samples: int = 200) -> list[float]:
+    """Seconds from enqueue commit to handler start, ``samples`` times, idle worker each time.
+
+    The commit instant is the server's clock_timestamp() at the end of the enqueue statement, committed with
+    synchronous_commit off: the commit follows at once, and the NOTIFY goes out with it. (With a durable
+    commit the NOTIFY waits for the WAL flush; that is the producer's commit cost, not the worker's wake-up.
+    And a client-side clock read after the call returns is late by however long the bench process waits
+    for a core, which on a loaded 2-core machine is often more than the latency measured.)"""
+    with connect(dsn) as conn:
+        conn.execute("TRUNCATE pgjobs.jobs CASCADE")
+        conn.execute("SET synchronous_commit = off")
+        procs = _start_workers(dsn, 1, LATENCY_QUEUE, 10)
+        try:
+            _wait_ready(conn, procs)
+            out: list[float] = []
+            for i in range(samples + 5):
+                time.sleep(random.uniform(0.005, 0.025))
+                row = conn.execute(
+                    "SELECT e.id, extract(epoch FROM clock_timestamp())::float8"
+                    " FROM pgjobs.enqueue(kind => 'stamp', queue => %s) AS e",
+                    [LATENCY_QUEUE],
+                    prepare=True,
+                ).fetchone()
+                assert row is not None
+                job_id, committed = row
+                started = None
+                for _ in range(5000):
+                    time.sleep(0.002)
+                    r = conn.execute(
+                        "SELECT result FROM pgjobs.jobs WHERE id = %s AND state = 'succeeded'", [job_id], prepare=True
+                    ).fetchone()
+                    if r is not None:
+                        started = float(r[0])
+                        break
+                if started is None:
+                    raise RuntimeError(f"latency job {job_id} did not run")
+                if i >= 5:  # the first few warm up the prepared statements
+                    out.append(started - committed)
+            return out
+        finally:
+            _stop(procs)
+
+
+def run(dsn: str, quick: bool = False) -> dict[str, Any]:
+    n50 = 10_000 if quick else 50_000
+    n10 = 5_000 if quick else 20_000
+    rounds = 1 if quick else 3
+    configs = [
+        ("1 process, concurrency 10, status events all", 1, 10, "all", n10),
+        ("1 process, concurrency 50, status events all", 1, 50, "all", n50),
+        ("1 process, concurrency 50, status events none", 1, 50, "none", n50),
+        ("2 processes, concurrency 50 each, status events all", 2, 50, "all", n50),
+        ("2 processes, concurrency 50 each, status events none", 2, 50, "none", n50),
+    ]
+    samples: dict[str, list[float]] = {c[0]: [] for c in configs}
+    for r in range(rounds):
+        for name, procs, conc, events, n in configs if r % 2 == 0 else reversed(configs):
+            samples[name].append(throughput(dsn, n, procs, conc, events))
+    tput = {name: median(v) for name, v in samples.items()}
+    lat = wake_latency(dsn, 50 if quick else 200)
+    p50, p99 = percentile(lat, 50) * 1000, percentile(lat, 99) * 1000
+
+    one_all = tput[configs[1][0]]
+    one_none = tput[configs[2][0]]
+    two_all = tput[configs[3][0]]
+    two_none = tput[configs[4][0]]
+    figures: list[Figure] = [
+        figure(
+            "worker no-op jobs/s, " + configs[0][0], tput[configs[0][0]], "jobs/s",
+            note="informational (the bar is for one process; concurrency 10 caps each claim at 10 jobs)",
+        ),
+        figure(
+            "worker no-op jobs/s, " + configs[1][0], one_all, "jobs/s",
+            baseline=BAR_JOBS_PER_S, baseline_name="the bar: 10,000 jobs/s", bar=1.0,
+        ),
+        figure(
+            "worker no-op jobs/s, " + configs[2][0], one_none, "jobs/s",
+            baseline=BAR_JOBS_PER_S, baseline_name="the bar: 10,000 jobs/s", bar=1.0,
+        ),
+        figure(
+            "worker no-op jobs/s, " + configs[3][0], two_all, "jobs/s",
+            baseline=one_all, baseline_name="one process (events all)", bar=1.0,
+            note="two processes must do more than one",
+        ),
+        figure(
+            "worker no-op jobs/s, " + configs[4][0], two_none, "jobs/s",
+            baseline=one_none, baseline_name="one process (events none)", bar=1.0,
+        ),
+        figure(
+            "wake latency p50 (enqueue commit -> handler start, idle worker)", p50, "ms",
+            baseline=BAR_P50_MS, baseline_name="the bar: 2 ms", bar=1.0, bar_kind="max",
+        ),
+        figure(
+            "wake latency p99 (enqueue commit -> handler start, idle worker)", p99, "ms",
+            baseline=BAR_P99_MS, baseline_name="the bar: 20 ms", bar=1.0, bar_kind="max",
+        ),
+    ]  # fmt: skip
+    return {
+        "suite": "worker",
+        "figures": figures,
+        "notes": [
+            f"throughput: median of {rounds} run(s) per configuration, alternating; {n50:,} jobs "
+            f"({n10:,} at concurrency 10) enqueued into a paused queue, timed from the unpause to the last "
+            "completed_at (server clock)",
+            f"wake latency over {len(lat)} samples: min {min(lat) * 1000:.2f} ms, max {max(lat) * 1000:.2f} ms",
+            "2 cores shared by PostgreSQL, the worker process(es) and the bench itself",
+        ],
+        "samples": {"throughput": samples, "wake_latency_ms": [x * 1000 for x in lat]},
+        "server": server_settings(dsn),
+    }

@@ -252,15 +252,10 @@ class Worker:
         loop = self._loop
         if loop is None or loop.is_closed():
             return
-        try:
-            running_loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
-        except RuntimeError:
-            running_loop = None
-        if running_loop is loop:
-            self._on_stop()
-        else:
-            with contextlib.suppress(RuntimeError):  # loop closing
-                loop.call_soon_threadsafe(self._on_stop)
+        # Always through the loop's queue: stop() may run in another thread or in a signal handler that
+        # interrupted the loop's own code, where touching its state directly is not safe.
+        with contextlib.suppress(RuntimeError):  # loop closing
+            loop.call_soon_threadsafe(self._on_stop)
 
     def _on_stop(self) -> None:
         if self._stop_event is not None:
@@ -317,6 +312,9 @@ class Worker:
         )
         self._pool = pool
         try:
+            # One direct connect first: an unreachable server fails with its own clear error, not a pool timeout.
+            probe = await self._connect("probe")
+            await probe.close()
             await pool.open(wait=True, timeout=15)
             await self._heartbeat_once()  # fails fast on a missing schema or an unreachable database
             async with anyio.create_task_group() as services:

@@ -521,3 +521,32 @@ def test_app_registry() -> None:
         "Europe/Paris",
         {"x": 1},
     )
+
+
+def test_worker_runs_the_scheduler_for_periodic_jobs(dsn: str) -> None:
+    app = App()
+    runs: list[int] = []
+
+    @app.periodic(cron="* * * * * *", name="every-second")
+    async def every(payload: Any, ctx: pgjobs.JobContext) -> None:
+        runs.append(ctx.id)
+
+    async def body(worker: Worker, client: AsyncClient) -> None:
+        with anyio.fail_after(20):
+            while not runs:
+                await anyio.sleep(0.05)
+
+    run_worker(app, dsn, body, scheduler=True)
+    assert runs
+
+
+def test_run_raises_on_a_database_without_the_schema(blank_dsn: str) -> None:
+    worker = Worker(App(), blank_dsn, scheduler=False)
+    with pytest.raises(pgjobs.SchemaMissing, match="pgjobs migrate"):
+        anyio.run(worker.run)
+
+
+def test_run_raises_on_an_unreachable_database() -> None:
+    worker = Worker(App(), "postgresql://nobody@127.0.0.1:1/none?connect_timeout=2", scheduler=False)
+    with pytest.raises(psycopg.OperationalError):
+        anyio.run(worker.run)

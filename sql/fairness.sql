@@ -1,6 +1,810 @@
--- Controlled claim path: queues with fair selection or concurrency caps (configure_queue).
--- Interim version: honours max_active only (serialised per queue); fair selection and
--- max_active_per_group arrive with the fairness work.
+-- Controlled claim path: queues with fair selection (queues.fair) or concurrency caps
+-- (max_active, max_active_per_group). claim() (claim.sql) sends every other queue down the plain
+-- fast path and only these here.
+--
+-- Concurrency. Claimers of one controlled queue are serialised by a transaction-scoped advisory
+-- lock taken before anything is read. Under READ COMMITTED every statement after the lock takes
+-- a fresh snapshot, so the active counts below include every job leased by the claimers that held
+-- the lock before us (they committed before releasing it): a cap can never be overshot, not even
+-- briefly, however many workers claim at once. The lock is held to the end of the claim's
+-- transaction, so call claim in a short transaction (autocommit, as the worker does). Queues are
+-- locked in name order, so two claims over the same queues cannot deadlock.
+--
+-- Fair selection (one pick at a time, each pick re-ranking the groups):
+--   1. non-noisy groups before noisy ones; a group is noisy when its active jobs are at least
+--      noisy_min_active and more than noisy_share of the queue's active jobs;
+--   2. among the noisy, fewer active jobs first;
+--   3. least recently served first: group_cursors.served_seq, a per-queue counter stamped on the
+--      group at each pick (0 = never served);
+--   4. then the head job's priority, run_at, id.
+-- The ungrouped jobs take turns as one more member of the ring (never noisy, no per-group cap);
+-- their place is fair_queues.ungrouped_seq.
+--
+-- Cost. A claim never enumerates the groups or their jobs:
+--   * the ring is walked in served_seq order on group_cursors_seq_idx, a chunk at a time, and a
+--     group's head is one probe of jobs_group_idx; a pick is one locking probe;
+--   * groups get their cursor from an incremental skip scan over jobs_group_idx (DISCOVER_STEPS
+--     distinct groups per claim, resuming where the previous claim stopped), so a queue with up to
+--     that many groups is fully rescanned by every claim, and a new group in a larger queue is
+--     found within (groups / DISCOVER_STEPS) claims;
+--   * the queue's active jobs are counted once per claim (jobs_active_idx) for max_active and the
+--     noisy threshold; a group's own count is a probe of jobs_group_live_idx.
+-- Cursors of groups without live work are deleted when the walk meets them (they drift to the
+-- front of the ring as live groups are served), so the table stays the size of the live groups.
+
+-- Due scheduled jobs and expired leases of a controlled queue become pending before the pick, so
+-- the pick reads one index per group, and an expired job no longer counts as active (the lease
+-- expiry is recorded as the plain path's reclaim records it; the next lease is a new attempt).
+-- Jobs out of attempts or with a cancellation request were settled by claim() (_settle_expired).
+CREATE OR REPLACE FUNCTION pgjobs._promote_due(queue text)
+RETURNS void
+LANGUAGE plpgsql
+SET search_path = pgjobs, pg_catalog
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_events jsonb;
+BEGIN
+    WITH sched AS (
+        SELECT j.id FROM jobs AS j
+         WHERE j.state = 'scheduled' AND j.queue = _promote_due.queue AND j.run_at <= now()
+         ORDER BY j.run_at
+         LIMIT 1000
+           FOR UPDATE SKIP LOCKED
+    ), expired AS (
+        SELECT j.id FROM jobs AS j
+         WHERE j.state = 'active' AND j.queue = _promote_due.queue AND j.lease_expires_at < now()
+           AND j.attempt < j.max_attempts AND NOT j.cancel_requested
+         ORDER BY j.lease_expires_at
+         LIMIT 1000
+           FOR UPDATE SKIP LOCKED
+    ), due AS (
+        SELECT sched.id FROM sched UNION ALL SELECT expired.id FROM expired
+    ), upd AS (
+        UPDATE jobs AS j
+           SET state = 'pending',
+               lease_token = NULL,
+               lease_expires_at = NULL,
+               errors = CASE WHEN j.state = 'active'
+                             THEN j.errors || jsonb_build_array(jsonb_build_object(
+                                      'attempt', j.attempt, 'at', now(), 'worker', j.leased_by,
+                                      'error', 'lease expired'))
+                             ELSE j.errors END,
+               last_error = CASE WHEN j.state = 'active' THEN 'lease expired' ELSE j.last_error END
+          FROM due
+         WHERE j.id = due.id
+        RETURNING j.id, j.queue, j.kind, j.attempt, j.batch_id
+    )
+    SELECT jsonb_agg(jsonb_build_object('id', u.id, 'state', 'pending', 'queue', u.queue, 'kind', u.kind,
+                                        'attempt', u.attempt, 'batch_id', u.batch_id))
+      INTO v_events
+      FROM upd AS u;
+    PERFORM _notify_status(v_events);
+END;
+$$;
+
+-- Registers up to `steps` groups with pending work, in group_key order after `after_key` (NULL: from
+-- the first), as never-served cursors; existing cursors are left alone. One index descent of
+-- jobs_group_idx per distinct group (a skip scan), whatever the groups' backlogs. Returns how many
+-- groups it met and the last one, where the next sweep resumes.
+CREATE OR REPLACE FUNCTION pgjobs._discover_groups(queue text, after_key text, steps int,
+                                                   OUT met int, OUT last_key text)
+LANGUAGE plpgsql
+SET search_path = pgjobs, pg_catalog
+AS $$
+#variable_conflict use_column
+BEGIN
+    WITH RECURSIVE s (k, n) AS (
+        (SELECT j.group_key, 1
+           FROM jobs AS j
+          WHERE j.state = 'pending' AND j.queue = _discover_groups.queue AND j.group_key IS NOT NULL
+            -- '' is a valid key and the smallest text: >= '' starts from the very first group
+            AND j.group_key >= coalesce(after_key, '') AND j.group_key IS DISTINCT FROM after_key
+          ORDER BY j.group_key
+          LIMIT 1)
+        UNION ALL
+        SELECT (SELECT j.group_key
+                  FROM jobs AS j
+                 WHERE j.state = 'pending' AND j.queue = _discover_groups.queue AND j.group_key IS NOT NULL
+                   AND j.group_key > s.k
+                 ORDER BY j.group_key
+                 LIMIT 1),
+               s.n + 1
+          FROM s
+         WHERE s.k IS NOT NULL AND s.n < steps
+    ), found AS (
+        SELECT s.k FROM s WHERE s.k IS NOT NULL
+    ), ins AS (
+        INSERT INTO group_cursors AS c (queue, group_key)
+        SELECT _discover_groups.queue, f.k
+          FROM found AS f
+          -- a probe of the primary key per group (LIMIT keeps it a nested loop: an anti-join would
+          -- read every cursor of the queue)
+          LEFT JOIN LATERAL (SELECT true AS known FROM group_cursors AS e
+                              WHERE e.queue = _discover_groups.queue AND e.group_key = f.k
+                              LIMIT 1) AS e ON true
+         WHERE e.known IS NULL
+        ON CONFLICT DO NOTHING
+    )
+    SELECT count(*)::int, max(f.k) INTO met, last_key FROM found AS f;
+END;
+$$;
+
+-- Drops a group's cursor when the group has no live work left: no waiting, scheduled, pending or
+-- active job. Called when a probe found nothing to take from a group that had no active job.
+CREATE OR REPLACE FUNCTION pgjobs._forget_group(queue text, group_key text)
+RETURNS void
+LANGUAGE sql
+SET search_path = pgjobs, pg_catalog
+AS $$
+    DELETE FROM pgjobs.group_cursors AS c
+     WHERE c.queue = _forget_group.queue AND c.group_key = _forget_group.group_key
+       -- a cursor another claimer holds is being served: not ours to drop
+       AND c.ctid = (SELECT x.ctid FROM pgjobs.group_cursors AS x
+                      WHERE x.queue = _forget_group.queue AND x.group_key = _forget_group.group_key
+                        FOR UPDATE SKIP LOCKED)
+       AND NOT EXISTS (SELECT 1 FROM pgjobs.jobs AS j
+                        WHERE j.state = 'pending' AND j.queue = _forget_group.queue
+                          AND j.group_key = _forget_group.group_key)
+       AND NOT EXISTS (SELECT 1 FROM pgjobs.jobs AS j
+                        WHERE j.state IN ('waiting', 'scheduled') AND j.queue = _forget_group.queue
+                          AND j.group_key = _forget_group.group_key)
+       AND NOT EXISTS (SELECT 1 FROM pgjobs.jobs AS j
+                        WHERE j.state = 'active' AND j.queue = _forget_group.queue
+                          AND j.group_key = _forget_group.group_key);
+$$;
+
+-- Fair pick on one queue: up to `room` pending job ids, in pick order, each locked (the caller
+-- leases them). `kinds` NULL: any kind; else only these kinds, at most quotas[i] of kinds[i].
+-- `serialized`: the queue's claim lock is held (a queue with caps), so counts and ring are exact.
+-- A fair queue without caps is claimed without that lock, so its claimers run side by side as on
+-- the plain path and only SKIP LOCKED keeps them apart: two claims at the same moment read the same
+-- ring and may serve the same groups (each takes a different job), which evens out over the next
+-- claims; nothing here waits on another claimer.
+CREATE OR REPLACE FUNCTION pgjobs._claim_fair(queue text, room int, kinds text[], quotas int[], serialized boolean)
+RETURNS bigint[]
+LANGUAGE plpgsql
+SET search_path = pgjobs, pg_catalog
+AS $$
+#variable_conflict use_column
+DECLARE
+    c_discover_steps CONSTANT int := 16;   -- groups the skip scan registers per claim
+    c_ungrouped_scan CONSTANT int := 32;   -- rows of the queue's claim order read to find ungrouped work
+    v_q       text := _claim_fair.queue;
+    v_cfg     queues;
+    v_open    text[] := kinds;             -- kinds still claimable in this call (NULL: any)
+    v_quota   int[] := quotas;
+    v_total   int;                         -- the queue's active jobs, picks of this call included
+    a_key     text[];                      -- active jobs per group at the start
+    a_cnt     int[];
+    v_ids     bigint[] := '{}';
+    v_fq      fair_queues;
+    v_disc    record;
+    v_pos     text;                        -- where the next claim's discovery resumes
+    v_lwm     bigint;                      -- lowest served_seq the walk met: the next ring_from
+    -- The walk over the ring: phase 0 reads the never-served cursors (served_seq = 0) in key
+    -- order, phase 1 the served ones from ring_from on in served_seq order, phase 2: done.
+    v_phase   int := 0;
+    v_bseq    bigint;                      -- the walk's boundary: the last (served_seq, group_key) read
+    v_bkey    text := '';
+    v_first   boolean := true;
+    v_walked  int := 0;
+    v_chunk   int := least(greatest(room, 16), 256);
+    v_limit   int := 1000 + 4 * room;      -- cursors one claim may read
+    -- L1: cursors read, in ring order (never-served ones of a chunk by head), consumed from p1.
+    l1_key    text[] := '{}';
+    l1_seq    bigint[] := '{}';
+    l1_act    int[] := '{}';
+    l1_hp     int[] := '{}';
+    l1_hr     timestamptz[] := '{}';
+    l1_hi     bigint[] := '{}';
+    l1_lid    bigint[] := '{}';            -- the head locked for the entry (batch), or NULL
+    l1_lkind  text[] := '{}';
+    l1_done   boolean[] := '{}';           -- its head was looked for
+    l1_busy   boolean[] := '{}';           -- its cursor is held by another claim
+    l_busy    boolean[];
+    p1        int := 1;
+    -- rows locked ahead for groups picked again: pf_key is NULLed once a row is used
+    pf_key    text[] := '{}';
+    pf_id     bigint[] := '{}';
+    pf_kind   text[] := '{}';
+    u_buf     bigint[] := '{}';            -- ungrouped rows locked ahead, used from u_bp
+    u_bufkind text[] := '{}';
+    u_bp      int := 1;
+    v_left    int;
+    -- N: groups the walk found noisy (fewer than 1 / noisy_share of them).
+    n_key     text[] := '{}';
+    n_seq     bigint[] := '{}';
+    n_act     int[] := '{}';
+    n_out     boolean[] := '{}';
+    -- L2: the groups picked in this call, in pick order (ascending new served_seq).
+    l2_key    text[] := '{}';
+    l2_seq    bigint[] := '{}';
+    l2_act    int[] := '{}';
+    l2_out    boolean[] := '{}';
+    p2        int := 1;
+    -- U: the ungrouped jobs' pseudo-group.
+    u_seq     bigint;
+    u_out     boolean := false;
+    u_served  boolean := false;
+    u_hp      int;
+    u_hr      timestamptz;
+    u_hi      bigint;
+    u_probed  boolean := false;
+    u_owned   boolean := false;            -- this claim holds the fair_queues row
+    u_busy    boolean := false;            -- another claim does
+    -- the best candidate of a pick: 1 L1, 2 U, 3 N, 4 L2
+    b_src     int;
+    b_i       int;
+    b_seq     bigint;
+    b_act     int;
+    b_hp      int;
+    b_hr      timestamptz;
+    b_hi      bigint;
+    v_key     text;
+    v_act     int;
+    v_id      bigint;
+    v_kind    text;
+    v_k       int;
+    v_next    bigint;
+    l_key     text[];
+    l_seq     bigint[];
+    l_act     int[];
+    l_hp      int[];
+    l_hr      timestamptz[];
+    l_hi      bigint[];
+    l_bseq    bigint;
+    l_bkey    text;
+    l_dead    text[];
+BEGIN
+    SELECT * INTO v_cfg FROM queues AS c WHERE c.queue = v_q;
+
+    -- Active jobs per group, as of now.
+    SELECT coalesce(sum(a.n), 0)::int, array_agg(a.k) FILTER (WHERE a.k IS NOT NULL),
+           array_agg(a.n) FILTER (WHERE a.k IS NOT NULL)
+      INTO v_total, a_key, a_cnt
+      FROM (SELECT j.group_key AS k, count(*)::int AS n
+              FROM jobs AS j
+             WHERE j.state = 'active' AND j.queue = v_q
+             GROUP BY j.group_key) AS a;
+    IF v_cfg.max_active IS NOT NULL THEN
+        room := least(room, v_cfg.max_active - v_total);
+    END IF;
+    IF room <= 0 THEN
+        RETURN '{}';
+    END IF;
+
+    SELECT * INTO v_fq FROM fair_queues AS f WHERE f.queue = v_q;
+    IF NOT FOUND THEN
+        INSERT INTO fair_queues AS f (queue) VALUES (v_q) ON CONFLICT DO NOTHING;
+        SELECT * INTO v_fq FROM fair_queues AS f WHERE f.queue = v_q;
+    END IF;
+    u_seq := v_fq.ungrouped_seq;
+
+    -- New groups join the ring as never served (on a queue without the claim lock, one
+    -- discoverer at a time: the others skip it rather than wait).
+    v_pos := v_fq.discover_after;
+    IF serialized OR pg_try_advisory_xact_lock(hashtextextended('pgjobs.discover:' || v_q, 0)) THEN
+        v_disc := _discover_groups(v_q, v_fq.discover_after, c_discover_steps);
+        -- a sweep that ran out of groups starts from the first one next time
+        v_pos := CASE WHEN v_disc.met < c_discover_steps THEN NULL ELSE v_disc.last_key END;
+    END IF;
+
+    <<picks>>
+    WHILE cardinality(v_ids) < room LOOP
+        -- The front of L1: a group at its cap cannot be picked in this call; a noisy one is
+        -- ranked with the noisy. (An L1 group not picked yet keeps its active count, and the
+        -- noisy threshold only rises as this call leases jobs: a group that passes stays good.)
+        WHILE p1 <= cardinality(l1_key) LOOP
+            v_act := l1_act[p1];
+            IF v_act >= v_cfg.max_active_per_group THEN
+                p1 := p1 + 1;
+            ELSIF v_act >= v_cfg.noisy_min_active AND v_act > v_cfg.noisy_share * v_total THEN
+                n_key := n_key || l1_key[p1];
+                n_seq := n_seq || l1_seq[p1];
+                n_act := n_act || v_act;
+                n_out := n_out || false;
+                p1 := p1 + 1;
+            ELSE
+                EXIT;
+            END IF;
+        END LOOP;
+
+        -- L1 used up: read the next chunk of the ring first. The best candidate always lies
+        -- within what was read, since every cursor not read yet comes later in the ring.
+        IF p1 > cardinality(l1_key) AND v_phase < 2 THEN
+            IF v_phase = 0 THEN
+                WITH c AS (
+                    SELECT c.group_key
+                      FROM group_cursors AS c
+                     WHERE c.queue = v_q AND c.served_seq = 0
+                       AND c.group_key >= v_bkey AND (v_first OR c.group_key <> v_bkey)
+                     ORDER BY c.group_key
+                     LIMIT v_chunk
+                ), r AS (
+                    -- never-served groups tie on served_seq: their heads decide
+                    SELECT c.group_key, h.priority, h.run_at, h.id, coalesce(a.n, 0) AS act
+                      FROM c
+                      LEFT JOIN LATERAL (
+                            SELECT j.priority, j.run_at, j.id
+                              FROM jobs AS j
+                             WHERE j.state = 'pending' AND j.queue = v_q AND j.group_key = c.group_key
+                               AND (v_open IS NULL OR j.kind = ANY (v_open)) AND j.id <> ALL (v_ids)
+                             ORDER BY j.priority, j.run_at, j.id
+                             LIMIT 1) AS h ON true
+                      LEFT JOIN unnest(a_key, a_cnt) AS a(k, n) ON a.k = c.group_key
+                )
+                SELECT array_agg(r.group_key ORDER BY r.priority, r.run_at, r.id) FILTER (WHERE r.id IS NOT NULL),
+                       array_agg(r.act ORDER BY r.priority, r.run_at, r.id) FILTER (WHERE r.id IS NOT NULL),
+                       array_agg(r.priority ORDER BY r.priority, r.run_at, r.id) FILTER (WHERE r.id IS NOT NULL),
+                       array_agg(r.run_at ORDER BY r.priority, r.run_at, r.id) FILTER (WHERE r.id IS NOT NULL),
+                       array_agg(r.id ORDER BY r.priority, r.run_at, r.id) FILTER (WHERE r.id IS NOT NULL),
+                       array_agg(r.group_key) FILTER (WHERE r.id IS NULL AND r.act = 0),
+                       max(r.group_key),
+                       count(*)::int
+                  INTO l_key, l_act, l_hp, l_hr, l_hi, l_dead, l_bkey, v_k
+                  FROM r;
+                l_seq := array_fill(0::bigint, ARRAY[coalesce(cardinality(l_key), 0)]);
+                v_first := false;
+                IF v_k > 0 THEN
+                    v_bkey := l_bkey;
+                END IF;
+                IF v_k < v_chunk THEN
+                    -- on to the served part, from the lowest served_seq still live
+                    v_phase := 1;
+                    v_bseq := v_fq.ring_from - 1;
+                    v_bkey := '';
+                END IF;
+            ELSE
+                SELECT array_agg(c.group_key ORDER BY c.served_seq, c.group_key),
+                       array_agg(c.served_seq ORDER BY c.served_seq, c.group_key),
+                       array_agg(coalesce(a.n, 0) ORDER BY c.served_seq, c.group_key),
+                       (array_agg(c.served_seq ORDER BY c.served_seq DESC, c.group_key DESC))[1],
+                       (array_agg(c.group_key ORDER BY c.served_seq DESC, c.group_key DESC))[1],
+                       count(*)::int
+                  INTO l_key, l_seq, l_act, l_bseq, l_bkey, v_k
+                  FROM (SELECT c.group_key, c.served_seq
+                          FROM group_cursors AS c
+                         WHERE c.queue = v_q AND c.served_seq > 0
+                           AND (c.served_seq, c.group_key) > (v_bseq, v_bkey)
+                         ORDER BY c.served_seq, c.group_key
+                         LIMIT v_chunk) AS c
+                  LEFT JOIN unnest(a_key, a_cnt) AS a(k, n) ON a.k = c.group_key;
+                l_hp := NULL; l_hr := NULL; l_hi := NULL; l_dead := NULL;
+                IF v_k > 0 THEN
+                    v_lwm := coalesce(v_lwm, l_seq[1]);
+                    v_bseq := l_bseq;
+                    v_bkey := l_bkey;
+                END IF;
+                IF v_k < v_chunk THEN
+                    v_phase := 2;
+                END IF;
+            END IF;
+            v_walked := v_walked + v_k;
+            IF v_walked >= v_limit THEN
+                v_phase := 2;   -- bounded work per claim; the rest of the ring waits for the next
+            END IF;
+            IF l_key IS NOT NULL THEN
+                l1_key := l1_key || l_key;
+                l1_seq := l1_seq || l_seq;
+                l1_act := l1_act || l_act;
+                l1_hp := l1_hp || coalesce(l_hp, array_fill(NULL::int, ARRAY[cardinality(l_key)]));
+                l1_hr := l1_hr || coalesce(l_hr, array_fill(NULL::timestamptz, ARRAY[cardinality(l_key)]));
+                l1_hi := l1_hi || coalesce(l_hi, array_fill(NULL::bigint, ARRAY[cardinality(l_key)]));
+                l1_lid := l1_lid || array_fill(NULL::bigint, ARRAY[cardinality(l_key)]);
+                l1_lkind := l1_lkind || array_fill(NULL::text, ARRAY[cardinality(l_key)]);
+                l1_done := l1_done || array_fill(false, ARRAY[cardinality(l_key)]);
+                l1_busy := l1_busy || array_fill(false, ARRAY[cardinality(l_key)]);
+            END IF;
+            -- never-served groups with nothing to take now and nothing running: drop the cursor
+            -- if nothing is waiting or scheduled either
+            IF l_dead IS NOT NULL THEN
+                PERFORM _forget_group(v_q, d.k) FROM unnest(l_dead) AS d(k);
+            END IF;
+            CONTINUE picks;
+        END IF;
+
+        -- The best non-noisy candidate among the front of L1, U, the noisy groups that are not
+        -- noisy any more, and the first non-noisy group picked earlier in this call: lowest
+        -- served_seq first; never-served ties go to the better head.
+        b_src := NULL;
+        IF p1 <= cardinality(l1_key) THEN
+            b_src := 1; b_i := p1; b_seq := l1_seq[p1];
+            b_hp := l1_hp[p1]; b_hr := l1_hr[p1]; b_hi := l1_hi[p1];
+        END IF;
+        IF NOT u_out AND (b_src IS NULL OR u_seq <= b_seq) THEN
+            IF u_seq = 0 AND b_src IS NOT NULL AND b_seq = 0 AND NOT u_probed THEN
+                -- a tie between never-served: compare heads
+                SELECT s.priority, s.run_at, s.id INTO u_hp, u_hr, u_hi
+                  FROM (SELECT j.id, j.priority, j.run_at, j.group_key, j.kind
+                          FROM jobs AS j
+                         WHERE j.state = 'pending' AND j.queue = v_q AND j.id <> ALL (v_ids)
+                         ORDER BY j.priority, j.run_at, j.id
+                         LIMIT c_ungrouped_scan) AS s
+                 WHERE s.group_key IS NULL AND (v_open IS NULL OR s.kind = ANY (v_open))
+                 ORDER BY s.priority, s.run_at, s.id
+                 LIMIT 1;
+                u_probed := true;
+                IF u_hi IS NULL THEN
+                    -- Nothing ungrouped in sight: the pseudo-group goes to the back of the ring,
+                    -- so an all-grouped queue looks for ungrouped work once per round.
+                    u_out := true;
+                    u_seq := nextval('served_seq_seq');
+                END IF;
+            END IF;
+            IF NOT u_out AND (b_src IS NULL OR u_seq < b_seq
+                              OR (u_hi IS NOT NULL AND (u_hp, u_hr, u_hi) < (b_hp, b_hr, b_hi))) THEN
+                b_src := 2; b_seq := u_seq;
+            END IF;
+        END IF;
+        FOR i IN 1 .. cardinality(n_key) LOOP
+            CONTINUE WHEN n_out[i];
+            CONTINUE WHEN n_act[i] >= v_cfg.noisy_min_active AND n_act[i] > v_cfg.noisy_share * v_total;
+            IF b_src IS NULL OR n_seq[i] < b_seq THEN
+                b_src := 3; b_i := i; b_seq := n_seq[i];
+            END IF;
+        END LOOP;
+        WHILE p2 <= cardinality(l2_key) AND l2_out[p2] LOOP
+            p2 := p2 + 1;
+        END LOOP;
+        FOR i IN p2 .. cardinality(l2_key) LOOP
+            CONTINUE WHEN l2_out[i];
+            IF l2_act[i] >= v_cfg.max_active_per_group THEN
+                l2_out[i] := true;   -- at its cap: out for the rest of this call
+                CONTINUE;
+            END IF;
+            CONTINUE WHEN l2_act[i] >= v_cfg.noisy_min_active AND l2_act[i] > v_cfg.noisy_share * v_total;
+            IF b_src IS NULL OR l2_seq[i] < b_seq THEN
+                b_src := 4; b_i := i; b_seq := l2_seq[i];
+            END IF;
+            EXIT;
+        END LOOP;
+
+        IF b_src IS NULL THEN
+            -- Only noisy groups have work left: fewer active jobs first, then least recently served.
+            FOR i IN 1 .. cardinality(n_key) LOOP
+                CONTINUE WHEN n_out[i];
+                IF b_src IS NULL OR (n_act[i], n_seq[i]) < (b_act, b_seq) THEN
+                    b_src := 3; b_i := i; b_act := n_act[i]; b_seq := n_seq[i];
+                END IF;
+            END LOOP;
+            FOR i IN p2 .. cardinality(l2_key) LOOP
+                CONTINUE WHEN l2_out[i];
+                IF b_src IS NULL OR (l2_act[i], l2_seq[i]) < (b_act, b_seq) THEN
+                    b_src := 4; b_i := i; b_act := l2_act[i]; b_seq := l2_seq[i];
+                END IF;
+            END LOOP;
+        END IF;
+        EXIT picks WHEN b_src IS NULL;
+
+        -- Take the chosen group's head, locked (SKIP LOCKED passes rows other transactions hold).
+        -- Heads are locked ahead, a batch per statement: for a run of L1 entries, as many as
+        -- picks are left; for a group picked again (or U), its share of the picks left. A row
+        -- locked ahead and then not taken (the ranking went elsewhere, or its kind ran out) stays
+        -- locked until commit and is passed over by other claimers meanwhile: harmless.
+        v_id := NULL;
+        v_left := room - cardinality(v_ids);
+        IF b_src = 1 THEN
+            v_key := l1_key[b_i];
+            IF NOT l1_done[b_i] THEN
+                -- A group's cursor is locked (SKIP LOCKED) for as long as this claim runs: a
+                -- cursor another claim holds means that claim is serving the group right now, so
+                -- this one serves it only once the other groups have had their turn. Concurrent
+                -- claimers thus spread over the groups although neither sees the other's picks.
+                v_k := least(cardinality(l1_key), b_i + v_left - 1);
+                SELECT array_agg(cl.mine IS NULL ORDER BY x.ord), array_agg(h.id ORDER BY x.ord),
+                       array_agg(h.kind ORDER BY x.ord)
+                  INTO l_busy, l_hi, l_key
+                  FROM unnest(l1_key[b_i:v_k]) WITH ORDINALITY AS x(k, ord)
+                  LEFT JOIN LATERAL (
+                        SELECT true AS mine
+                          FROM group_cursors AS c
+                         WHERE c.queue = v_q AND c.group_key = x.k
+                           FOR UPDATE SKIP LOCKED) AS cl ON true
+                  LEFT JOIN LATERAL (
+                        SELECT j.id, j.kind
+                          FROM jobs AS j
+                         WHERE cl.mine AND j.state = 'pending' AND j.queue = v_q AND j.group_key = x.k
+                           AND (v_open IS NULL OR j.kind = ANY (v_open)) AND j.id <> ALL (v_ids)
+                         ORDER BY j.priority, j.run_at, j.id
+                         LIMIT 1
+                           FOR UPDATE SKIP LOCKED) AS h ON true;
+                FOR i IN b_i .. v_k LOOP
+                    l1_busy[i] := l_busy[i - b_i + 1];
+                    l1_lid[i] := l_hi[i - b_i + 1];
+                    l1_lkind[i] := l_key[i - b_i + 1];
+                    l1_done[i] := true;
+                END LOOP;
+            END IF;
+            p1 := p1 + 1;
+            v_act := l1_act[b_i];
+            IF l1_busy[b_i] THEN
+                -- being served by another claim: to the back of the ring, not taken now
+                l2_key := l2_key || v_key;
+                l2_seq := l2_seq || nextval('served_seq_seq');
+                l2_act := l2_act || v_act;
+                l2_out := l2_out || false;
+                CONTINUE picks;
+            ELSIF l1_lid[b_i] IS NOT NULL AND (v_open IS NULL OR l1_lkind[b_i] = ANY (v_open)) THEN
+                v_id := l1_lid[b_i];
+                v_kind := l1_lkind[b_i];
+            ELSIF l1_lid[b_i] IS NOT NULL THEN
+                v_key := v_key;   -- its kind ran out meanwhile: look again below
+            ELSE
+                -- nothing to take: drop the cursor if the group has no live work at all
+                IF v_act = 0 THEN
+                    PERFORM _forget_group(v_q, v_key);
+                END IF;
+                CONTINUE picks;
+            END IF;
+        ELSIF b_src = 3 THEN
+            v_key := n_key[b_i];
+            n_out[b_i] := true;
+            v_act := n_act[b_i];
+        ELSIF b_src = 4 THEN
+            v_key := l2_key[b_i];
+            l2_out[b_i] := true;
+            v_act := l2_act[b_i];
+        END IF;
+
+        IF v_id IS NULL AND b_src = 2 AND NOT u_owned AND NOT u_busy THEN
+            -- U's turn is recorded in the queue's fair_queues row: held by another claim, that
+            -- claim is serving U right now (as with a group's cursor above)
+            PERFORM 1 FROM fair_queues AS f WHERE f.queue = v_q FOR UPDATE SKIP LOCKED;
+            u_owned := FOUND;
+            u_busy := NOT FOUND;
+            IF u_busy THEN
+                u_seq := nextval('served_seq_seq');
+                CONTINUE picks;
+            END IF;
+        END IF;
+        IF v_id IS NULL AND b_src = 2 THEN
+            -- U: the first ungrouped rows in the queue's claim order
+            WHILE u_bp <= cardinality(u_buf) LOOP
+                u_bp := u_bp + 1;
+                IF v_open IS NULL OR u_bufkind[u_bp - 1] = ANY (v_open) THEN
+                    v_id := u_buf[u_bp - 1];
+                    v_kind := u_bufkind[u_bp - 1];
+                    EXIT;
+                END IF;
+            END LOOP;
+            IF v_id IS NULL THEN
+                v_k := greatest(1, ceil(v_left::numeric / greatest(1, cardinality(l2_key) - p2 + 1
+                                                                        + cardinality(l1_key) - p1 + 1))::int);
+                WITH cand AS (
+                    SELECT s.id
+                      FROM (SELECT j.id, j.priority, j.run_at, j.group_key, j.kind
+                              FROM jobs AS j
+                             WHERE j.state = 'pending' AND j.queue = v_q AND j.id <> ALL (v_ids)
+                             ORDER BY j.priority, j.run_at, j.id
+                             LIMIT c_ungrouped_scan + v_k) AS s
+                     WHERE s.group_key IS NULL AND (v_open IS NULL OR s.kind = ANY (v_open))
+                ), locked AS (
+                    SELECT j.id, j.kind, j.priority, j.run_at
+                      FROM jobs AS j
+                     WHERE j.id IN (SELECT cand.id FROM cand) AND j.state = 'pending'
+                     ORDER BY j.priority, j.run_at, j.id
+                     LIMIT v_k
+                       FOR UPDATE SKIP LOCKED
+                )
+                SELECT array_agg(l.id ORDER BY l.priority, l.run_at, l.id),
+                       array_agg(l.kind ORDER BY l.priority, l.run_at, l.id)
+                  INTO u_buf, u_bufkind
+                  FROM locked AS l;
+                u_buf := coalesce(u_buf, '{}');
+                u_bufkind := coalesce(u_bufkind, '{}');
+                u_bp := 1;
+                IF cardinality(u_buf) > 0 THEN
+                    u_bp := 2;
+                    v_id := u_buf[1];
+                    v_kind := u_bufkind[1];
+                END IF;
+            END IF;
+            u_seq := nextval('served_seq_seq');
+            u_hi := NULL;
+            IF v_id IS NULL THEN
+                -- nothing ungrouped in sight: U takes its turn at the back of the ring
+                u_out := true;
+                CONTINUE picks;
+            END IF;
+            u_served := true;
+        ELSIF v_id IS NULL THEN
+            -- a group picked before in this call (or a noisy one, or a kind ran out): its rows
+            -- locked ahead, else a new batch of them
+            LOOP
+                v_k := array_position(pf_key, v_key);
+                EXIT WHEN v_k IS NULL;
+                pf_key[v_k] := NULL;
+                IF v_open IS NULL OR pf_kind[v_k] = ANY (v_open) THEN
+                    v_id := pf_id[v_k];
+                    v_kind := pf_kind[v_k];
+                    EXIT;
+                END IF;
+            END LOOP;
+            IF v_id IS NULL THEN
+                v_k := greatest(1, ceil(v_left::numeric / greatest(1, cardinality(l2_key) - p2 + 1
+                                                                        + cardinality(l1_key) - p1 + 1))::int);
+                WITH locked AS (
+                    SELECT j.id, j.kind, j.priority, j.run_at
+                      FROM jobs AS j
+                     WHERE j.state = 'pending' AND j.queue = v_q AND j.group_key = v_key
+                       AND (v_open IS NULL OR j.kind = ANY (v_open)) AND j.id <> ALL (v_ids)
+                       AND j.id <> ALL (pf_id)
+                     ORDER BY j.priority, j.run_at, j.id
+                     LIMIT v_k
+                       FOR UPDATE SKIP LOCKED
+                )
+                SELECT array_agg(l.id ORDER BY l.priority, l.run_at, l.id),
+                       array_agg(l.kind ORDER BY l.priority, l.run_at, l.id)
+                  INTO l_hi, l_key
+                  FROM locked AS l;
+                IF l_hi IS NOT NULL THEN
+                    v_id := l_hi[1];
+                    v_kind := l_key[1];
+                    IF cardinality(l_hi) > 1 THEN
+                        pf_id := pf_id || l_hi[2:];
+                        pf_kind := pf_kind || l_key[2:];
+                        pf_key := pf_key || array_fill(v_key, ARRAY[cardinality(l_hi) - 1]);
+                    END IF;
+                END IF;
+            END IF;
+            IF v_id IS NULL THEN
+                CONTINUE picks;
+            END IF;
+        END IF;
+        IF b_src <> 2 THEN
+            l2_key := l2_key || v_key;
+            l2_seq := l2_seq || nextval('served_seq_seq');
+            l2_act := l2_act || (v_act + 1);
+            l2_out := l2_out || false;
+        END IF;
+
+        v_ids := v_ids || v_id;
+        v_total := v_total + 1;
+        IF v_open IS NOT NULL THEN
+            v_k := array_position(kinds, v_kind);
+            v_quota[v_k] := v_quota[v_k] - 1;
+            IF v_quota[v_k] <= 0 THEN
+                v_open := array_remove(v_open, v_kind);
+                EXIT picks WHEN cardinality(v_open) = 0;
+            END IF;
+        END IF;
+    END LOOP;
+
+    -- Stamp the served groups with the last served_seq each got in this call. A cursor another
+    -- claimer holds right now is left to it (it has just served that group too).
+    IF cardinality(l2_key) > 0 THEN
+        WITH s AS (
+            SELECT x.k, max(x.seq) AS seq FROM unnest(l2_key, l2_seq) AS x(k, seq) GROUP BY x.k
+        ), lk AS (
+            SELECT c.group_key FROM group_cursors AS c
+             WHERE c.queue = v_q AND c.group_key IN (SELECT s.k FROM s)
+             ORDER BY c.group_key
+               FOR UPDATE SKIP LOCKED
+        )
+        UPDATE group_cursors AS c
+           SET last_served_at = now(), served_seq = s.seq
+          FROM s JOIN lk ON lk.group_key = s.k
+         WHERE c.queue = v_q AND c.group_key = s.k;
+        GET DIAGNOSTICS v_k = ROW_COUNT;
+        IF v_k < (SELECT count(DISTINCT x.k) FROM unnest(l2_key) AS x(k)) THEN
+            -- a served group without a cursor (noisy before it was ever registered)
+            FOR v_key, v_next IN SELECT x.k, max(x.seq) FROM unnest(l2_key, l2_seq) AS x(k, seq) GROUP BY x.k LOOP
+                PERFORM 1 FROM group_cursors AS c WHERE c.queue = v_q AND c.group_key = v_key;
+                IF NOT FOUND THEN
+                    INSERT INTO group_cursors (queue, group_key, last_served_at, served_seq)
+                    VALUES (v_q, v_key, now(), v_next)
+                    ON CONFLICT DO NOTHING;
+                END IF;
+            END LOOP;
+        END IF;
+    END IF;
+    IF u_seq IS DISTINCT FROM v_fq.ungrouped_seq OR v_pos IS DISTINCT FROM v_fq.discover_after
+       OR v_lwm IS DISTINCT FROM v_fq.ring_from AND v_lwm IS NOT NULL THEN
+        UPDATE fair_queues AS f
+           SET ungrouped_seq = u_seq,
+               ungrouped_served_at = CASE WHEN u_served THEN now() ELSE f.ungrouped_served_at END,
+               ring_from = greatest(f.ring_from, coalesce(v_lwm, f.ring_from)),
+               discover_after = v_pos,
+               updated_at = now()
+         WHERE f.queue = v_q
+           AND f.ctid = (SELECT x.ctid FROM fair_queues AS x WHERE x.queue = v_q FOR UPDATE SKIP LOCKED);
+    END IF;
+    RETURN v_ids;
+END;
+$$;
+
+-- Capped pick on a queue without fair selection (its claim lock held): claim order (priority,
+-- run_at, id), passing over groups at max_active_per_group and kinds whose quota is spent.
+CREATE OR REPLACE FUNCTION pgjobs._claim_capped(queue text, room int, kinds text[], quotas int[])
+RETURNS bigint[]
+LANGUAGE plpgsql
+SET search_path = pgjobs, pg_catalog
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_q       text := _claim_capped.queue;
+    v_cfg     queues;
+    v_open    text[] := kinds;
+    v_quota   int[] := quotas;
+    v_total   int;
+    v_blocked text[];
+    g_key     text[] := '{}';             -- active jobs per group (the groups with any, and those picked)
+    g_act     int[] := '{}';
+    v_ids     bigint[] := '{}';
+    v_rows    record;
+    v_skipped boolean;
+    v_seen    int;
+    v_g       int;
+    v_k       int;
+BEGIN
+    SELECT * INTO v_cfg FROM queues AS c WHERE c.queue = v_q;
+    SELECT count(*)::int INTO v_total FROM jobs AS j WHERE j.state = 'active' AND j.queue = v_q;
+    IF v_cfg.max_active IS NOT NULL THEN
+        room := least(room, v_cfg.max_active - v_total);
+    END IF;
+    v_blocked := '{}';
+    IF v_cfg.max_active_per_group IS NOT NULL THEN
+        -- active jobs per group, as of now
+        SELECT coalesce(array_agg(a.k), '{}'), coalesce(array_agg(a.n), '{}') INTO g_key, g_act
+          FROM (SELECT j.group_key AS k, count(*)::int AS n FROM jobs AS j
+                 WHERE j.state = 'active' AND j.queue = v_q AND j.group_key IS NOT NULL
+                 GROUP BY j.group_key) AS a;
+        SELECT coalesce(array_agg(a.k), '{}') INTO v_blocked
+          FROM unnest(g_key, g_act) AS a(k, n)
+         WHERE a.n >= v_cfg.max_active_per_group;
+    END IF;
+
+    WHILE cardinality(v_ids) < room LOOP
+        v_skipped := false;
+        v_seen := 0;
+        FOR v_rows IN
+            SELECT j.id, j.group_key, j.kind
+              FROM jobs AS j
+             WHERE j.state = 'pending' AND j.queue = v_q
+               AND (v_open IS NULL OR j.kind = ANY (v_open))
+               AND (j.group_key IS NULL OR j.group_key <> ALL (v_blocked))
+               AND j.id <> ALL (v_ids)
+             ORDER BY j.priority, j.run_at, j.id
+             LIMIT room - cardinality(v_ids)
+               FOR UPDATE SKIP LOCKED
+        LOOP
+            v_seen := v_seen + 1;
+            IF v_open IS NOT NULL AND NOT v_rows.kind = ANY (v_open) THEN
+                v_skipped := true;
+                CONTINUE;
+            END IF;
+            IF v_rows.group_key IS NOT NULL AND v_cfg.max_active_per_group IS NOT NULL THEN
+                v_g := array_position(g_key, v_rows.group_key);
+                IF v_g IS NULL THEN
+                    g_key := g_key || v_rows.group_key;
+                    g_act := g_act || 0;
+                    v_g := cardinality(g_key);
+                END IF;
+                IF g_act[v_g] >= v_cfg.max_active_per_group THEN
+                    v_blocked := v_blocked || v_rows.group_key;
+                    v_skipped := true;
+                    CONTINUE;
+                END IF;
+                g_act[v_g] := g_act[v_g] + 1;
+            END IF;
+            v_ids := v_ids || v_rows.id;
+            IF v_open IS NOT NULL THEN
+                v_k := array_position(kinds, v_rows.kind);
+                v_quota[v_k] := v_quota[v_k] - 1;
+                IF v_quota[v_k] <= 0 THEN
+                    v_open := array_remove(v_open, v_rows.kind);
+                    v_skipped := true;
+                END IF;
+            END IF;
+        END LOOP;
+        -- Fewer rows than asked and none passed over: the queue has nothing more to give.
+        EXIT WHEN NOT v_skipped OR v_seen = 0 OR (v_open IS NOT NULL AND cardinality(v_open) = 0);
+    END LOOP;
+    RETURN v_ids;
+END;
+$$;
+
 CREATE OR REPLACE FUNCTION pgjobs._claim_controlled(worker text, queues text[], max_jobs int, lease interval,
                                                     kind_limits jsonb)
 RETURNS pgjobs.claimed_job[]
@@ -9,25 +813,94 @@ SET search_path = pgjobs, pg_catalog
 AS $$
 #variable_conflict use_column
 DECLARE
-    v_q      record;
-    v_room   int;
-    v_rows   claimed_job[] := '{}';
-    v_got    claimed_job[];
+    v_kinds  text[];                      -- NULL: any kind
+    v_quotas int[];
+    v_cfg    record;
+    v_now    record;
+    v_capped boolean;
+    v_got    bigint[];
+    v_ids    bigint[] := '{}';
+    v_rows   claimed_job[];
 BEGIN
-    FOR v_q IN SELECT c.queue, c.max_active FROM queues AS c WHERE c.queue = ANY (queues) ORDER BY c.queue LOOP
-        EXIT WHEN cardinality(v_rows) >= max_jobs;
-        v_room := max_jobs - cardinality(v_rows);
-        IF v_q.max_active IS NOT NULL THEN
-            -- Serialise claimers of a capped queue so the count below cannot go stale.
-            PERFORM pg_advisory_xact_lock(hashtextextended('pgjobs.claim:' || v_q.queue, 0));
-            v_room := least(v_room, v_q.max_active - (SELECT count(*) FROM jobs AS j
-                                                        WHERE j.state = 'active' AND j.queue = v_q.queue
-                                                          AND j.lease_expires_at >= now())::int);
+    IF kind_limits IS NOT NULL THEN
+        SELECT coalesce(array_agg(e.key ORDER BY e.key), '{}'),
+               coalesce(array_agg(least(floor((e.value::text)::numeric), max_jobs)::int ORDER BY e.key), '{}')
+          INTO v_kinds, v_quotas
+          FROM jsonb_each(kind_limits) AS e
+         WHERE jsonb_typeof(e.value) = 'number' AND (e.value::text)::numeric >= 1;
+        IF cardinality(v_kinds) = 0 THEN
+            RETURN NULL;   -- only listed kinds may be taken, and none may
         END IF;
-        CONTINUE WHEN v_room <= 0;
-        v_got := _claim_plain(worker, ARRAY[v_q.queue], v_room, lease, kind_limits);
-        v_rows := v_rows || coalesce(v_got, '{}');
+    END IF;
+
+    FOR v_cfg IN
+        SELECT c.queue, c.fair, c.max_active, c.max_active_per_group
+          FROM pgjobs.queues AS c
+         WHERE c.queue = ANY (_claim_controlled.queues)
+         ORDER BY c.queue
+    LOOP
+        EXIT WHEN cardinality(v_ids) >= max_jobs;
+        IF (v_cfg.max_active IS NOT NULL OR v_cfg.max_active_per_group IS NOT NULL)
+           AND current_setting('transaction_isolation') <> 'read committed' THEN
+            -- A snapshot older than the lock could miss jobs leased by the previous holder.
+            RAISE EXCEPTION USING ERRCODE = 'PJ002',
+                MESSAGE = format('claim on queue %L (it has concurrency caps) needs READ COMMITTED, not %s',
+                                 v_cfg.queue, current_setting('transaction_isolation'));
+        END IF;
+        v_capped := v_cfg.max_active IS NOT NULL OR v_cfg.max_active_per_group IS NOT NULL;
+        IF v_capped THEN
+            PERFORM pg_advisory_xact_lock(hashtextextended('pgjobs.claim:' || v_cfg.queue, 0));
+            -- the settings as of now (a configure_queue may have committed while we waited)
+            SELECT c.fair, c.paused, c.max_active IS NOT NULL OR c.max_active_per_group IS NOT NULL AS capped
+              INTO v_now FROM pgjobs.queues AS c WHERE c.queue = v_cfg.queue;
+            CONTINUE WHEN v_now.paused;
+        ELSE
+            SELECT v_cfg.fair, false AS paused, false AS capped INTO v_now;
+        END IF;
+        PERFORM _promote_due(v_cfg.queue);
+        IF v_now.fair THEN
+            v_got := _claim_fair(v_cfg.queue, max_jobs - cardinality(v_ids), v_kinds, v_quotas, v_capped);
+        ELSE
+            v_got := _claim_capped(v_cfg.queue, max_jobs - cardinality(v_ids), v_kinds, v_quotas);
+        END IF;
+        IF cardinality(v_got) > 0 THEN
+            v_ids := v_ids || v_got;
+            IF v_kinds IS NOT NULL THEN
+                -- What this queue gave counts against the call's kind limits.
+                SELECT array_agg(k.quota - coalesce(t.taken, 0) ORDER BY k.ord) INTO v_quotas
+                  FROM unnest(v_kinds, v_quotas) WITH ORDINALITY AS k(kind, quota, ord)
+                  LEFT JOIN (SELECT j.kind, count(*)::int AS taken FROM jobs AS j
+                              WHERE j.id = ANY (v_got) GROUP BY j.kind) AS t ON t.kind = k.kind;
+                SELECT array_agg(k.kind ORDER BY k.kind), array_agg(k.quota ORDER BY k.kind) INTO v_kinds, v_quotas
+                  FROM unnest(v_kinds, v_quotas) AS k(kind, quota)
+                 WHERE k.quota > 0;
+                EXIT WHEN v_kinds IS NULL;
+            END IF;
+        END IF;
     END LOOP;
+
+    IF cardinality(v_ids) = 0 THEN
+        RETURN NULL;
+    END IF;
+    WITH upd AS (
+        UPDATE jobs AS j
+           SET state = 'active',
+               attempt = j.attempt + 1,
+               lease_token = gen_random_uuid(),
+               leased_by = worker,
+               lease_expires_at = now() + lease,
+               first_started_at = coalesce(j.first_started_at, now())
+          FROM unnest(v_ids) WITH ORDINALITY AS t(id, ord)
+         WHERE j.id = t.id
+        RETURNING j.id, j.kind, j.queue, j.payload, j.meta, j.attempt, j.max_attempts, j.lease_token,
+                  j.lease_expires_at, j.checkpoint, j.group_key, j.batch_id, j.first_started_at, t.ord
+    )
+    SELECT array_agg(ROW(u.id, u.kind, u.queue, u.payload, u.meta, u.attempt, u.max_attempts, u.lease_token,
+                         u.lease_expires_at, u.checkpoint, u.group_key, u.batch_id,
+                         u.first_started_at)::claimed_job
+                     ORDER BY u.ord)
+      INTO v_rows
+      FROM upd AS u;
     RETURN v_rows;
 END;
 $$;

@@ -1,0 +1,130 @@
+"""Fair claim throughput: claim + complete on a fair queue with 1, 100 and 10,000 groups, each as a ratio to
+the plain (unfair) path measured in the same run, round by round.
+
+Every measurement is the SQL hot path a worker runs: ``claim(worker, queues, max_jobs)`` then
+``complete_many(ids, lease_tokens)``, each in its own autocommit transaction, on 1 and 4 connections and
+with claim sizes 10 and 100. The queues are filled with INSERT ... SELECT (the enqueue path is not what
+this suite measures): the plain queue holds 400,000 jobs, the 1- and 100-group fair queues 300,000 each,
+the 10,000-group queue 1,000,000 (100 per group); ``quick`` uses fewer. Each round runs the plain queue
+and the three fair queues for the same duration, in an order that flips every round; the figures are
+medians over the rounds.
+
+Bars (issue 5): fair claim throughput with 100 groups at least 50 % of the plain path, with 10,000 groups
+at least 25 %.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import psycopg
+
+from .common import connect, figure, median
+
+PLAIN = "bench_plain"
+FAIR = {1: "bench_fair_1", 100: "bench_fair_100", 10_000: "bench_fair_10000"}
+# enough for every round of every setting (the queues are never refilled); --quick uses a fifth, and 200,000
+# jobs for 10,000 groups
+JOBS = {PLAIN: 400_000, FAIR[1]: 300_000, FAIR[100]: 300_000, FAIR[10_000]: 1_000_000}
+QUICK_JOBS = {PLAIN: 100_000, FAIR[1]: 60_000, FAIR[100]: 60_000, FAIR[10_000]: 200_000}
+BARS = {100: 0.5, 10_000: 0.25}
+
+
+def _fill(dsn: str, jobs: dict[str, int]) -> None:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        for queue, groups in [(PLAIN, 0), *[(q, g) for g, q in FAIR.items()]]:
+            conn.execute(
+                "INSERT INTO pgjobs.jobs (kind, queue, group_key, payload)"
+                " SELECT 'bench', %(q)s, CASE WHEN %(g)s > 0 THEN 'tenant-' || (i %% %(g)s) END, '{}'"
+                " FROM generate_series(1, %(n)s) AS i",
+                {"q": queue, "g": groups, "n": jobs[queue]},
+            )
+            if groups:
+                conn.execute("SELECT pgjobs.configure_queue(queue => %s, fair => true)", (queue,))
+        conn.execute("VACUUM ANALYZE pgjobs.jobs")
+
+
+def _measure(dsn: str, queue: str, size: int, conns: int, seconds: float) -> float:
+    """Jobs claimed and completed per second on `queue` by `conns` connections for about `seconds`."""
+    done: list[int] = []
+    ready = threading.Barrier(conns + 1)
+    deadline: list[float] = []
+
+    def work() -> None:
+        with connect(dsn) as conn:
+            n = 0
+            ready.wait()
+            stop = deadline[0]
+            while time.perf_counter() < stop:
+                rows = conn.execute(
+                    "SELECT id, lease_token FROM pgjobs.claim(worker => 'bench', queues => %s, max_jobs => %s)",
+                    ([queue], size),
+                ).fetchall()
+                if not rows:
+                    break
+                conn.execute(
+                    "SELECT pgjobs.complete_many(ids => %s, lease_tokens => %s)",
+                    ([r[0] for r in rows], [r[1] for r in rows]),
+                )
+                n += len(rows)
+            done.append(n)
+
+    threads = [threading.Thread(target=work, daemon=True) for _ in range(conns)]
+    for t in threads:
+        t.start()
+    deadline.append(time.perf_counter() + seconds)  # set before the barrier opens
+    t0 = time.perf_counter()
+    ready.wait()
+    for t in threads:
+        t.join()
+    elapsed = time.perf_counter() - t0
+    return sum(done) / elapsed if elapsed > 0 else 0.0
+
+
+def run(dsn: str, quick: bool = False) -> dict[str, Any]:
+    seconds = 0.5 if quick else 1.5
+    rounds = 3 if quick else 5
+    combos = [(10, 1), (100, 1), (10, 4), (100, 4)]
+    jobs = QUICK_JOBS if quick else JOBS
+    _fill(dsn, jobs)
+    # warm up: plans cached, every group of the large queue registered (discovery is incremental)
+    for queue in [PLAIN, *FAIR.values()]:
+        _measure(dsn, queue, 100, 1, 0.3 if quick else 1.0)
+
+    figures = []
+    raw: dict[str, Any] = {}
+    for size, conns in combos:
+        names = [PLAIN, *FAIR.values()]
+        samples: dict[str, list[float]] = {q: [] for q in names}
+        for r in range(rounds):
+            for q in names if r % 2 == 0 else list(reversed(names)):
+                samples[q].append(_measure(dsn, q, size, conns, seconds))
+        base = median(samples[PLAIN])
+        raw[f"claim {size}, {conns} conn"] = samples
+        figures.append(
+            figure(f"plain claim+complete, claim {size}, {conns} conn", base, "jobs/s", note="unfair fast path")
+        )
+        for groups, q in FAIR.items():
+            figures.append(
+                figure(
+                    f"fair claim+complete, {groups} group{'s' if groups > 1 else ''}, claim {size}, {conns} conn",
+                    median(samples[q]),
+                    "jobs/s",
+                    baseline=base,
+                    baseline_name=f"plain, claim {size}, {conns} conn",
+                    bar=BARS.get(groups),
+                )
+            )
+    return {
+        "suite": "fairness",
+        "figures": figures,
+        "notes": [
+            "SQL claim + complete_many per batch, autocommit; medians of alternating rounds "
+            f"({rounds} x {seconds} s per queue and setting).",
+            f"queued at the start: plain {jobs[PLAIN]:,} ungrouped jobs; fair with 1 group {jobs[FAIR[1]]:,}, "
+            f"100 groups {jobs[FAIR[100]]:,}, 10,000 groups {jobs[FAIR[10_000]]:,}.",
+        ],
+        "samples": raw,
+    }

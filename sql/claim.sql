@@ -8,6 +8,7 @@ CREATE OR REPLACE FUNCTION pgjobs._check_claim_args(worker text, queues text[], 
 RETURNS void
 LANGUAGE plpgsql
 SET search_path = pgjobs, pg_catalog
+SET plan_cache_mode = force_generic_plan
 AS $$
 DECLARE
     v_bad text;
@@ -52,6 +53,7 @@ CREATE OR REPLACE FUNCTION pgjobs.claim(
 RETURNS SETOF pgjobs.claimed_job
 LANGUAGE plpgsql
 SET search_path = pgjobs, pg_catalog
+SET plan_cache_mode = force_generic_plan
 AS $$
 #variable_conflict use_column
 DECLARE
@@ -60,8 +62,15 @@ DECLARE
     v_rows       claimed_job[];
     v_more       claimed_job[];
     v_limits     jsonb;
+    v_batched    boolean;
 BEGIN
-    PERFORM _check_claim_args(worker, queues, max_jobs, lease, kind_limits);
+    -- The common arguments pass these inline tests; only the rest pay for the helper's checks.
+    IF worker IS NULL OR worker = '' OR queues IS NULL OR cardinality(queues) = 0
+       OR array_position(queues, NULL) IS NOT NULL OR array_position(queues, '') IS NOT NULL
+       OR max_jobs IS NULL OR max_jobs < 1 OR lease IS NULL OR lease <= interval '0'
+       OR kind_limits IS NOT NULL THEN
+        PERFORM _check_claim_args(worker, queues, max_jobs, lease, kind_limits);
+    END IF;
     -- Normalised to integer caps (JSON 2.0 and 1e9 are valid limits too); '{}' stays '{}'
     -- (no kind may be taken), it must not become NULL (any kind).
     IF kind_limits IS NOT NULL THEN
@@ -71,15 +80,27 @@ BEGIN
 
     -- Paused queues give nothing. Queues with fairness or concurrency caps take the
     -- controlled path (fairness.sql); every other queue takes the plain fast path.
-    SELECT array_agg(u.q ORDER BY u.ord) FILTER (WHERE NOT coalesce(c.fair OR c.max_active IS NOT NULL
-                                                                  OR c.max_active_per_group IS NOT NULL, false)),
-           array_agg(u.q ORDER BY u.ord) FILTER (WHERE coalesce(c.fair OR c.max_active IS NOT NULL
-                                                              OR c.max_active_per_group IS NOT NULL, false))
-      INTO v_plain, v_controlled
-      FROM (SELECT DISTINCT ON (x.q) x.q, x.ord FROM unnest(queues) WITH ORDINALITY AS x(q, ord)
-             ORDER BY x.q, x.ord) AS u
-      LEFT JOIN queues AS c ON c.queue = u.q
-     WHERE NOT coalesce(c.paused, false);
+    IF cardinality(queues) = 1 THEN
+        -- One queue (the usual worker): one probe of its settings row, if it has one.
+        SELECT CASE WHEN NOT coalesce(c.fair OR c.max_active IS NOT NULL OR c.max_active_per_group IS NOT NULL, false)
+                    THEN queues END,
+               CASE WHEN coalesce(c.fair OR c.max_active IS NOT NULL OR c.max_active_per_group IS NOT NULL, false)
+                    THEN queues END
+          INTO v_plain, v_controlled
+          FROM (SELECT 1) AS one
+          LEFT JOIN queues AS c ON c.queue = queues[1]
+         WHERE NOT coalesce(c.paused, false);
+    ELSE
+        SELECT array_agg(u.q ORDER BY u.ord) FILTER (WHERE NOT coalesce(c.fair OR c.max_active IS NOT NULL
+                                                                      OR c.max_active_per_group IS NOT NULL, false)),
+               array_agg(u.q ORDER BY u.ord) FILTER (WHERE coalesce(c.fair OR c.max_active IS NOT NULL
+                                                                  OR c.max_active_per_group IS NOT NULL, false))
+          INTO v_plain, v_controlled
+          FROM (SELECT DISTINCT ON (x.q) x.q, x.ord FROM unnest(queues) WITH ORDINALITY AS x(q, ord)
+                 ORDER BY x.q, x.ord) AS u
+          LEFT JOIN queues AS c ON c.queue = u.q
+         WHERE NOT coalesce(c.paused, false);
+    END IF;
 
     IF v_plain IS NULL AND v_controlled IS NULL THEN
         RETURN;
@@ -108,15 +129,16 @@ BEGIN
         RETURN;
     END IF;
 
-    -- A batch starts when its first member is claimed.
-    UPDATE batches AS b SET started_at = now()
-     WHERE b.id IN (SELECT DISTINCT r.batch_id FROM unnest(v_rows) AS r WHERE r.batch_id IS NOT NULL)
-       AND b.started_at IS NULL;
-
-    PERFORM _notify_status((SELECT jsonb_agg(jsonb_build_object('id', r.id, 'state', 'active', 'queue', r.queue,
-                                                                'kind', r.kind, 'attempt', r.attempt,
-                                                                'batch_id', r.batch_id))
-                              FROM unnest(v_rows) AS r));
+    PERFORM _notify_status_rows(array_agg(r.id), array_agg('active'::job_state), array_agg(r.queue),
+                                array_agg(r.kind), array_agg(r.attempt), array_agg(r.batch_id))
+       FROM unnest(v_rows) AS r;
+    SELECT bool_or(r.batch_id IS NOT NULL) INTO v_batched FROM unnest(v_rows) AS r;
+    IF v_batched THEN
+        -- A batch starts when its first member is claimed.
+        UPDATE batches AS b SET started_at = now()
+         WHERE b.id IN (SELECT DISTINCT r.batch_id FROM unnest(v_rows) AS r WHERE r.batch_id IS NOT NULL)
+           AND b.started_at IS NULL;
+    END IF;
     RETURN QUERY SELECT * FROM unnest(v_rows);
 END;
 $$;
@@ -129,6 +151,7 @@ CREATE OR REPLACE FUNCTION pgjobs._claim_plain(worker text, queues text[], max_j
 RETURNS pgjobs.claimed_job[]
 LANGUAGE plpgsql
 SET search_path = pgjobs, pg_catalog
+SET plan_cache_mode = force_generic_plan
 AS $$
 #variable_conflict use_column
 DECLARE
@@ -158,6 +181,72 @@ BEGIN
             v_caps := ARRAY[max_jobs];
         END IF;
     END IF;
+    IF kind_limits IS NULL THEN
+        -- Any kind (the usual call): the statement below without the per-kind caps, which cost a
+        -- window pass over the candidates.
+        WITH cand AS (
+            SELECT p.id, p.priority, p.run_at
+              FROM unnest(queues) AS q(name)
+             CROSS JOIN LATERAL (
+                   SELECT j.id, j.priority, j.run_at FROM jobs AS j
+                    WHERE j.state = 'pending' AND j.queue = q.name
+                    ORDER BY j.priority, j.run_at, j.id
+                    LIMIT max_jobs
+                      FOR UPDATE SKIP LOCKED) AS p
+            UNION ALL
+            SELECT s.id, s.priority, s.run_at
+              FROM unnest(queues) AS q(name)
+             CROSS JOIN LATERAL (
+                   SELECT j.id, j.priority, j.run_at FROM jobs AS j
+                    WHERE j.state = 'scheduled' AND j.queue = q.name AND j.run_at <= now()
+                    ORDER BY j.priority, j.run_at, j.id
+                    LIMIT max_jobs
+                      FOR UPDATE SKIP LOCKED) AS s
+            UNION ALL
+            SELECT e.id, e.priority, e.run_at
+              FROM unnest(queues) AS q(name)
+             CROSS JOIN LATERAL (
+                   SELECT j.id, j.priority, j.run_at FROM jobs AS j
+                    WHERE j.state = 'active' AND j.queue = q.name AND j.lease_expires_at < now()
+                      AND j.attempt < j.max_attempts AND NOT j.cancel_requested
+                    ORDER BY j.priority, j.run_at, j.id
+                    LIMIT max_jobs
+                      FOR UPDATE SKIP LOCKED) AS e
+        ), picked AS (
+            SELECT c.id FROM cand AS c
+             ORDER BY c.priority, c.run_at, c.id
+             LIMIT max_jobs
+        ), upd AS (
+            UPDATE jobs AS j
+               SET state = 'active',
+                   attempt = j.attempt + 1,
+                   lease_token = gen_random_uuid(),
+                   leased_by = worker,
+                   lease_expires_at = now() + lease,
+                   first_started_at = coalesce(j.first_started_at, now()),
+                   -- A reclaim records why the previous attempt ended.
+                   errors = CASE WHEN j.state = 'active'
+                                 THEN j.errors || jsonb_build_array(jsonb_build_object(
+                                          'attempt', j.attempt, 'at', now(), 'worker', j.leased_by,
+                                          'error', 'lease expired'))
+                                 ELSE j.errors END,
+                   last_error = CASE WHEN j.state = 'active' THEN 'lease expired' ELSE j.last_error END
+             -- By key, from the picked ids: a plan that joins instead may read the whole primary
+             -- key (a generic plan cannot know that LIMIT max_jobs is small).
+             WHERE j.id = ANY (ARRAY(SELECT picked.id FROM picked))
+            RETURNING j.id, j.kind, j.queue, j.payload, j.meta, j.attempt, j.max_attempts, j.lease_token,
+                      j.lease_expires_at, j.checkpoint, j.group_key, j.batch_id, j.first_started_at,
+                      j.priority, j.run_at
+        )
+        SELECT array_agg(ROW(u.id, u.kind, u.queue, u.payload, u.meta, u.attempt, u.max_attempts, u.lease_token,
+                             u.lease_expires_at, u.checkpoint, u.group_key, u.batch_id,
+                             u.first_started_at)::claimed_job
+                         ORDER BY u.priority, u.run_at, u.id)
+          INTO v_rows
+          FROM upd AS u;
+        RETURN v_rows;
+    END IF;
+
     -- Every source is read in claim order (priority, run_at, id): due scheduled jobs and
     -- expired leases too, so a due job of better priority is never passed over.
     WITH k AS (
@@ -220,8 +309,8 @@ BEGIN
                                       'error', 'lease expired'))
                              ELSE j.errors END,
                last_error = CASE WHEN j.state = 'active' THEN 'lease expired' ELSE j.last_error END
-          FROM picked
-         WHERE j.id = picked.id
+         -- By key, from the picked ids: a plan that joins instead may read the whole primary key.
+         WHERE j.id = ANY (ARRAY(SELECT picked.id FROM picked))
         RETURNING j.id, j.kind, j.queue, j.payload, j.meta, j.attempt, j.max_attempts, j.lease_token,
                   j.lease_expires_at, j.checkpoint, j.group_key, j.batch_id, j.first_started_at,
                   j.priority, j.run_at
@@ -243,12 +332,22 @@ CREATE OR REPLACE FUNCTION pgjobs._settle_expired(queues text[])
 RETURNS void
 LANGUAGE plpgsql
 SET search_path = pgjobs, pg_catalog
+SET plan_cache_mode = force_generic_plan
 AS $$
 #variable_conflict use_column
 DECLARE
     v_events jsonb;
     v_follow bigint[];
 BEGIN
+    -- Almost always there is nothing to settle: one index probe then spares the UPDATE below,
+    -- whose executor start alone (nine indexes to open) costs more than the probe. A job that
+    -- expires just after the probe is settled by the next claim.
+    IF NOT EXISTS (SELECT 1 FROM jobs AS j
+                    WHERE j.state = 'active' AND j.queue = ANY (_settle_expired.queues)
+                      AND j.lease_expires_at < now()
+                      AND (j.attempt >= j.max_attempts OR j.cancel_requested)) THEN
+        RETURN;
+    END IF;
     WITH dead AS (
         SELECT d.id
           FROM unnest(queues) AS q(name)
@@ -269,8 +368,7 @@ BEGIN
                              ELSE j.errors || jsonb_build_array(jsonb_build_object(
                                       'attempt', j.attempt, 'at', now(), 'worker', j.leased_by,
                                       'error', 'lease expired')) END
-          FROM dead
-         WHERE j.id = dead.id
+         WHERE j.id = ANY (ARRAY(SELECT dead.id FROM dead))
         RETURNING j.id, j.state, j.queue, j.kind, j.attempt, j.batch_id, j.has_dependents
     )
     SELECT jsonb_agg(jsonb_build_object('id', u.id, 'state', u.state, 'queue', u.queue, 'kind', u.kind,
@@ -294,6 +392,7 @@ RETURNS timestamptz
 LANGUAGE sql
 STABLE
 SET search_path = pgjobs, pg_catalog
+SET plan_cache_mode = force_generic_plan
 AS $$
     SELECT min(t) FROM (
         SELECT (SELECT min(j.run_at) FROM jobs AS j WHERE j.state = 'scheduled' AND j.queue = q) AS t

@@ -8,6 +8,7 @@ CREATE OR REPLACE FUNCTION pgjobs._check_job_args(kind text, queue text, payload
 RETURNS void
 LANGUAGE plpgsql
 SET search_path = pgjobs, pg_catalog
+SET plan_cache_mode = force_generic_plan
 AS $$
 BEGIN
     IF kind IS NULL OR kind = '' THEN
@@ -32,6 +33,7 @@ CREATE OR REPLACE FUNCTION pgjobs._reserve_capacity(queue text, adding int)
 RETURNS void
 LANGUAGE plpgsql
 SET search_path = pgjobs, pg_catalog
+SET plan_cache_mode = force_generic_plan
 AS $$
 #variable_conflict use_column
 DECLARE
@@ -71,61 +73,88 @@ CREATE OR REPLACE FUNCTION pgjobs.enqueue(
 RETURNS TABLE (id bigint, created boolean, state pgjobs.job_state)
 LANGUAGE plpgsql
 SET search_path = pgjobs, pg_catalog
+SET plan_cache_mode = force_generic_plan
 AS $$
 #variable_conflict use_column
 DECLARE
-    v_run_at timestamptz := coalesce(enqueue.run_at, now());
-    v_state  job_state := CASE WHEN coalesce(enqueue.run_at, now()) > now() THEN 'scheduled' ELSE 'pending' END;
+    v_state  job_state := CASE WHEN enqueue.run_at > now() THEN 'scheduled' ELSE 'pending' END;
     v_id     bigint;
     v_found  job_state;
+    v_max    int;
+    v_events text;
 BEGIN
-    PERFORM _check_job_args(enqueue.kind, enqueue.queue, enqueue.payload, enqueue.max_attempts);
+    -- The hot path costs one statement per step: argument checks inline (the helper only words
+    -- the error), one read of the queue's settings, the insert, and the notifications built
+    -- here rather than through _notify_status (a jsonb round trip that cost more than the insert).
+    IF enqueue.kind IS NULL OR enqueue.kind = '' OR enqueue.queue IS NULL OR enqueue.queue = ''
+       OR enqueue.payload IS NULL OR enqueue.max_attempts IS NULL OR enqueue.max_attempts < 1 THEN
+        PERFORM _check_job_args(enqueue.kind, enqueue.queue, enqueue.payload, enqueue.max_attempts);
+    END IF;
+    SELECT q.max_length, q.status_events INTO v_max, v_events FROM queues AS q WHERE q.queue = enqueue.queue;
 
-    FOR i IN 1..10 LOOP
-        -- Idempotency first, capacity second: an existing key answers even on a full queue.
-        IF enqueue.unique_key IS NOT NULL THEN
+    IF enqueue.unique_key IS NULL THEN
+        -- No key, no conflict possible: a plain insert.
+        IF v_max IS NOT NULL THEN
+            PERFORM _reserve_capacity(enqueue.queue, 1);
+        END IF;
+        INSERT INTO jobs AS j (kind, queue, payload, meta, state, priority, run_at, max_attempts,
+                               unique_live_only, group_key)
+        VALUES (enqueue.kind, enqueue.queue, enqueue.payload, coalesce(enqueue.meta, '{}'), v_state,
+                coalesce(enqueue.priority, 0), coalesce(enqueue.run_at, now()), enqueue.max_attempts,
+                coalesce(enqueue.unique_live_only, false), enqueue.group_key)
+        RETURNING j.id INTO v_id;
+    ELSE
+        FOR i IN 1..10 LOOP
+            -- Idempotency first, capacity second: an existing key answers even on a full queue.
             SELECT j.id, j.state INTO v_id, v_found
               FROM jobs AS j
              WHERE j.kind = enqueue.kind AND j.unique_key = enqueue.unique_key
                AND (NOT j.unique_live_only OR j.state IN ('waiting', 'scheduled', 'pending', 'active'));
             IF FOUND THEN
-                RETURN QUERY SELECT v_id, false, v_found;
+                id := v_id;
+                created := false;
+                state := v_found;
+                RETURN NEXT;
                 RETURN;
             END IF;
-        END IF;
 
-        IF i = 1 THEN
-            PERFORM _reserve_capacity(enqueue.queue, 1);
-        END IF;
-
-        -- The unique index, not the check above, decides a race between two enqueuers.
-        INSERT INTO jobs AS j (kind, queue, payload, meta, state, priority, run_at, max_attempts,
-                               unique_key, unique_live_only, group_key)
-        VALUES (enqueue.kind, enqueue.queue, enqueue.payload, coalesce(enqueue.meta, '{}'), v_state,
-                coalesce(enqueue.priority, 0), v_run_at, enqueue.max_attempts, enqueue.unique_key,
-                coalesce(enqueue.unique_live_only, false), enqueue.group_key)
-        ON CONFLICT (kind, unique_key)
-            WHERE unique_key IS NOT NULL
-              AND (NOT unique_live_only OR state IN ('waiting', 'scheduled', 'pending', 'active'))
-            DO NOTHING
-        RETURNING j.id INTO v_id;
-
-        IF v_id IS NOT NULL THEN
-            IF v_state = 'pending' THEN
-                PERFORM pg_notify('pgjobs_wake', enqueue.queue);
+            IF i = 1 AND v_max IS NOT NULL THEN
+                PERFORM _reserve_capacity(enqueue.queue, 1);
             END IF;
-            PERFORM _notify_status(jsonb_build_array(jsonb_build_object(
-                'id', v_id, 'state', v_state, 'queue', enqueue.queue, 'kind', enqueue.kind,
-                'attempt', 0, 'batch_id', NULL)));
-            RETURN QUERY SELECT v_id, true, v_state;
-            RETURN;
+
+            -- The unique index, not the check above, decides a race between two enqueuers.
+            INSERT INTO jobs AS j (kind, queue, payload, meta, state, priority, run_at, max_attempts,
+                                   unique_key, unique_live_only, group_key)
+            VALUES (enqueue.kind, enqueue.queue, enqueue.payload, coalesce(enqueue.meta, '{}'), v_state,
+                    coalesce(enqueue.priority, 0), coalesce(enqueue.run_at, now()), enqueue.max_attempts,
+                    enqueue.unique_key, coalesce(enqueue.unique_live_only, false), enqueue.group_key)
+            ON CONFLICT (kind, unique_key)
+                WHERE unique_key IS NOT NULL
+                  AND (NOT unique_live_only OR state IN ('waiting', 'scheduled', 'pending', 'active'))
+                DO NOTHING
+            RETURNING j.id INTO v_id;
+            EXIT WHEN v_id IS NOT NULL;
+            -- Lost the race to a holder that committed after our snapshot: read it on the next turn
+            -- (each statement takes a fresh snapshot under READ COMMITTED).
+        END LOOP;
+        IF v_id IS NULL THEN
+            RAISE EXCEPTION USING ERRCODE = '40001',
+                MESSAGE = format('enqueue of %L with unique_key %L kept conflicting with a job this transaction cannot see; retry the transaction',
+                                 enqueue.kind, enqueue.unique_key);
         END IF;
-        -- Lost the race to a holder that committed after our snapshot: read it on the next turn
-        -- (each statement takes a fresh snapshot under READ COMMITTED).
-    END LOOP;
-    RAISE EXCEPTION USING ERRCODE = '40001',
-        MESSAGE = format('enqueue of %L with unique_key %L kept conflicting with a job this transaction cannot see; retry the transaction',
-                         enqueue.kind, enqueue.unique_key);
+    END IF;
+
+    IF v_state = 'pending' THEN
+        PERFORM pg_notify('pgjobs_wake', enqueue.queue);
+    END IF;
+    -- A new job is never terminal: only queues whose status_events is 'all' (the default) hear of it.
+    IF v_events IS NULL OR v_events = 'all' THEN
+        PERFORM pg_notify('pgjobs_status', _status_event(v_id, v_state, enqueue.queue, enqueue.kind, 0, NULL));
+    END IF;
+    id := v_id;
+    created := true;
+    state := v_state;
+    RETURN NEXT;
 END;
 $$;
 
@@ -135,12 +164,13 @@ CREATE OR REPLACE FUNCTION pgjobs.enqueue_many(jobs jsonb, as_batch boolean DEFA
 RETURNS TABLE (ref text, id bigint, created boolean, batch_id bigint)
 LANGUAGE plpgsql
 SET search_path = pgjobs, pg_catalog
+SET plan_cache_mode = force_generic_plan
 AS $$
 #variable_conflict use_column
 BEGIN
-    PERFORM _check_specs(enqueue_many.jobs, 'jobs');
+    PERFORM _check_specs_fast(enqueue_many.jobs, 'jobs');
     IF coalesce(enqueue_many.as_batch, false)
-       OR EXISTS (SELECT 1 FROM jsonb_array_elements(enqueue_many.jobs) AS s(spec) WHERE s.spec ? 'depends_on') THEN
+       OR jsonb_path_exists(enqueue_many.jobs, 'lax $[*].depends_on') THEN
         -- Graph or batch: the bookkeeping lives in graph.sql.
         RETURN QUERY SELECT * FROM _enqueue_graph(enqueue_many.jobs, coalesce(enqueue_many.as_batch, false), NULL);
         RETURN;
@@ -150,12 +180,58 @@ BEGIN
 END;
 $$;
 
+-- _check_specs at a fraction of the cost for the common array of plain, well-formed specs: one
+-- pass reads every key of a spec at once (jsonb_to_record; `?` tells an explicit null from an
+-- absent key) and tests its JSON type, and only when some spec is not plainly valid does
+-- _check_specs run, to find and word the problem. The test flags a superset of what _check_specs
+-- refuses (any run_at that is not null, too: only a cast can tell a valid one), so a spec it lets
+-- through is one _check_specs accepts. Keep the two in step: a new rule there needs a flag here.
+CREATE OR REPLACE FUNCTION pgjobs._check_specs_fast(jobs jsonb, label text)
+RETURNS void
+LANGUAGE plpgsql
+SET search_path = pgjobs, pg_catalog
+SET plan_cache_mode = force_generic_plan
+AS $$
+BEGIN
+    IF jobs IS NULL OR jsonb_typeof(jobs) <> 'array'
+       OR EXISTS (
+            SELECT 1
+              FROM jsonb_array_elements(jobs) AS e(spec)
+             CROSS JOIN LATERAL jsonb_to_record(CASE WHEN jsonb_typeof(e.spec) = 'object' THEN e.spec ELSE '{}' END)
+                   AS r(kind jsonb, queue jsonb, payload jsonb, meta jsonb, priority jsonb, max_attempts jsonb,
+                        unique_key jsonb, unique_live_only jsonb, group_key jsonb, ref jsonb)
+             WHERE jsonb_typeof(e.spec) <> 'object'
+                OR e.spec - '{kind,payload,queue,run_at,priority,max_attempts,unique_key,unique_live_only,group_key,meta,ref,depends_on}'::text[] <> '{}'
+                OR jsonb_typeof(r.kind) IS DISTINCT FROM 'string' OR r.kind = '""'
+                OR (e.spec ? 'queue' AND (jsonb_typeof(r.queue) IS DISTINCT FROM 'string' OR r.queue = '""'))
+                OR (e.spec ? 'payload' AND r.payload IS NULL)
+                OR (e.spec ? 'meta' AND jsonb_typeof(r.meta) IS DISTINCT FROM 'object')
+                OR (e.spec ? 'priority'
+                    AND CASE WHEN jsonb_typeof(r.priority) = 'number'
+                             THEN r.priority::numeric NOT BETWEEN -32768 AND 32767 OR r.priority::numeric % 1 <> 0
+                             ELSE true END)
+                OR (e.spec ? 'max_attempts'
+                    AND CASE WHEN jsonb_typeof(r.max_attempts) = 'number'
+                             THEN r.max_attempts::numeric NOT BETWEEN 1 AND 2147483647
+                                  OR r.max_attempts::numeric % 1 <> 0
+                             ELSE true END)
+                OR jsonb_typeof(e.spec -> 'run_at') <> 'null'
+                OR jsonb_typeof(r.unique_key) <> 'string'
+                OR jsonb_typeof(r.group_key) <> 'string'
+                OR jsonb_typeof(r.unique_live_only) <> 'boolean'
+                OR jsonb_typeof(r.ref) NOT IN ('string', 'number')) THEN
+        PERFORM _check_specs(jobs, label);
+    END IF;
+END;
+$$;
+
 -- True when `value` reads as a timestamptz (PostgreSQL 15 has no pg_input_is_valid).
 CREATE OR REPLACE FUNCTION pgjobs._is_timestamp(value text)
 RETURNS boolean
 LANGUAGE plpgsql
 STABLE
 SET search_path = pgjobs, pg_catalog
+SET plan_cache_mode = force_generic_plan
 AS $$
 BEGIN
     PERFORM value::timestamptz;
@@ -170,6 +246,7 @@ CREATE OR REPLACE FUNCTION pgjobs._check_specs(jobs jsonb, label text)
 RETURNS void
 LANGUAGE plpgsql
 SET search_path = pgjobs, pg_catalog
+SET plan_cache_mode = force_generic_plan
 AS $$
 DECLARE
     v_bad record;
@@ -238,13 +315,19 @@ RETURNS TABLE (n bigint, ref text, id bigint, created boolean, batch_id bigint, 
                queue text, kind text)
 LANGUAGE plpgsql
 SET search_path = pgjobs, pg_catalog
+SET plan_cache_mode = force_generic_plan
 AS $$
 #variable_conflict use_column
 DECLARE
     v_count   int := jsonb_array_length(jobs);
     v_ids     bigint[] := ids;
+    v_now     timestamptz := now();
     v_created bigint[];
-    v_events  jsonb;
+    v_states  job_state[];
+    v_queues  text[];
+    v_kinds   text[];
+    v_batches bigint[];
+    v_refs    text[];
     v_wake    text[];
     v_bounded record;
 BEGIN
@@ -255,42 +338,53 @@ BEGIN
         v_ids := ARRAY(SELECT nextval('pgjobs.jobs_id_seq') FROM generate_series(1, v_count));
     END IF;
 
-    -- Bounded queues (rare): reserve room for the specs that would create a job.
-    FOR v_bounded IN
-        -- Grouped by the queue each spec lands in: an omitted queue and an explicit 'default'
-        -- are one queue, and two reservations of it would each miss the other's jobs.
-        -- Specs repeating one unique key make one job: counted once.
-        SELECT coalesce(s.spec ->> 'queue', 'default') AS queue,
-               (count(*) FILTER (WHERE s.spec ->> 'unique_key' IS NULL)
-                + count(DISTINCT ARRAY[s.spec ->> 'kind', s.spec ->> 'unique_key'])
-                      FILTER (WHERE s.spec ->> 'unique_key' IS NOT NULL))::int AS adding
-          FROM jsonb_array_elements(jobs) AS s(spec)
-          JOIN queues AS q ON q.queue = coalesce(s.spec ->> 'queue', 'default') AND q.max_length IS NOT NULL
-         WHERE NOT EXISTS (SELECT 1 FROM jobs AS h
-                            WHERE s.spec ? 'unique_key' AND h.kind = s.spec ->> 'kind'
-                              AND h.unique_key = s.spec ->> 'unique_key'
-                              AND (NOT h.unique_live_only OR h.state IN ('waiting', 'scheduled', 'pending', 'active')))
-         GROUP BY 1
-         ORDER BY 1
-    LOOP
-        PERFORM _reserve_capacity(v_bounded.queue, v_bounded.adding);
-    END LOOP;
+    -- Bounded queues (rare, and skipped at the cost of one probe when no queue is bounded):
+    -- reserve room for the specs that would create a job.
+    IF EXISTS (SELECT 1 FROM queues AS bq WHERE bq.max_length IS NOT NULL) THEN
+        FOR v_bounded IN
+            -- Grouped by the queue each spec lands in: an omitted queue and an explicit 'default'
+            -- are one queue, and two reservations of it would each miss the other's jobs.
+            -- Specs repeating one unique key make one job: counted once.
+            SELECT coalesce(s.spec ->> 'queue', 'default') AS queue,
+                   (count(*) FILTER (WHERE s.spec ->> 'unique_key' IS NULL)
+                    + count(DISTINCT ARRAY[s.spec ->> 'kind', s.spec ->> 'unique_key'])
+                          FILTER (WHERE s.spec ->> 'unique_key' IS NOT NULL))::int AS adding
+              FROM jsonb_array_elements(jobs) AS s(spec)
+              JOIN queues AS q ON q.queue = coalesce(s.spec ->> 'queue', 'default') AND q.max_length IS NOT NULL
+             WHERE NOT EXISTS (SELECT 1 FROM jobs AS h
+                                WHERE s.spec ? 'unique_key' AND h.kind = s.spec ->> 'kind'
+                                  AND h.unique_key = s.spec ->> 'unique_key'
+                                  AND (NOT h.unique_live_only OR h.state IN ('waiting', 'scheduled', 'pending', 'active')))
+             GROUP BY 1
+             ORDER BY 1
+        LOOP
+            PERFORM _reserve_capacity(v_bounded.queue, v_bounded.adding);
+        END LOOP;
+    END IF;
 
-    WITH ins AS (
+    -- jsonb_to_recordset reads every key of a spec in one pass (a ->> per column costs a
+    -- lookup each). Numbers go through numeric: JSON 5.0 is a valid integer (_check_specs),
+    -- '5.0'::smallint is not.
+    WITH s AS MATERIALIZED (
+        SELECT r.n, v_ids[r.n] AS id, r.kind, coalesce(r.queue, 'default') AS queue,
+               coalesce(r.payload, '{}') AS payload, coalesce(r.meta, '{}') AS meta,
+               CASE WHEN coalesce(waiting[r.n], false) THEN 'waiting'::job_state
+                    WHEN r.run_at > v_now THEN 'scheduled'
+                    ELSE 'pending' END AS state,
+               coalesce(r.priority::smallint, 0) AS priority, coalesce(r.run_at, v_now) AS run_at,
+               coalesce(r.max_attempts::int, 20) AS max_attempts, r.unique_key,
+               coalesce(r.unique_live_only, false) AS unique_live_only, r.group_key, r.ref
+          FROM ROWS FROM (jsonb_to_recordset(jobs)
+                   AS (kind text, queue text, payload jsonb, meta jsonb, run_at timestamptz, priority numeric,
+                       max_attempts numeric, unique_key text, unique_live_only boolean, group_key text, ref text))
+               WITH ORDINALITY AS r(kind, queue, payload, meta, run_at, priority, max_attempts, unique_key,
+                                    unique_live_only, group_key, ref, n)
+    ), ins AS (
         INSERT INTO jobs AS j (id, kind, queue, payload, meta, state, priority, run_at, max_attempts,
                                unique_key, unique_live_only, group_key, batch_id)
-        SELECT v_ids[s.n], s.spec ->> 'kind', coalesce(s.spec ->> 'queue', 'default'),
-               coalesce(s.spec -> 'payload', '{}'), coalesce(s.spec -> 'meta', '{}'),
-               CASE WHEN coalesce(waiting[s.n], false) THEN 'waiting'::job_state
-                    WHEN (s.spec ->> 'run_at')::timestamptz > now() THEN 'scheduled'
-                    ELSE 'pending' END,
-               -- Through numeric: JSON 5.0 is a valid integer (_check_specs), '5.0'::smallint is not.
-               coalesce((s.spec ->> 'priority')::numeric::smallint, 0),
-               coalesce((s.spec ->> 'run_at')::timestamptz, now()),
-               coalesce((s.spec ->> 'max_attempts')::numeric::int, 20),
-               s.spec ->> 'unique_key', coalesce((s.spec ->> 'unique_live_only')::boolean, false),
-               s.spec ->> 'group_key', batch
-          FROM jsonb_array_elements(jobs) WITH ORDINALITY AS s(spec, n)
+        SELECT s.id, s.kind, s.queue, s.payload, s.meta, s.state, s.priority, s.run_at, s.max_attempts,
+               s.unique_key, s.unique_live_only, s.group_key, batch
+          FROM s
          ORDER BY s.n
         ON CONFLICT (kind, unique_key)
             WHERE unique_key IS NOT NULL
@@ -298,14 +392,24 @@ BEGIN
             DO NOTHING
         RETURNING j.id, j.state, j.queue, j.kind, j.batch_id
     )
-    SELECT array_agg(ins.id),
-           jsonb_agg(jsonb_build_object('id', ins.id, 'state', ins.state, 'queue', ins.queue, 'kind', ins.kind,
-                                        'attempt', 0, 'batch_id', ins.batch_id)),
-           array_agg(DISTINCT ins.queue) FILTER (WHERE ins.state = 'pending')
-      INTO v_created, v_events, v_wake
+    SELECT array_agg(ins.id), array_agg(ins.state), array_agg(ins.queue), array_agg(ins.kind),
+           array_agg(ins.batch_id), array_agg(DISTINCT ins.queue) FILTER (WHERE ins.state = 'pending'),
+           (SELECT array_agg(s.ref ORDER BY s.n) FROM s)
+      INTO v_created, v_states, v_queues, v_kinds, v_batches, v_wake, v_refs
       FROM ins;
     PERFORM _wake(v_wake);
-    PERFORM _notify_status(v_events);
+    PERFORM _notify_status_rows(v_created, v_states, v_queues, v_kinds,
+                                array_fill(0, ARRAY[coalesce(cardinality(v_created), 0)]), v_batches);
+
+    IF v_created = v_ids THEN
+        -- Every spec made its job, in order (no unique key was held): the rows are known, nothing
+        -- to read back.
+        RETURN QUERY
+        SELECT r.n, r.ref, r.id, true, batch, r.state, r.queue, r.kind
+          FROM unnest(v_refs, v_created, v_states, v_queues, v_kinds)
+               WITH ORDINALITY AS r(ref, id, state, queue, kind, n);
+        RETURN;
+    END IF;
 
     -- A fresh statement (and snapshot) reads back holders of keys that were already taken,
     -- including ones committed by a racing transaction while our insert waited on it.
@@ -313,7 +417,7 @@ BEGIN
     SELECT s.n, s.spec ->> 'ref', coalesce(h.id, v_ids[s.n]), h.id IS NULL, coalesce(h.batch_id, batch),
            coalesce(h.state,
                     CASE WHEN coalesce(waiting[s.n], false) THEN 'waiting'::job_state
-                         WHEN (s.spec ->> 'run_at')::timestamptz > now() THEN 'scheduled'
+                         WHEN (s.spec ->> 'run_at')::timestamptz > v_now THEN 'scheduled'
                          ELSE 'pending' END),
            coalesce(s.spec ->> 'queue', 'default'), s.spec ->> 'kind'
       FROM jsonb_array_elements(jobs) WITH ORDINALITY AS s(spec, n)

@@ -2,6 +2,13 @@
 -- compare-and-set: a call whose token no longer holds the job (reclaimed after its lease
 -- expired, cancelled, already finished) changes nothing and returns false/NULL. That is a
 -- benign outcome the caller expects, never an error.
+--
+-- Plans: every compare-and-set below finds its row by primary key and tests `state::text =
+-- 'active'`. Written as `state = 'active'`, the test would let the planner read the partial
+-- index of active jobs (jobs_active_idx) from end to end, filtering on id, whenever the
+-- statistics say few jobs are active (right after an ANALYZE of an idle queue): a cost that
+-- grows with every running job. Through text the partial index does not apply, so the plan
+-- stays on jobs_pkey.
 
 -- Retry delay after `attempt` failed: exponential (1 s, 2 s, 4 s ...) with +/-25 % jitter so a
 -- burst of failures does not come back as a burst, capped at one hour.
@@ -10,6 +17,7 @@ RETURNS interval
 LANGUAGE sql
 VOLATILE
 SET search_path = pgjobs, pg_catalog
+SET plan_cache_mode = force_generic_plan
 AS $$
     SELECT make_interval(secs => least(3600.0,
                                        power(2, least(greatest(attempt, 1) - 1, 30)) * (0.75 + random() * 0.5)));
@@ -19,6 +27,7 @@ CREATE OR REPLACE FUNCTION pgjobs._check_lease(lease interval)
 RETURNS void
 LANGUAGE plpgsql
 SET search_path = pgjobs, pg_catalog
+SET plan_cache_mode = force_generic_plan
 AS $$
 BEGIN
     IF lease IS NULL OR lease <= interval '0' THEN
@@ -32,12 +41,13 @@ CREATE OR REPLACE FUNCTION pgjobs.renew_lease(id bigint, lease_token uuid, lease
 RETURNS boolean
 LANGUAGE plpgsql
 SET search_path = pgjobs, pg_catalog
+SET plan_cache_mode = force_generic_plan
 AS $$
 #variable_conflict use_column
 BEGIN
     PERFORM _check_lease(lease);
     UPDATE jobs SET lease_expires_at = now() + renew_lease.lease
-     WHERE id = renew_lease.id AND lease_token = renew_lease.lease_token AND state = 'active';
+     WHERE id = renew_lease.id AND lease_token = renew_lease.lease_token AND state::text = 'active';
     RETURN FOUND;
 END;
 $$;
@@ -48,6 +58,7 @@ CREATE OR REPLACE FUNCTION pgjobs.renew_leases(ids bigint[], lease_tokens uuid[]
 RETURNS TABLE (id bigint, cancel_requested boolean)
 LANGUAGE plpgsql
 SET search_path = pgjobs, pg_catalog
+SET plan_cache_mode = force_generic_plan
 AS $$
 #variable_conflict use_column
 BEGIN
@@ -56,7 +67,7 @@ BEGIN
     RETURN QUERY
     UPDATE jobs AS j SET lease_expires_at = now() + renew_leases.lease
       FROM unnest(ids, lease_tokens) AS t(id, tok)
-     WHERE j.id = t.id AND j.lease_token = t.tok AND j.state = 'active'
+     WHERE j.id = t.id AND j.lease_token = t.tok AND j.state::text = 'active'
     RETURNING j.id, j.cancel_requested;
 END;
 $$;
@@ -65,6 +76,7 @@ CREATE OR REPLACE FUNCTION pgjobs._check_pairs(ids bigint[], lease_tokens uuid[]
 RETURNS void
 LANGUAGE plpgsql
 SET search_path = pgjobs, pg_catalog
+SET plan_cache_mode = force_generic_plan
 AS $$
 BEGIN
     IF ids IS NULL OR lease_tokens IS NULL
@@ -81,11 +93,12 @@ CREATE OR REPLACE FUNCTION pgjobs.checkpoint(id bigint, lease_token uuid, checkp
 RETURNS boolean
 LANGUAGE plpgsql
 SET search_path = pgjobs, pg_catalog
+SET plan_cache_mode = force_generic_plan
 AS $$
 #variable_conflict use_column
 BEGIN
     UPDATE jobs SET checkpoint = checkpoint.checkpoint
-     WHERE id = checkpoint.id AND lease_token = checkpoint.lease_token AND state = 'active';
+     WHERE id = checkpoint.id AND lease_token = checkpoint.lease_token AND state::text = 'active';
     RETURN FOUND;
 END;
 $$;
@@ -97,13 +110,14 @@ CREATE OR REPLACE FUNCTION pgjobs.progress(id bigint, lease_token uuid, progress
 RETURNS boolean
 LANGUAGE plpgsql
 SET search_path = pgjobs, pg_catalog
+SET plan_cache_mode = force_generic_plan
 AS $$
 #variable_conflict use_column
 DECLARE
     v_event jsonb;
 BEGIN
     UPDATE jobs AS j SET progress = progress.progress
-     WHERE j.id = progress.id AND j.lease_token = progress.lease_token AND j.state = 'active'
+     WHERE j.id = progress.id AND j.lease_token = progress.lease_token AND j.state::text = 'active'
     RETURNING jsonb_build_object('id', j.id, 'state', j.state, 'queue', j.queue, 'kind', j.kind,
                                  'attempt', j.attempt, 'batch_id', j.batch_id)
       INTO v_event;
@@ -120,6 +134,7 @@ CREATE OR REPLACE FUNCTION pgjobs.complete(id bigint, lease_token uuid, result j
 RETURNS boolean
 LANGUAGE plpgsql
 SET search_path = pgjobs, pg_catalog
+SET plan_cache_mode = force_generic_plan
 AS $$
 #variable_conflict use_column
 DECLARE
@@ -128,7 +143,7 @@ BEGIN
     UPDATE jobs AS j
        SET state = 'succeeded', completed_at = now(), result = complete.result,
            lease_token = NULL, lease_expires_at = NULL
-     WHERE j.id = complete.id AND j.lease_token = complete.lease_token AND j.state = 'active'
+     WHERE j.id = complete.id AND j.lease_token = complete.lease_token AND j.state::text = 'active'
     RETURNING j.id, j.queue, j.kind, j.attempt, j.batch_id, j.has_dependents INTO v_job;
     IF NOT FOUND THEN
         RETURN false;
@@ -153,14 +168,20 @@ CREATE OR REPLACE FUNCTION pgjobs.complete_many(ids bigint[], lease_tokens uuid[
 RETURNS int
 LANGUAGE plpgsql
 SET search_path = pgjobs, pg_catalog
+SET plan_cache_mode = force_generic_plan
 AS $$
 #variable_conflict use_column
 DECLARE
-    v_count  int;
-    v_events jsonb;
-    v_follow bigint[];
+    v_ids     bigint[];
+    v_queues  text[];
+    v_kinds   text[];
+    v_attempt int[];
+    v_batches bigint[];
+    v_follow  bigint[];
 BEGIN
-    PERFORM _check_pairs(ids, lease_tokens);
+    IF ids IS NULL OR lease_tokens IS NULL OR cardinality(ids) <> cardinality(lease_tokens) THEN
+        PERFORM _check_pairs(ids, lease_tokens);
+    END IF;
     IF results IS NOT NULL AND cardinality(results) <> cardinality(ids) THEN
         RAISE EXCEPTION USING ERRCODE = 'PJ002',
             MESSAGE = format('results must parallel ids: got %s results for %s ids', cardinality(results), cardinality(ids));
@@ -170,20 +191,22 @@ BEGIN
            SET state = 'succeeded', completed_at = now(), result = t.res,
                lease_token = NULL, lease_expires_at = NULL
           FROM unnest(ids, lease_tokens, results) AS t(id, tok, res)
-         WHERE j.id = t.id AND j.lease_token = t.tok AND j.state = 'active'
+         WHERE j.id = t.id AND j.lease_token = t.tok AND j.state::text = 'active'
         RETURNING j.id, j.queue, j.kind, j.attempt, j.batch_id, j.has_dependents
     )
-    SELECT count(*),
-           jsonb_agg(jsonb_build_object('id', u.id, 'state', 'succeeded', 'queue', u.queue, 'kind', u.kind,
-                                        'attempt', u.attempt, 'batch_id', u.batch_id)),
+    SELECT array_agg(u.id), array_agg(u.queue), array_agg(u.kind), array_agg(u.attempt), array_agg(u.batch_id),
            array_agg(u.id) FILTER (WHERE u.batch_id IS NOT NULL OR u.has_dependents)
-      INTO v_count, v_events, v_follow
+      INTO v_ids, v_queues, v_kinds, v_attempt, v_batches, v_follow
       FROM upd AS u;
-    PERFORM _notify_status(v_events);
+    IF v_ids IS NULL THEN
+        RETURN 0;
+    END IF;
+    PERFORM _notify_status_rows(v_ids, array_fill('succeeded'::job_state, ARRAY[cardinality(v_ids)]), v_queues,
+                                v_kinds, v_attempt, v_batches);
     IF v_follow IS NOT NULL THEN
         PERFORM _propagate(v_follow);
     END IF;
-    RETURN v_count;
+    RETURN cardinality(v_ids);
 END;
 $$;
 
@@ -195,6 +218,7 @@ CREATE OR REPLACE FUNCTION pgjobs.fail(id bigint, lease_token uuid, error text, 
 RETURNS pgjobs.job_state
 LANGUAGE plpgsql
 SET search_path = pgjobs, pg_catalog
+SET plan_cache_mode = force_generic_plan
 AS $$
 #variable_conflict use_column
 BEGIN
@@ -207,6 +231,7 @@ CREATE OR REPLACE FUNCTION pgjobs.dead_letter(id bigint, lease_token uuid, error
 RETURNS boolean
 LANGUAGE plpgsql
 SET search_path = pgjobs, pg_catalog
+SET plan_cache_mode = force_generic_plan
 AS $$
 #variable_conflict use_column
 BEGIN
@@ -219,6 +244,7 @@ CREATE OR REPLACE FUNCTION pgjobs._end_attempt(id bigint, lease_token uuid, erro
 RETURNS pgjobs.job_state
 LANGUAGE plpgsql
 SET search_path = pgjobs, pg_catalog
+SET plan_cache_mode = force_generic_plan
 AS $$
 #variable_conflict use_column
 DECLARE
@@ -240,7 +266,7 @@ BEGIN
            lease_token = NULL, lease_expires_at = NULL
       FROM (SELECT coalesce(_end_attempt.retry_at, now() + retry_backoff(c.attempt)) AS next_at
               FROM jobs AS c WHERE c.id = _end_attempt.id) AS n
-     WHERE j.id = _end_attempt.id AND j.lease_token = _end_attempt.lease_token AND j.state = 'active'
+     WHERE j.id = _end_attempt.id AND j.lease_token = _end_attempt.lease_token AND j.state::text = 'active'
     RETURNING j.id, j.state, j.queue, j.kind, j.attempt, j.batch_id, j.has_dependents INTO v_job;
     IF NOT FOUND THEN
         RETURN NULL;
@@ -263,6 +289,7 @@ CREATE OR REPLACE FUNCTION pgjobs.release(id bigint, lease_token uuid, run_at ti
 RETURNS boolean
 LANGUAGE plpgsql
 SET search_path = pgjobs, pg_catalog
+SET plan_cache_mode = force_generic_plan
 AS $$
 #variable_conflict use_column
 DECLARE
@@ -276,7 +303,7 @@ BEGIN
            completed_at = CASE WHEN j.cancel_requested THEN now() END,
            attempt = greatest(j.attempt - 1, 0),
            lease_token = NULL, lease_expires_at = NULL
-     WHERE j.id = release.id AND j.lease_token = release.lease_token AND j.state = 'active'
+     WHERE j.id = release.id AND j.lease_token = release.lease_token AND j.state::text = 'active'
     RETURNING j.id, j.state, j.queue, j.kind, j.attempt, j.batch_id, j.has_dependents INTO v_job;
     IF NOT FOUND THEN
         RETURN false;
@@ -299,6 +326,7 @@ CREATE OR REPLACE FUNCTION pgjobs.ack_cancel(id bigint, lease_token uuid)
 RETURNS boolean
 LANGUAGE plpgsql
 SET search_path = pgjobs, pg_catalog
+SET plan_cache_mode = force_generic_plan
 AS $$
 #variable_conflict use_column
 DECLARE
@@ -307,7 +335,7 @@ BEGIN
     UPDATE jobs AS j
        SET state = 'cancelled', completed_at = now(), lease_token = NULL, lease_expires_at = NULL,
            cancel_requested = true
-     WHERE j.id = ack_cancel.id AND j.lease_token = ack_cancel.lease_token AND j.state = 'active'
+     WHERE j.id = ack_cancel.id AND j.lease_token = ack_cancel.lease_token AND j.state::text = 'active'
     RETURNING j.id, j.queue, j.kind, j.attempt, j.batch_id, j.has_dependents INTO v_job;
     IF NOT FOUND THEN
         RETURN false;

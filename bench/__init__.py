@@ -1,0 +1,9 @@
+"""pgjobs benchmarks: ``python -m bench`` (or ``pgjobs bench``).
+
+Each suite (``core``, ``worker``, ``workflows``, ``fairness``, ``recurring``) is a module with
+``run(dsn, quick=False) -> dict`` and runs in a database created for it alone; see
+:mod:`bench.common` for the shape of the dict and the helpers, and :mod:`bench.__main__` for the
+command line.
+"""
+
+SUITES = ("core", "worker", "workflows", "fairness", "recurring")

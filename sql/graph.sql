@@ -17,19 +17,12 @@
 -- in its next statement, the committed edge. Or the settler goes first, and the enqueuer, after
 -- waiting, reads the parent as terminal and settles the edge at insert.
 
--- Whether a parent that ended in `state` satisfies `trigger` (NULL while it is not terminal).
--- Batch states use the same names (executing = not settled).
-CREATE OR REPLACE FUNCTION pgjobs._edge_outcome(trigger pgjobs.dep_trigger, state text)
-RETURNS boolean
-LANGUAGE sql
-IMMUTABLE
-SET search_path = pgjobs, pg_catalog
-AS $$
-    SELECT CASE WHEN state IS NULL OR state NOT IN ('succeeded', 'failed', 'cancelled') THEN NULL
-                WHEN trigger = 'complete' THEN true
-                WHEN trigger = 'success' THEN state = 'succeeded'
-                ELSE state = 'failed' END;
-$$;
+-- Whether a parent that ended in state `st` satisfies trigger `t` is written inline wherever it is
+-- needed (NULL while the parent is not terminal; batch states use the same names):
+--   CASE WHEN st NOT IN ('succeeded', 'failed', 'cancelled') THEN NULL WHEN t = 'complete' THEN true
+--        WHEN t = 'success' THEN st = 'succeeded' ELSE st = 'failed' END
+-- not as a function: a SQL function that pins search_path (as every pgjobs routine does) is never
+-- inlined, and called once per edge it cost as much as the rest of the propagation.
 
 -- enqueue_many's graph/batch path. Validation of the plain spec keys has run (_check_specs).
 CREATE OR REPLACE FUNCTION pgjobs._enqueue_graph(jobs jsonb, as_batch boolean, parent bigint)
@@ -285,14 +278,16 @@ BEGIN
     -- 6. Insert. A spec waits when some dependency is not already satisfied by an existing parent.
     SELECT array_agg(coalesce(w.wait, false) ORDER BY g.i) INTO v_waiting
       FROM generate_series(1, v_count) AS g(i)
-      LEFT JOIN (SELECT d.child, bool_or(coalesce(NOT o.ok, true)) AS wait
+      LEFT JOIN (SELECT d.child,
+                        bool_or(CASE WHEN p.st IS NULL OR p.st NOT IN ('succeeded', 'failed', 'cancelled') THEN true
+                                     WHEN d.trig = 'complete' THEN false
+                                     WHEN d.trig = 'success' THEN p.st <> 'succeeded'
+                                     ELSE p.st <> 'failed' END) AS wait
                    FROM unnest(d_child, d_kind, d_key, d_trig) AS d(child, kind, key, trig)
-                   LEFT JOIN LATERAL (
-                        SELECT _edge_outcome(d.trig, CASE d.kind
-                                   WHEN 'job' THEN (SELECT x.st FROM unnest(x_ids, x_states) AS x(id, st)
-                                                     WHERE x.id = d.key::bigint)
-                                   WHEN 'batch' THEN (SELECT x.st FROM unnest(xb_ids, xb_states) AS x(id, st)
-                                                       WHERE x.id = d.key::bigint) END) AS ok) AS o ON true
+                   LEFT JOIN (SELECT 'job'::text AS kind, x.id, x.st FROM unnest(x_ids, x_states) AS x(id, st)
+                              UNION ALL
+                              SELECT 'batch', x.id, x.st FROM unnest(xb_ids, xb_states) AS x(id, st)) AS p
+                     ON p.kind = d.kind AND p.id::text = d.key
                   GROUP BY d.child) AS w ON w.child = g.i;
     IF new_batch THEN
         INSERT INTO batches DEFAULT VALUES RETURNING batches.id INTO v_batch;
@@ -313,6 +308,7 @@ BEGIN
             SELECT j.id, j.state FROM jobs AS j
              WHERE j.id IN (SELECT r_id[d.pidx] FROM unnest(d_kind, d_pidx) AS d(kind, pidx)
                              WHERE d.kind = 'ref' AND NOT r_created[d.pidx])
+               AND NOT (j.id = ANY (coalesce(x_ids, '{}')))
              ORDER BY j.id
                FOR NO KEY UPDATE)
         SELECT coalesce(x_ids, '{}') || array_agg(h.id), coalesce(x_states, '{}') || array_agg(h.state::text)
@@ -324,18 +320,21 @@ BEGIN
     -- 8. Edges of the created jobs, settled at insert when the parent has already settled.
     WITH e AS (
         INSERT INTO edges AS e (child_id, parent_job_id, parent_batch_id, trigger, satisfied)
-        SELECT r_id[d.child],
-               CASE d.kind WHEN 'ref' THEN r_id[d.pidx] WHEN 'job' THEN d.key::bigint END,
-               CASE WHEN d.kind = 'batch' THEN d.key::bigint END,
-               d.trig,
-               CASE WHEN d.kind = 'ref' AND r_created[d.pidx] THEN NULL
-                    ELSE _edge_outcome(d.trig, CASE WHEN d.kind = 'batch'
-                             THEN (SELECT x.st FROM unnest(xb_ids, xb_states) AS x(id, st) WHERE x.id = d.key::bigint)
-                             ELSE (SELECT x.st FROM unnest(x_ids, x_states) AS x(id, st)
-                                    WHERE x.id = CASE WHEN d.kind = 'ref' THEN r_id[d.pidx] ELSE d.key::bigint END)
-                             END) END
-          FROM unnest(d_child, d_kind, d_key, d_trig, d_pidx) AS d(child, kind, key, trig, pidx)
-         WHERE r_created[d.child]
+        SELECT q.child_id, q.pj, q.pb, q.trig,
+               CASE WHEN q.fresh THEN NULL
+                    WHEN coalesce(xj.st, xb.st) NOT IN ('succeeded', 'failed', 'cancelled') THEN NULL
+                    WHEN q.trig = 'complete' THEN true
+                    WHEN q.trig = 'success' THEN coalesce(xj.st, xb.st) = 'succeeded'
+                    ELSE coalesce(xj.st, xb.st) = 'failed' END
+          FROM (SELECT r_id[d.child] AS child_id, d.trig,
+                       CASE d.kind WHEN 'ref' THEN r_id[d.pidx] WHEN 'job' THEN d.key::bigint END AS pj,
+                       CASE WHEN d.kind = 'batch' THEN d.key::bigint END AS pb,
+                       -- a parent created by this call: live, settled later by _propagate
+                       d.kind = 'ref' AND r_created[d.pidx] AS fresh
+                  FROM unnest(d_child, d_kind, d_key, d_trig, d_pidx) AS d(child, kind, key, trig, pidx)
+                 WHERE r_created[d.child]) AS q
+          LEFT JOIN unnest(x_ids, x_states) AS xj(id, st) ON xj.id = q.pj AND NOT q.fresh
+          LEFT JOIN unnest(xb_ids, xb_states) AS xb(id, st) ON xb.id = q.pb
         -- Two dependencies can only land on one parent through a ref resolved by unique key.
         ON CONFLICT DO NOTHING
         RETURNING e.child_id, e.parent_job_id, e.satisfied
@@ -578,13 +577,19 @@ BEGIN
             -- Both sides filtered by the id arrays (= ANY on edges too), so the plan probes the
             -- parent indexes instead of hashing a scan of all edges.
             WITH ej AS (
-                UPDATE edges AS e SET satisfied = _edge_outcome(e.trigger, p.state::text)
+                UPDATE edges AS e
+                   SET satisfied = CASE WHEN e.trigger = 'complete' THEN true
+                                        WHEN e.trigger = 'success' THEN p.state = 'succeeded'
+                                        ELSE p.state = 'failed' END
                   FROM jobs AS p
                  WHERE e.parent_job_id = ANY (v_parents) AND p.id = ANY (v_parents)
                    AND e.parent_job_id = p.id AND e.satisfied IS NULL
                 RETURNING e.child_id, e.satisfied
             ), eb AS (
-                UPDATE edges AS e SET satisfied = _edge_outcome(e.trigger, b.state::text)
+                UPDATE edges AS e
+                   SET satisfied = CASE WHEN e.trigger = 'complete' THEN true
+                                        WHEN e.trigger = 'success' THEN b.state = 'succeeded'
+                                        ELSE b.state = 'failed' END
                   FROM batches AS b
                  WHERE e.parent_batch_id = ANY (v_settled) AND b.id = ANY (v_settled)
                    AND e.parent_batch_id = b.id AND e.satisfied IS NULL

@@ -16,6 +16,7 @@ names, called without ``await`` from that thread.
 from __future__ import annotations
 
 import inspect
+import json
 import threading
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -119,6 +120,7 @@ class _ContextBase:
     """What every handler context carries (read-only by convention)."""
 
     __slots__ = (
+        "_meta",
         "_worker",
         "attempt",
         "batch_id",
@@ -128,7 +130,6 @@ class _ContextBase:
         "kind",
         "lease_token",
         "max_attempts",
-        "meta",
         "parent_results",
         "queue",
         "worker_name",
@@ -145,7 +146,7 @@ class _ContextBase:
         lease_token: str,
         checkpoint: Any,
         batch_id: int | None,
-        meta: dict[str, Any],
+        meta: dict[str, Any] | str,
         cancelled: CancelFlag,
     ) -> None:
         self._worker = worker
@@ -158,9 +159,17 @@ class _ContextBase:
         self.lease_token = lease_token
         self.checkpoint = checkpoint  # from the previous attempt (None on the first)
         self.batch_id = batch_id
-        self.meta = meta
+        self._meta = meta  # the job's meta JSON, parsed on first read
         self.cancelled = cancelled
         self.parent_results: Any = None  # filled by the workflow layer when it lands
+
+    @property
+    def meta(self) -> dict[str, Any]:
+        """The job's ``meta`` (trace context, caller tags)."""
+        if isinstance(self._meta, str):
+            self._meta = json.loads(self._meta)
+        assert isinstance(self._meta, dict)
+        return self._meta
 
     @property
     def last_attempt(self) -> bool:

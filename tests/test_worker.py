@@ -550,3 +550,35 @@ def test_run_raises_on_an_unreachable_database() -> None:
     worker = Worker(App(), "postgresql://nobody@127.0.0.1:1/none?connect_timeout=2", scheduler=False)
     with pytest.raises(psycopg.OperationalError):
         anyio.run(worker.run)
+
+
+def test_batched_completions_keep_each_result(dsn: str, conn: psycopg.Connection[Any]) -> None:
+    app = App()
+
+    @app.job("maybe")
+    async def maybe(payload: dict[str, Any], ctx: pgjobs.JobContext) -> Any:
+        i = payload["i"]
+        return None if i % 3 == 0 else {"i": i, "text": 'quote " backslash \\ comma , brace }'} if i % 3 == 1 else i
+
+    conn.execute(
+        "SELECT count(*) FROM pgjobs.enqueue_many(%s)",
+        [psycopg.types.json.Jsonb([{"kind": "maybe", "payload": {"i": i}} for i in range(120)])],
+    )
+
+    async def body(worker: Worker, client: AsyncClient) -> None:
+        with anyio.fail_after(30):
+            while worker.completed < 120:
+                await anyio.sleep(0.02)
+
+    worker = run_worker(app, dsn, body, queues={"default": 40})
+    assert worker.complete_calls < 120
+    rows = conn.execute("SELECT payload, result, result IS NULL FROM pgjobs.jobs WHERE state = 'succeeded'").fetchall()
+    assert len(rows) == 120
+    for payload, result, is_null in rows:
+        i = payload["i"]
+        if i % 3 == 0:
+            assert is_null  # None is SQL NULL, not JSON null
+        elif i % 3 == 1:
+            assert result == {"i": i, "text": 'quote " backslash \\ comma , brace }'}
+        else:
+            assert result == i

@@ -131,15 +131,27 @@ BEGIN
     IF NOT FOUND THEN
         PERFORM _not_found('batch', cancel_batch.batch_id);
     END IF;
-    -- Lock in id order first (a claimer skips locked rows; a settler waits on them).
-    PERFORM 1 FROM (SELECT j.id FROM jobs AS j
-                     WHERE j.batch_id = cancel_batch.batch_id AND j.state IN ('waiting', 'scheduled', 'pending', 'active')
-                     ORDER BY j.id
-                       FOR NO KEY UPDATE) AS l;
+    -- Running members first: a worker completing one holds its row and then wants the batch row and
+    -- the member's waiting children, so we must not hold those children while we wait for it.
+    WITH a AS (
+        UPDATE jobs AS j SET cancel_requested = true
+          FROM (SELECT l.id FROM jobs AS l
+                 WHERE l.batch_id = cancel_batch.batch_id AND l.state = 'active' AND NOT l.cancel_requested
+                 ORDER BY l.id
+                   FOR NO KEY UPDATE) AS l
+         WHERE j.id = l.id AND j.state = 'active'
+        RETURNING j.id
+    )
+    SELECT count(pg_notify('pgjobs_cancel', a.id::text))::int INTO v_active FROM a;
+    -- Then the idle ones, locked in id order (a claimer skips locked rows; a settler waits on them).
     -- cancel_requested marks a cancellation by a person: _reopen never revives these.
     WITH u AS (
         UPDATE jobs AS j SET state = 'cancelled', completed_at = now(), cancel_requested = true
-         WHERE j.batch_id = cancel_batch.batch_id AND j.state IN ('waiting', 'scheduled', 'pending')
+          FROM (SELECT l.id FROM jobs AS l
+                 WHERE l.batch_id = cancel_batch.batch_id AND l.state IN ('waiting', 'scheduled', 'pending')
+                 ORDER BY l.id
+                   FOR NO KEY UPDATE) AS l
+         WHERE j.id = l.id AND j.state IN ('waiting', 'scheduled', 'pending')
         RETURNING j.id, j.queue, j.kind, j.attempt, j.batch_id
     )
     SELECT array_agg(u.id ORDER BY u.id),
@@ -147,12 +159,19 @@ BEGIN
                                         'attempt', u.attempt, 'batch_id', u.batch_id) ORDER BY u.id)
       INTO v_ids, v_events
       FROM u;
+    -- Members claimed between the two statements are running now. SKIP LOCKED: one locked at
+    -- this instant is being ended by its worker (or renewed), and waiting for it while we hold
+    -- the idle members could deadlock with its propagation.
     WITH a AS (
         UPDATE jobs AS j SET cancel_requested = true
-         WHERE j.batch_id = cancel_batch.batch_id AND j.state = 'active' AND NOT j.cancel_requested
+          FROM (SELECT l.id FROM jobs AS l
+                 WHERE l.batch_id = cancel_batch.batch_id AND l.state = 'active' AND NOT l.cancel_requested
+                 ORDER BY l.id
+                   FOR NO KEY UPDATE SKIP LOCKED) AS l
+         WHERE j.id = l.id
         RETURNING j.id
     )
-    SELECT count(pg_notify('pgjobs_cancel', a.id::text))::int INTO v_active FROM a;
+    SELECT v_active + count(pg_notify('pgjobs_cancel', a.id::text))::int INTO v_active FROM a;
     PERFORM _notify_status(v_events);
     IF v_ids IS NOT NULL THEN
         PERFORM _propagate(v_ids);

@@ -487,3 +487,62 @@ def test_python_graph_builder(dsn: str) -> None:
         status = client.job_status(later.id or 0)
         assert status is not None and status.depends_on == [{"job": a.id, "on": "success"}]
         assert client.parent_results(later.id or 0) == {a.id: None}
+
+
+@pytest.mark.parametrize("broken", [False, True])
+def test_readme_example_fan_out_fan_in_with_a_failure_handler(dsn: str, broken: bool) -> None:
+    """The README's worked example, run by a real Worker."""
+    import anyio
+
+    from pgjobs import App, AsyncClient, Worker
+
+    app = App()
+    client = AsyncClient(dsn)
+    alerts: list[Any] = []
+
+    @app.job("resize")
+    async def resize(payload: dict[str, Any], ctx: Any) -> dict[str, str]:
+        if payload["image"] == "broken.png":
+            raise ValueError("not an image")
+        return {"thumb": f"thumbs/{payload['image']}"}
+
+    @app.job("zip")
+    async def zip_album(payload: dict[str, Any], ctx: Any) -> dict[str, Any]:
+        parents = await client.parent_results(ctx.id)  # {resize job id: its result}
+        return {"zip": payload["name"], "files": sorted(r["thumb"] for r in (parents or {}).values())}
+
+    @app.job("alert")
+    async def alert(payload: dict[str, Any], ctx: Any) -> None:
+        alerts.append(payload)
+
+    images = ["a.png", "b.png", "broken.png" if broken else "c.png"]
+    with pgjobs.Client(dsn) as sync_client, sync_client.batch() as b:
+        resized = [b.enqueue("resize", {"image": name}, max_attempts=1) for name in images]
+        zipped = b.enqueue("zip", {"name": "album.zip"}, after=resized)
+        b.then("alert", {"batch": "album"}, on="failure")
+    assert b.batch_id is not None and zipped.id is not None
+    batch_id, zip_id = b.batch_id, zipped.id
+
+    async def main() -> None:
+        worker = Worker(app, dsn, scheduler=False, poll_interval=0.2, heartbeat_interval=1.0)
+        async with client, anyio.create_task_group() as tg:
+            tg.start_soon(worker.run)
+            with anyio.fail_after(30):
+                while True:
+                    status = await client.batch_status(batch_id)
+                    assert status is not None
+                    if status.state.settled and (not broken or alerts):
+                        break
+                    await anyio.sleep(0.05)
+            worker.stop()
+
+    anyio.run(main)
+    with pgjobs.Client(dsn) as sync_client:
+        status = sync_client.batch_status(batch_id)
+        zip_job = sync_client.job_status(zip_id)
+        assert status is not None and zip_job is not None
+        if broken:
+            assert status.state == "failed" and zip_job.state == "cancelled" and alerts == [{"batch": "album"}]
+        else:
+            assert status.state == "succeeded" and alerts == []
+            assert zip_job.result == {"zip": "album.zip", "files": ["thumbs/a.png", "thumbs/b.png", "thumbs/c.png"]}

@@ -637,8 +637,12 @@ BEGIN
             v_wake := v_wake || coalesce(v_wk, '{}');
         END IF;
     END LOOP;
-    PERFORM _wake(v_wake);
-    PERFORM _notify_status(v_events);
+    IF cardinality(v_wake) > 0 THEN
+        PERFORM _wake(v_wake);
+    END IF;
+    IF jsonb_array_length(v_events) > 0 THEN
+        PERFORM _notify_status(v_events);
+    END IF;
 END;
 $$;
 

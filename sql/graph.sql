@@ -749,3 +749,17 @@ AS $$
                                                         AND e.parent_batch_id IS NOT NULL)),
                               '{}'::jsonb) END;
 $$;
+
+-- parent_results for many jobs in one round trip (a worker filling ctx.parent_results for a claim):
+-- one row per job of `ids` that has parents.
+CREATE OR REPLACE FUNCTION pgjobs.parent_results_many(ids bigint[])
+RETURNS TABLE (id bigint, results jsonb)
+LANGUAGE sql
+STABLE
+SET search_path = pgjobs, pg_catalog
+AS $$
+    SELECT c.id, parent_results(c.id)
+      FROM (SELECT DISTINCT u.id FROM unnest(parent_results_many.ids) AS u(id)) AS c
+     WHERE EXISTS (SELECT 1 FROM edges AS e WHERE e.child_id = c.id)
+     ORDER BY c.id;
+$$;

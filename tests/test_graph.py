@@ -310,6 +310,13 @@ def test_parent_results_of_unknown_and_parentless_jobs(conn: Conn) -> None:
     assert one(conn, "SELECT pgjobs.parent_results(id => %s)", (10**12,)) is None
 
 
+def test_parent_results_many_answers_for_the_jobs_that_have_parents(conn: Conn) -> None:
+    ids = enqueue_many(conn, [{"kind": "p", "ref": "p"}, {"kind": "c", "ref": "c", "depends_on": [dep("p")]}])
+    succeed(conn, ids["p"], result=7)
+    got = rows(conn, "SELECT * FROM pgjobs.parent_results_many(ids => %s)", ([ids["p"], ids["c"], 10**12],))
+    assert got == [{"id": ids["c"], "results": {str(ids["p"]): 7}}]
+
+
 @pytest.mark.parametrize(
     ("specs", "sqlstate", "needle"),
     [

@@ -368,6 +368,14 @@ def parent_results_call(id: int) -> Call[dict[int, Any] | None]:
     return Call("SELECT pgjobs.parent_results(id => %(id)s)", {"id": id}, _results)
 
 
+def _many_results(rows: Rows) -> dict[int, dict[int, Any]]:
+    return {int(r["id"]): {int(k): v for k, v in r["results"].items()} for r in rows}
+
+
+def parent_results_many_call(ids: Iterable[int]) -> Call[dict[int, dict[int, Any]]]:
+    return Call("SELECT * FROM pgjobs.parent_results_many(ids => %(ids)s::bigint[])", {"ids": list(ids)}, _many_results)
+
+
 # --- mixins --------------------------------------------------------------------------------------
 
 
@@ -412,6 +420,10 @@ class GraphOps(SyncRunner):
         """``{parent job id: result}`` over the job's parents (batch parents: every member)."""
         return self._run(parent_results_call(id), conn)
 
+    def parent_results_many(self, ids: Iterable[int], *, conn: SyncConn | None = None) -> dict[int, dict[int, Any]]:
+        """``parent_results`` of many jobs in one round trip; only jobs that have parents are keys."""
+        return self._run(parent_results_many_call(ids), conn)
+
 
 class AsyncGraphOps(AsyncRunner):
     def batch(self, *, conn: AsyncConn | None = None) -> AsyncGraphBuilder:
@@ -445,3 +457,8 @@ class AsyncGraphOps(AsyncRunner):
 
     async def parent_results(self, id: int, *, conn: AsyncConn | None = None) -> dict[int, Any] | None:
         return await self._run(parent_results_call(id), conn)
+
+    async def parent_results_many(
+        self, ids: Iterable[int], *, conn: AsyncConn | None = None
+    ) -> dict[int, dict[int, Any]]:
+        return await self._run(parent_results_many_call(ids), conn)

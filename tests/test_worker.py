@@ -582,3 +582,37 @@ def test_batched_completions_keep_each_result(dsn: str, conn: psycopg.Connection
             assert result == {"i": i, "text": 'quote " backslash \\ comma , brace }'}
         else:
             assert result == i
+
+
+def test_add_to_batch_from_a_handler(dsn: str, conn: psycopg.Connection[Any]) -> None:
+    app = App()
+    children: list[int] = []
+
+    @app.job("spawner")
+    async def spawner(payload: Any, ctx: pgjobs.JobContext) -> int:
+        assert ctx.batch_id is not None
+        child = await ctx.add_to_batch({"kind": "child", "payload": {"from": ctx.id}})
+        children.append(child)
+        return child
+
+    @app.job("child")
+    def child(payload: dict[str, int], ctx: pgjobs.SyncJobContext) -> dict[str, int]:
+        return {"parent": payload["from"]}
+
+    row = conn.execute(
+        'SELECT id, batch_id FROM pgjobs.enqueue_many(\'[{"kind": "spawner"}]\', as_batch => true)'
+    ).fetchone()
+    assert row is not None
+    spawner_id, batch = row
+
+    async def body(worker: Worker, client: AsyncClient) -> None:
+        await wait_state(client, spawner_id, JobState.SUCCEEDED)
+        with anyio.fail_after(10):
+            while not children:
+                await anyio.sleep(0.02)
+        st = await wait_state(client, children[0], JobState.SUCCEEDED)
+        assert st.batch_id == batch and st.result == {"parent": spawner_id}
+
+    run_worker(app, dsn, body)
+    state = conn.execute("SELECT state::text, total FROM pgjobs.batches WHERE id = %s", [batch]).fetchone()
+    assert state == ("succeeded", 2)

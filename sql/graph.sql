@@ -15,7 +15,9 @@
 -- row lock: the enqueuer locks the parent (FOR NO KEY UPDATE) and sets has_dependents; the
 -- settler's UPDATE of the parent waits for that lock and then reads has_dependents = true and,
 -- in its next statement, the committed edge. Or the settler goes first, and the enqueuer, after
--- waiting, reads the parent as terminal and settles the edge at insert.
+-- waiting, reads the parent as terminal and settles the edge at insert. (A batch member always
+-- propagates, flag or not; the flag is left unset on members whose children were created in the
+-- same call, where no race is possible: nobody else can see the rows yet.)
 
 -- Whether a parent that ended in state `st` satisfies trigger `t` is written inline wherever it is
 -- needed (NULL while the parent is not terminal; batch states use the same names):
@@ -345,7 +347,15 @@ BEGIN
     ), targets AS (
         SELECT coalesce(c.child_id, p.pid) AS id, c.rem, c.fail, p.pid IS NOT NULL AS is_parent
           FROM counts AS c
-          FULL JOIN (SELECT DISTINCT e.parent_job_id AS pid FROM e WHERE e.parent_job_id IS NOT NULL) AS p
+          -- has_dependents is not needed on a parent created by this call into a batch: a batch
+          -- member always propagates, and _propagate reads every member's edges. Setting it would
+          -- rewrite every new row (10,000 for a 10,000-job fan-in), and the dead versions slowed
+          -- the claims and completions of the whole batch by a third.
+          FULL JOIN (SELECT DISTINCT e.parent_job_id AS pid FROM e
+                      WHERE e.parent_job_id IS NOT NULL
+                        AND NOT (v_batch IS NOT NULL
+                                 AND e.parent_job_id IN (SELECT x.id FROM unnest(r_id, r_created) AS x(id, c)
+                                                          WHERE x.c))) AS p
             ON p.pid = c.child_id
     ), u AS (
         -- One UPDATE for both roles (a job can be a parent and a child of this call; two UPDATEs
@@ -538,7 +548,9 @@ BEGIN
                    count(*) FILTER (WHERE t.state = 'cancelled')::int AS c
               FROM t WHERE t.batch_id IS NOT NULL GROUP BY t.batch_id
         )
-        SELECT (SELECT array_agg(t.id) FROM t WHERE t.has_dependents),
+        -- Parents to settle edges for: jobs flagged has_dependents, and every batch member (the
+        -- flag is not set on members whose children were created with them: see _graph_insert).
+        SELECT (SELECT array_agg(t.id) FROM t WHERE t.has_dependents OR t.batch_id IS NOT NULL),
                array_agg(g.batch_id ORDER BY g.batch_id), array_agg(g.n ORDER BY g.batch_id),
                array_agg(g.s ORDER BY g.batch_id), array_agg(g.f ORDER BY g.batch_id),
                array_agg(g.c ORDER BY g.batch_id)

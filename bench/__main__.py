@@ -25,6 +25,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from psycopg.conninfo import conninfo_to_dict
+
 from . import SUITES
 from .common import Figure, fresh_database, server_settings
 
@@ -84,8 +86,10 @@ def _run_suite(name: str, server_dsn: str, quick: bool) -> dict[str, Any]:
     t0 = time.perf_counter()
     with fresh_database(server_dsn, name) as dsn:
         result = run(dsn, **kwargs)
+        database = conninfo_to_dict(dsn).get("dbname")
     if not isinstance(result, dict):
         result = {"value": result}
+    result.setdefault("database", database)
     result.setdefault("suite", name)
     result["seconds"] = round(time.perf_counter() - t0, 1)
     result["figures"] = _figures(result)

@@ -3,6 +3,12 @@
 -- FOR UPDATE SKIP LOCKED lets concurrent claimers pass each other instead of queueing on a
 -- row lock, so no two claimers ever share a job and none waits on another.
 
+-- Plans: the hot functions here run with plan_cache_mode = force_generic_plan (their statements'
+-- shapes are fixed by index order and keys, and planning each call cost more than running it).
+-- That setting would carry into the functions they call in other files (graph, fairness), so a call
+-- into those first restores the planner's default choice for the rest of the function
+-- (set_config(..., true) inside a function with a SET clause ends with the function).
+
 CREATE OR REPLACE FUNCTION pgjobs._check_claim_args(worker text, queues text[], max_jobs int, lease interval,
                                                     kind_limits jsonb)
 RETURNS void
@@ -121,6 +127,7 @@ BEGIN
               LEFT JOIN (SELECT r.kind, count(*)::int AS taken FROM unnest(v_rows) AS r GROUP BY r.kind) AS t
                 ON t.kind = l.key;
         END IF;
+        PERFORM set_config('plan_cache_mode', 'auto', true);  -- see the note at the top of this file
         v_more := _claim_controlled(worker, v_controlled, max_jobs - coalesce(cardinality(v_rows), 0), lease, v_limits);
         v_rows := coalesce(v_rows, '{}') || coalesce(v_more, '{}');
     END IF;
@@ -379,6 +386,7 @@ BEGIN
     IF v_events IS NOT NULL THEN
         PERFORM _notify_status(v_events);
         IF v_follow IS NOT NULL THEN
+            PERFORM set_config('plan_cache_mode', 'auto', true);  -- see the note at the top of this file
             PERFORM _propagate(v_follow);
         END IF;
     END IF;

@@ -2,6 +2,12 @@
 -- Both run inside the caller's transaction: the job exists, and listeners hear of it, only if
 -- that transaction commits.
 
+-- Plans: the hot functions here run with plan_cache_mode = force_generic_plan (their statements'
+-- shapes are fixed by index order and keys, and planning each call cost more than running it).
+-- That setting would carry into the functions they call in other files (graph, fairness), so a call
+-- into those first restores the planner's default choice for the rest of the function
+-- (set_config(..., true) inside a function with a SET clause ends with the function).
+
 -- Raises PJ002 when a job spec is unusable; the message names the bad value.
 CREATE OR REPLACE FUNCTION pgjobs._check_job_args(kind text, queue text, payload jsonb,
                                                   max_attempts int, label text DEFAULT 'job')
@@ -29,11 +35,14 @@ $$;
 
 -- Counts a bounded queue's live jobs under a per-queue transaction lock, so two enqueuers
 -- racing for the last free slot cannot both take it. Raises PJ001 when `adding` would not fit.
+-- Planned per call, unlike the hot paths (whose callers' generic-plan setting it would inherit):
+-- whether a queue's jobs are few enough to count by index depends on which queue it is, which a
+-- generic plan cannot see.
 CREATE OR REPLACE FUNCTION pgjobs._reserve_capacity(queue text, adding int)
 RETURNS void
 LANGUAGE plpgsql
 SET search_path = pgjobs, pg_catalog
-SET plan_cache_mode = force_generic_plan
+SET plan_cache_mode = force_custom_plan
 AS $$
 #variable_conflict use_column
 DECLARE
@@ -46,11 +55,18 @@ BEGIN
     END IF;
     PERFORM pg_advisory_xact_lock(hashtextextended('pgjobs.queue:' || _reserve_capacity.queue, 0));
     -- Count with a fresh snapshot taken after the lock: the previous holder has committed.
-    SELECT count(*) INTO v_live
-      FROM (SELECT 1 FROM jobs
-             WHERE queue = _reserve_capacity.queue
-               AND state IN ('waiting', 'scheduled', 'pending', 'active')
-             LIMIT v_max) AS s;
+    -- One count per live state, each on that state's partial index: no index serves
+    -- `state IN (...)`, and the table scan it would take grows with every finished job.
+    -- Each count stops at v_max, enough to decide.
+    SELECT least(v_max, (SELECT count(*) FROM (SELECT 1 FROM jobs AS j WHERE j.queue = _reserve_capacity.queue
+                                                    AND j.state = 'pending' LIMIT v_max) AS s)
+                        + (SELECT count(*) FROM (SELECT 1 FROM jobs AS j WHERE j.queue = _reserve_capacity.queue
+                                                    AND j.state = 'scheduled' LIMIT v_max) AS s)
+                        + (SELECT count(*) FROM (SELECT 1 FROM jobs AS j WHERE j.queue = _reserve_capacity.queue
+                                                    AND j.state = 'active' LIMIT v_max) AS s)
+                        + (SELECT count(*) FROM (SELECT 1 FROM jobs AS j WHERE j.queue = _reserve_capacity.queue
+                                                    AND j.state = 'waiting' LIMIT v_max) AS s))
+      INTO v_live;
     IF v_live + adding > v_max THEN
         RAISE EXCEPTION USING ERRCODE = 'PJ001',
             MESSAGE = format('queue %L is full: %s of max_length %s jobs are live, cannot add %s',
@@ -172,6 +188,7 @@ BEGIN
     IF coalesce(enqueue_many.as_batch, false)
        OR jsonb_path_exists(enqueue_many.jobs, 'lax $[*].depends_on') THEN
         -- Graph or batch: the bookkeeping lives in graph.sql.
+        PERFORM set_config('plan_cache_mode', 'auto', true);  -- see the note at the top of this file
         RETURN QUERY SELECT * FROM _enqueue_graph(enqueue_many.jobs, coalesce(enqueue_many.as_batch, false), NULL);
         RETURN;
     END IF;
@@ -327,7 +344,6 @@ DECLARE
     v_queues  text[];
     v_kinds   text[];
     v_batches bigint[];
-    v_refs    text[];
     v_wake    text[];
     v_bounded record;
 BEGIN
@@ -364,50 +380,70 @@ BEGIN
 
     -- jsonb_to_recordset reads every key of a spec in one pass (a ->> per column costs a
     -- lookup each). Numbers go through numeric: JSON 5.0 is a valid integer (_check_specs),
-    -- '5.0'::smallint is not.
-    WITH s AS MATERIALIZED (
-        SELECT r.n, v_ids[r.n] AS id, r.kind, coalesce(r.queue, 'default') AS queue,
-               coalesce(r.payload, '{}') AS payload, coalesce(r.meta, '{}') AS meta,
-               CASE WHEN coalesce(waiting[r.n], false) THEN 'waiting'::job_state
-                    WHEN r.run_at > v_now THEN 'scheduled'
-                    ELSE 'pending' END AS state,
-               coalesce(r.priority::smallint, 0) AS priority, coalesce(r.run_at, v_now) AS run_at,
-               coalesce(r.max_attempts::int, 20) AS max_attempts, r.unique_key,
-               coalesce(r.unique_live_only, false) AS unique_live_only, r.group_key, r.ref
-          FROM ROWS FROM (jsonb_to_recordset(jobs)
-                   AS (kind text, queue text, payload jsonb, meta jsonb, run_at timestamptz, priority numeric,
-                       max_attempts numeric, unique_key text, unique_live_only boolean, group_key text, ref text))
-               WITH ORDINALITY AS r(kind, queue, payload, meta, run_at, priority, max_attempts, unique_key,
-                                    unique_live_only, group_key, ref, n)
-    ), ins AS (
-        INSERT INTO jobs AS j (id, kind, queue, payload, meta, state, priority, run_at, max_attempts,
-                               unique_key, unique_live_only, group_key, batch_id)
-        SELECT s.id, s.kind, s.queue, s.payload, s.meta, s.state, s.priority, s.run_at, s.max_attempts,
-               s.unique_key, s.unique_live_only, s.group_key, batch
-          FROM s
-         ORDER BY s.n
-        ON CONFLICT (kind, unique_key)
-            WHERE unique_key IS NOT NULL
-              AND (NOT unique_live_only OR state IN ('waiting', 'scheduled', 'pending', 'active'))
-            DO NOTHING
-        RETURNING j.id, j.state, j.queue, j.kind, j.batch_id
-    )
-    SELECT array_agg(ins.id), array_agg(ins.state), array_agg(ins.queue), array_agg(ins.kind),
-           array_agg(ins.batch_id), array_agg(DISTINCT ins.queue) FILTER (WHERE ins.state = 'pending'),
-           (SELECT array_agg(s.ref ORDER BY s.n) FROM s)
-      INTO v_created, v_states, v_queues, v_kinds, v_batches, v_wake, v_refs
-      FROM ins;
+    -- '5.0'::smallint is not. Without any unique key no row can conflict, and the insert skips
+    -- ON CONFLICT, which costs a speculative insertion (and its WAL record) per row; the two
+    -- statements differ only by that clause.
+    IF jsonb_path_exists(jobs, 'lax $[*].unique_key ? (@.type() == "string")') THEN
+        WITH ins AS (
+            INSERT INTO jobs AS j (id, kind, queue, payload, meta, state, priority, run_at, max_attempts,
+                                   unique_key, unique_live_only, group_key, batch_id)
+            SELECT v_ids[r.n], r.kind, coalesce(r.queue, 'default'), coalesce(r.payload, '{}'),
+                   coalesce(r.meta, '{}'),
+                   CASE WHEN coalesce(waiting[r.n], false) THEN 'waiting'::job_state
+                        WHEN r.run_at > v_now THEN 'scheduled'
+                        ELSE 'pending' END,
+                   coalesce(r.priority::smallint, 0), coalesce(r.run_at, v_now), coalesce(r.max_attempts::int, 20),
+                   r.unique_key, coalesce(r.unique_live_only, false), r.group_key, batch
+              FROM ROWS FROM (jsonb_to_recordset(jobs)
+                       AS (kind text, queue text, payload jsonb, meta jsonb, run_at timestamptz, priority numeric,
+                           max_attempts numeric, unique_key text, unique_live_only boolean, group_key text))
+                   WITH ORDINALITY AS r(kind, queue, payload, meta, run_at, priority, max_attempts, unique_key,
+                                        unique_live_only, group_key, n)
+            ON CONFLICT (kind, unique_key)
+                WHERE unique_key IS NOT NULL
+                  AND (NOT unique_live_only OR state IN ('waiting', 'scheduled', 'pending', 'active'))
+                DO NOTHING
+            RETURNING j.id, j.state, j.queue, j.kind, j.batch_id
+        )
+        SELECT array_agg(ins.id), array_agg(ins.state), array_agg(ins.queue), array_agg(ins.kind),
+               array_agg(ins.batch_id), array_agg(DISTINCT ins.queue) FILTER (WHERE ins.state = 'pending')
+          INTO v_created, v_states, v_queues, v_kinds, v_batches, v_wake
+          FROM ins;
+    ELSE
+        WITH ins AS (
+            INSERT INTO jobs AS j (id, kind, queue, payload, meta, state, priority, run_at, max_attempts,
+                                   unique_key, unique_live_only, group_key, batch_id)
+            SELECT v_ids[r.n], r.kind, coalesce(r.queue, 'default'), coalesce(r.payload, '{}'),
+                   coalesce(r.meta, '{}'),
+                   CASE WHEN coalesce(waiting[r.n], false) THEN 'waiting'::job_state
+                        WHEN r.run_at > v_now THEN 'scheduled'
+                        ELSE 'pending' END,
+                   coalesce(r.priority::smallint, 0), coalesce(r.run_at, v_now), coalesce(r.max_attempts::int, 20),
+                   r.unique_key, coalesce(r.unique_live_only, false), r.group_key, batch
+              FROM ROWS FROM (jsonb_to_recordset(jobs)
+                       AS (kind text, queue text, payload jsonb, meta jsonb, run_at timestamptz, priority numeric,
+                           max_attempts numeric, unique_key text, unique_live_only boolean, group_key text))
+                   WITH ORDINALITY AS r(kind, queue, payload, meta, run_at, priority, max_attempts, unique_key,
+                                        unique_live_only, group_key, n)
+            RETURNING j.id, j.state, j.queue, j.kind, j.batch_id
+        )
+        SELECT array_agg(ins.id), array_agg(ins.state), array_agg(ins.queue), array_agg(ins.kind),
+               array_agg(ins.batch_id), array_agg(DISTINCT ins.queue) FILTER (WHERE ins.state = 'pending')
+          INTO v_created, v_states, v_queues, v_kinds, v_batches, v_wake
+          FROM ins;
+    END IF;
     PERFORM _wake(v_wake);
     PERFORM _notify_status_rows(v_created, v_states, v_queues, v_kinds,
                                 array_fill(0, ARRAY[coalesce(cardinality(v_created), 0)]), v_batches);
 
     IF v_created = v_ids THEN
-        -- Every spec made its job, in order (no unique key was held): the rows are known, nothing
-        -- to read back.
+        -- Every spec made its job, in the specs' order (no unique key was held): the rows are
+        -- known, nothing to read back. ROWS FROM walks the specs and the arrays in step.
         RETURN QUERY
-        SELECT r.n, r.ref, r.id, true, batch, r.state, r.queue, r.kind
-          FROM unnest(v_refs, v_created, v_states, v_queues, v_kinds)
-               WITH ORDINALITY AS r(ref, id, state, queue, kind, n);
+        SELECT r.n, r.spec ->> 'ref', r.id, true, batch, r.state, r.queue, r.kind
+          FROM ROWS FROM (jsonb_array_elements(jobs), unnest(v_created), unnest(v_states), unnest(v_queues),
+                          unnest(v_kinds))
+               WITH ORDINALITY AS r(spec, id, state, queue, kind, n);
         RETURN;
     END IF;
 
@@ -432,8 +468,11 @@ BEGIN
            SELECT 1 FROM jsonb_array_elements(jobs) WITH ORDINALITY AS s(spec, n)
              LEFT JOIN unnest(v_created) AS c(id) ON c.id = v_ids[s.n]
             WHERE c.id IS NULL
+              -- The unique index's own predicate, so the probe can use it (no scan of jobs).
               AND NOT EXISTS (SELECT 1 FROM jobs AS hj
-                               WHERE hj.kind = s.spec ->> 'kind' AND hj.unique_key = s.spec ->> 'unique_key')) THEN
+                               WHERE hj.kind = s.spec ->> 'kind' AND hj.unique_key = s.spec ->> 'unique_key'
+                                 AND (NOT hj.unique_live_only
+                                      OR hj.state IN ('waiting', 'scheduled', 'pending', 'active')))) THEN
         RAISE EXCEPTION USING ERRCODE = '40001',
             MESSAGE = 'a unique key conflicted with a job this transaction cannot see; retry the transaction';
     END IF;

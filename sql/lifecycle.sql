@@ -9,6 +9,12 @@
 -- statistics say few jobs are active (right after an ANALYZE of an idle queue): a cost that
 -- grows with every running job. Through text the partial index does not apply, so the plan
 -- stays on jobs_pkey.
+--
+-- Plans: the hot functions here run with plan_cache_mode = force_generic_plan (their statements'
+-- shapes are fixed by index order and keys, and planning each call cost more than running it).
+-- That setting would carry into the functions they call in other files (graph, fairness), so a call
+-- into those first restores the planner's default choice for the rest of the function
+-- (set_config(..., true) inside a function with a SET clause ends with the function).
 
 -- Retry delay after `attempt` failed: exponential (1 s, 2 s, 4 s ...) with +/-25 % jitter so a
 -- burst of failures does not come back as a burst, capped at one hour.
@@ -152,10 +158,12 @@ BEGIN
         'id', v_job.id, 'state', 'succeeded', 'queue', v_job.queue, 'kind', v_job.kind,
         'attempt', v_job.attempt, 'batch_id', v_job.batch_id)));
     IF continuations IS NOT NULL THEN
+        PERFORM set_config('plan_cache_mode', 'auto', true);  -- see the note at the top of this file
         PERFORM _add_continuations(v_job.id, continuations);
         v_job.has_dependents := true;
     END IF;
     IF v_job.batch_id IS NOT NULL OR v_job.has_dependents THEN
+        PERFORM set_config('plan_cache_mode', 'auto', true);  -- see the note at the top of this file
         PERFORM _propagate(ARRAY[v_job.id]);
     END IF;
     RETURN true;
@@ -204,6 +212,7 @@ BEGIN
     PERFORM _notify_status_rows(v_ids, array_fill('succeeded'::job_state, ARRAY[cardinality(v_ids)]), v_queues,
                                 v_kinds, v_attempt, v_batches);
     IF v_follow IS NOT NULL THEN
+        PERFORM set_config('plan_cache_mode', 'auto', true);  -- see the note at the top of this file
         PERFORM _propagate(v_follow);
     END IF;
     RETURN cardinality(v_ids);
@@ -278,6 +287,7 @@ BEGIN
         'id', v_job.id, 'state', v_job.state, 'queue', v_job.queue, 'kind', v_job.kind,
         'attempt', v_job.attempt, 'batch_id', v_job.batch_id)));
     IF v_job.state IN ('failed', 'cancelled') AND (v_job.batch_id IS NOT NULL OR v_job.has_dependents) THEN
+        PERFORM set_config('plan_cache_mode', 'auto', true);  -- see the note at the top of this file
         PERFORM _propagate(ARRAY[v_job.id]);
     END IF;
     RETURN v_job.state;
@@ -315,6 +325,7 @@ BEGIN
         'id', v_job.id, 'state', v_job.state, 'queue', v_job.queue, 'kind', v_job.kind,
         'attempt', v_job.attempt, 'batch_id', v_job.batch_id)));
     IF v_job.state = 'cancelled' AND (v_job.batch_id IS NOT NULL OR v_job.has_dependents) THEN
+        PERFORM set_config('plan_cache_mode', 'auto', true);  -- see the note at the top of this file
         PERFORM _propagate(ARRAY[v_job.id]);
     END IF;
     RETURN true;
@@ -344,6 +355,7 @@ BEGIN
         'id', v_job.id, 'state', 'cancelled', 'queue', v_job.queue, 'kind', v_job.kind,
         'attempt', v_job.attempt, 'batch_id', v_job.batch_id)));
     IF v_job.batch_id IS NOT NULL OR v_job.has_dependents THEN
+        PERFORM set_config('plan_cache_mode', 'auto', true);  -- see the note at the top of this file
         PERFORM _propagate(ARRAY[v_job.id]);
     END IF;
     RETURN true;

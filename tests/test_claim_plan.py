@@ -1,0 +1,222 @@
+"""The hot paths stay on their indexes with many jobs in the table, and the benchmark runs end to end.
+
+PL/pgSQL statements cannot be EXPLAINed from outside, so the plans are read from inside: auto_explain
+(``log_nested_statements``) hands every statement's plan, as JSON, to the client as a NOTICE. These are
+the plans the functions really run: generic plans (the hot functions set ``plan_cache_mode =
+force_generic_plan``), which cannot see how many jobs a LIMIT or an array holds, so a bad shape here is
+a full scan in production.
+
+Every test fills the table first and ANALYZEs it while no job is active: the statistics then say
+"no active job", the situation in which the planner once preferred reading the partial index of active
+jobs from end to end to a primary-key lookup.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+PENDING = 200_000
+DONE = 100_000
+
+
+def _fill(conn: psycopg.Connection[Any], pending: int = PENDING, done: int = DONE) -> None:
+    conn.execute(
+        "INSERT INTO pgjobs.jobs (kind, queue, payload, state, completed_at)"
+        " SELECT 'plan.k', 'plan', '{\"n\": 1}', 'succeeded', now() FROM generate_series(1, %s)",
+        (done,),
+    )
+    conn.execute(
+        "INSERT INTO pgjobs.jobs (kind, queue, payload) SELECT 'plan.k', 'plan', '{\"n\": 1}'"
+        " FROM generate_series(1, %s)",
+        (pending,),
+    )
+    conn.execute("ANALYZE pgjobs.jobs")
+
+
+class Plans:
+    """Collects the JSON plans auto_explain sends as NOTICEs on one connection."""
+
+    def __init__(self, conn: psycopg.Connection[Any]) -> None:
+        self.conn = conn
+        self.plans: list[dict[str, Any]] = []
+        try:
+            conn.execute("LOAD 'auto_explain'")
+        except psycopg.Error as exc:
+            pytest.skip(f"auto_explain cannot be loaded here: {exc}")
+        for setting, value in (
+            ("auto_explain.log_min_duration", "0"),
+            ("auto_explain.log_nested_statements", "on"),
+            ("auto_explain.log_format", "json"),
+            ("auto_explain.log_level", "notice"),
+            ("client_min_messages", "notice"),
+        ):
+            conn.execute(f"SET {setting} = {value}")
+        conn.add_notice_handler(self._on_notice)
+
+    def _on_notice(self, diag: psycopg.errors.Diagnostic) -> None:
+        text = diag.message_primary or ""
+        if "plan:" not in text:
+            return
+        doc = json.loads(text.split("plan:", 1)[1])
+        self.plans.append(doc)
+
+    def clear(self) -> None:
+        self.plans.clear()
+
+    def statements(self) -> Iterator[tuple[str, dict[str, Any]]]:
+        for p in self.plans:
+            yield " ".join(p["Query Text"].split()), p["Plan"]
+
+
+def _nodes(plan: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    yield plan
+    for child in plan.get("Plans", []):
+        yield from _nodes(child)
+
+
+def _assert_indexed(plans: Plans) -> set[str]:
+    """No sequential scan of jobs, and no index of jobs read without an index condition (a full
+    index scan filtered row by row). Returns the names of the jobs indexes used."""
+    used: set[str] = set()
+    for query, plan in plans.statements():
+        for node in _nodes(plan):
+            if node.get("Relation Name") != "jobs":
+                continue
+            kind = node["Node Type"]
+            assert kind != "Seq Scan", f"sequential scan of jobs in: {query[:300]}"
+            if kind in ("Index Scan", "Index Only Scan"):
+                used.add(node["Index Name"])
+                assert node.get("Index Cond"), (
+                    f"{node['Index Name']} read without an index condition (a full index scan) in: {query[:300]}"
+                )
+        for node in _nodes(plan):
+            if node["Node Type"] == "Bitmap Index Scan" and str(node.get("Index Name", "")).startswith("jobs"):
+                used.add(node["Index Name"])
+                assert node.get("Index Cond"), f"{node['Index Name']} without an index condition in: {query[:300]}"
+    return used
+
+
+@pytest.fixture
+def plans(conn: psycopg.Connection[Any]) -> Plans:
+    _fill(conn)
+    return Plans(conn)
+
+
+@pytest.mark.smoke
+def test_claim_and_complete_stay_on_their_indexes(conn: psycopg.Connection[Any], plans: Plans) -> None:
+    for _ in range(3):  # generic plans from the first call on; three rounds to be sure
+        rows = conn.execute("SELECT id, lease_token FROM pgjobs.claim('w', '{plan}', 100)").fetchall()
+        assert len(rows) == 100
+        n = conn.execute(
+            "SELECT pgjobs.complete_many(%s::bigint[], %s::uuid[])", ([r[0] for r in rows], [r[1] for r in rows])
+        ).fetchone()
+        assert n == (100,)
+        one = conn.execute("SELECT id, lease_token FROM pgjobs.claim('w', '{plan}', 1)").fetchone()
+        assert one is not None
+        assert conn.execute("SELECT pgjobs.complete(%s, %s)", one).fetchone() == (True,)
+    used = _assert_indexed(plans)
+    assert "jobs_pending_idx" in used  # the claim reads pending jobs in claim order from their index
+    assert "jobs_pkey" in used  # leases and completions find their rows by key
+
+
+def test_claim_plans_with_many_jobs_running(conn: psycopg.Connection[Any], plans: Plans) -> None:
+    # Thousands of running jobs the statistics know nothing of: every lease-token call must still
+    # go by primary key, and the expired-lease probe by its index range.
+    running = conn.execute("SELECT id, lease_token FROM pgjobs.claim('w', '{plan}', 5000)").fetchall()
+    assert len(running) == 5000
+    plans.clear()
+    rows = conn.execute("SELECT id, lease_token FROM pgjobs.claim('w', '{plan}', 100)").fetchall()
+    conn.execute("SELECT pgjobs.renew_leases(%s::bigint[], %s::uuid[])", ([r[0] for r in rows], [r[1] for r in rows]))
+    conn.execute("SELECT pgjobs.complete_many(%s::bigint[], %s::uuid[])", ([r[0] for r in rows], [r[1] for r in rows]))
+    job, token = running[0]
+    conn.execute("SELECT pgjobs.renew_lease(%s, %s)", (job, token))
+    conn.execute("SELECT pgjobs.checkpoint(%s, %s, '{\"at\": 1}')", (job, token))
+    conn.execute("SELECT pgjobs.fail(%s, %s, 'boom')", (job, token))
+    job, token = running[1]
+    conn.execute("SELECT pgjobs.release(%s, %s)", (job, token))
+    job, token = running[2]
+    conn.execute("SELECT pgjobs.complete(%s, %s)", (job, token))
+    used = _assert_indexed(plans)
+    assert "jobs_pkey" in used
+
+
+def test_enqueue_paths_stay_on_their_indexes(conn: psycopg.Connection[Any], plans: Plans) -> None:
+    for i in range(3):
+        conn.execute("SELECT * FROM pgjobs.enqueue('plan.k', '{}', 'plan')")
+        conn.execute("SELECT * FROM pgjobs.enqueue('plan.k', '{}', 'plan', unique_key => %s)", (f"u{i}",))
+        conn.execute("SELECT * FROM pgjobs.enqueue('plan.k', '{}', 'plan', unique_key => %s)", (f"u{i}",))
+        specs = [{"kind": "plan.k", "queue": "plan", "payload": {"n": j}} for j in range(50)]
+        conn.execute("SELECT count(*) FROM pgjobs.enqueue_many(%s::jsonb)", (json.dumps(specs),))
+        keyed = [{"kind": "plan.k", "queue": "plan", "unique_key": f"m{i}-{j % 5}"} for j in range(20)]
+        conn.execute("SELECT count(*) FROM pgjobs.enqueue_many(%s::jsonb)", (json.dumps(keyed),))
+    # A bounded queue counts its live jobs on every enqueue: on the live states' indexes, never by
+    # reading the (mostly finished, mostly other queues') table.
+    conn.execute("SELECT pgjobs.configure_queue('capped', max_length => 100)")
+    for _ in range(3):
+        conn.execute("SELECT * FROM pgjobs.enqueue('plan.k', '{}', 'capped')")
+        conn.execute(
+            "SELECT count(*) FROM pgjobs.enqueue_many(%s::jsonb)",
+            (json.dumps([{"kind": "plan.k", "queue": "capped"}] * 3),),
+        )
+    _assert_indexed(plans)
+
+
+def test_claim_time_does_not_grow_with_the_queue(conn: psycopg.Connection[Any]) -> None:
+    """Not a timing: the work of one claim, in buffers touched, is the same at 20k and 200k pending."""
+
+    def buffers_per_claim() -> int:
+        plans = Plans(conn)
+        conn.execute("SET auto_explain.log_analyze = on")
+        conn.execute("SET auto_explain.log_buffers = on")
+        conn.execute("SET auto_explain.log_timing = off")
+        touched = []
+        for _ in range(5):
+            plans.clear()
+            row = conn.execute("SELECT id, lease_token FROM pgjobs.claim('w', '{plan}', 10)").fetchall()
+            conn.execute(
+                "SELECT pgjobs.complete_many(%s::bigint[], %s::uuid[])", ([r[0] for r in row], [r[1] for r in row])
+            )
+            for query, plan in plans.statements():
+                if query.startswith("WITH cand AS"):
+                    touched.append(plan.get("Shared Hit Blocks", 0) + plan.get("Shared Read Blocks", 0))
+        conn.execute("RESET ALL")
+        conn.remove_notice_handler(plans._on_notice)
+        assert touched, "the claim statement was not seen"
+        return min(touched)
+
+    _fill(conn, pending=20_000, done=0)
+    small = buffers_per_claim()
+    conn.execute("TRUNCATE pgjobs.jobs CASCADE")
+    _fill(conn, pending=PENDING, done=0)
+    large = buffers_per_claim()
+    # Ten times the queue costs at most one more level in each B-tree descent (one per index lookup
+    # and insertion of the claimed rows), nowhere near ten times the work.
+    assert large <= small * 1.5, (small, large)
+
+
+@pytest.mark.slow
+def test_bench_quick_runs_end_to_end(pg_server_dsn: str, tmp_path: Path) -> None:
+    from bench.__main__ import main
+
+    out = tmp_path / "bench.json"
+    assert main(["--quick", "--only", "core", "--dsn", pg_server_dsn, "--json", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    (core,) = doc["suites"]
+    assert not core.get("error"), core.get("error")
+    names = {f["name"] for f in core["figures"]}
+    assert {"enqueue, one per commit", "enqueue_many, batches of 1,000"} <= names
+    for f in core["figures"]:
+        assert isinstance(f["value"], int | float) and f["value"] > 0, f
+        if f.get("baseline") is not None:
+            assert f["ratio"] == pytest.approx(f["value"] / f["baseline"])
+    # the suite ran in a database of its own, which is gone again
+    assert str(core["database"]).startswith("bench_core_")
+    with psycopg.connect(pg_server_dsn, autocommit=True) as admin:
+        left = admin.execute("SELECT 1 FROM pg_database WHERE datname = %s", (core["database"],)).fetchall()
+    assert left == []

@@ -161,7 +161,8 @@ class _ContextBase:
         self.batch_id = batch_id
         self._meta = meta  # the job's meta JSON, parsed on first read
         self.cancelled = cancelled
-        self.parent_results: Any = None  # filled by the workflow layer when it lands
+        # {parent job id: its result} for kinds registered with parent_results=True; None otherwise
+        self.parent_results: dict[int, Any] | None = None
 
     @property
     def meta(self) -> dict[str, Any]:
@@ -232,6 +233,7 @@ class JobHandler:
     max_attempts: int | None = None
     retry: RetryPolicy | None = None
     is_async: bool = True
+    parent_results: bool = False
 
     def retry_at(self, attempt: int, now: datetime | None = None) -> datetime | None:
         """When the handler's own ``retry`` policy wants attempt ``attempt`` retried (None: the SQL backoff)."""
@@ -279,6 +281,7 @@ class App:
         timeout: float | timedelta | None = None,
         max_attempts: int | None = None,
         retry: RetryPolicy | None = None,
+        parent_results: bool = False,
     ) -> Callable[[F], F]:
         """Registers the decorated function as the handler of ``kind``.
 
@@ -286,6 +289,8 @@ class App:
         worker runs the kind from any queue it serves. ``timeout`` (seconds) bounds one attempt: the handler
         is cancelled and the job fails with ``TimeoutError``. ``retry``: ``None`` (the SQL backoff), a list of
         delays in seconds by attempt (the last repeats), or ``f(attempt) -> seconds | timedelta | datetime``.
+        ``parent_results=True``: the worker fills ``ctx.parent_results`` ({parent job id: result}, batch parents
+        meaning every member) before the handler starts, one round trip per claim that took such jobs.
         """
         if not kind:
             raise ValueError("kind must be a non-empty string")
@@ -308,6 +313,7 @@ class App:
                 max_attempts=max_attempts,
                 retry=retry,
                 is_async=_is_async(func),
+                parent_results=parent_results,
             )
             return func
 

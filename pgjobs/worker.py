@@ -77,6 +77,7 @@ _COMPLETE_RESULTS_SQL: LiteralString = (
     " results => ARRAY(SELECT nullif(r.e, 'null'::jsonb) FROM jsonb_array_elements(%s::jsonb)"
     " WITH ORDINALITY AS r(e, n) ORDER BY r.n))"
 )
+_PARENTS_SQL: LiteralString = "SELECT id, results::text FROM pgjobs.parent_results_many(ids => %s::bigint[])"
 _RENEW_SQL: LiteralString = (
     "SELECT id, cancel_requested FROM pgjobs.renew_leases(ids => %s::bigint[], lease_tokens => %s::uuid[],"
     " lease => %s::interval)"
@@ -105,6 +106,7 @@ class _Job:
         "kind",
         "max_attempts",
         "meta",
+        "parents",
         "payload",
         "phase",
         "queue",
@@ -122,6 +124,7 @@ class _Job:
         self.scope: anyio.CancelScope | None = None
         self.stop_reason: str | None = None  # why the worker cancelled the handler: timeout/lease/shutdown
         self.ctx: JobContext | SyncJobContext | None = None
+        self.parents: str | None = None  # the parents' results (JSON text), for kinds that asked
 
     def interrupt(self, reason: str) -> None:
         """Cancels the running handler (first reason wins) and tells it through ctx.cancelled."""
@@ -253,6 +256,7 @@ class Worker:
         self._limiter: anyio.CapacityLimiter | None = None
         self._lease_td = timedelta(seconds=self.lease)
         self._limits_cache: dict[int, str] = {}
+        self._wants_parents = False  # any handler with parent_results=True (set when run() starts)
         self.listener: Listener | None = None
         self.started = threading.Event()  # set once the worker claims (tests, CLI)
         self.claimed = self.completed = self.failed = self.released = self.cancelled = self.lost = 0
@@ -325,6 +329,7 @@ class Worker:
         if self._stopping:
             self._stop_event.set()
         self._limiter = anyio.CapacityLimiter(max(1, sum(self.queues.values())))
+        self._wants_parents = any(h.parent_results for h in self.app.handlers.values())
         pool: AsyncConnectionPool[Any] = AsyncConnectionPool(
             self.dsn,
             min_size=1,
@@ -504,13 +509,31 @@ class Worker:
                     q.more = True
                     q.poke("wake")  # a sibling claimer may take more meanwhile
                 if rows:
-                    self._dispatch(q, rows)
+                    parents = None
+                    if self._wants_parents and any(
+                        (h := handlers.get(r[1])) is not None and h.parent_results for r in rows
+                    ):
+                        parents = await self._parent_results(cur, rows)
+                    self._dispatch(q, rows, parents)
         finally:
             if conn is not None:
                 with anyio.CancelScope(shield=True):
                     await conn.close()
 
-    def _dispatch(self, q: _Queue, rows: list[tuple[Any, ...]]) -> None:
+    async def _parent_results(self, cur: psycopg.AsyncCursor[Any], rows: list[tuple[Any, ...]]) -> dict[int, str]:
+        """{job id: its parents' results as JSON text} for the claimed jobs whose kind asked for them.
+        On the claim connection, right after the claim: a connection error here loses nothing (the jobs run
+        with ctx.parent_results = None rather than wait)."""
+        handlers = self.app.handlers
+        ids = [r[0] for r in rows if (h := handlers.get(r[1])) is not None and h.parent_results]
+        try:
+            await cur.execute(_PARENTS_SQL, ("{" + ",".join(map(str, ids)) + "}",), prepare=True)
+            return {r[0]: r[1] for r in await cur.fetchall()}
+        except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
+            log.warning("parent_results of %d claimed job(s) failed: %s", len(ids), exc)
+            return {}
+
+    def _dispatch(self, q: _Queue, rows: list[tuple[Any, ...]], parents: dict[int, str] | None = None) -> None:
         handlers = self.app.handlers
         jobs = self._jobs
         ready = q.ready
@@ -526,6 +549,8 @@ class Worker:
                 ready.append(bogus)
                 n += 1
                 continue
+            if job.handler.parent_results:
+                job.parents = parents.get(job.id, "{}") if parents is not None else None
             jobs[job.id] = job
             ready.append(job)
             n += 1
@@ -576,6 +601,8 @@ class Worker:
             ctx = ctx_cls(self, job.id, job.kind, q.name, job.attempt, job.max_attempts, job.token, checkpoint,
                           job.batch_id, job.meta, flag)  # fmt: skip
             job.ctx = ctx
+            if job.parents is not None:
+                ctx.parent_results = {int(k): v for k, v in json.loads(job.parents).items()}
             if job.stop_reason == "cancel requested":  # the cancel arrived before the slot picked it up
                 flag.set("cancel requested")
             error: BaseException | None = None

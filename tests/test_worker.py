@@ -616,3 +616,37 @@ def test_add_to_batch_from_a_handler(dsn: str, conn: psycopg.Connection[Any]) ->
     run_worker(app, dsn, body)
     state = conn.execute("SELECT state::text, total FROM pgjobs.batches WHERE id = %s", [batch]).fetchone()
     assert state == ("succeeded", 2)
+
+
+def test_parent_results_filled_for_kinds_that_ask(dsn: str) -> None:
+    app = App()
+    seen: dict[str, Any] = {}
+
+    @app.job("part")
+    async def part(payload: dict[str, int], ctx: pgjobs.JobContext) -> dict[str, int]:
+        seen.setdefault("part", ctx.parent_results)
+        return {"n": payload["n"]}
+
+    @app.job("total", parent_results=True)
+    async def total(payload: Any, ctx: pgjobs.JobContext) -> int:
+        seen["total"] = ctx.parent_results
+        return sum(r["n"] for r in (ctx.parent_results or {}).values())
+
+    @app.job("lonely", parent_results=True)
+    def lonely(payload: Any, ctx: pgjobs.SyncJobContext) -> None:
+        seen["lonely"] = ctx.parent_results
+
+    async def body(worker: Worker, client: AsyncClient) -> None:
+        async with client.graph() as g:
+            parts = [g.enqueue("part", {"n": n}) for n in (1, 2, 3)]
+            tot = g.enqueue("total", {}, after=parts)
+        lone = await client.enqueue("lonely", {})
+        assert tot.id is not None
+        st = await wait_state(client, tot.id, JobState.SUCCEEDED)
+        assert st.result == 6
+        await wait_state(client, lone.id, JobState.SUCCEEDED)
+        assert seen["total"] == {p.id: {"n": n} for p, n in zip(parts, (1, 2, 3), strict=True)}
+
+    run_worker(app, dsn, body)
+    assert seen["part"] is None  # not asked for: no extra round trip
+    assert seen["lonely"] == {}

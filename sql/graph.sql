@@ -509,7 +509,8 @@ $$;
 -- Set-based per round: one UPDATE of batches, one of edges, one of children, however many
 -- jobs settled. Rows are locked in id order (batches, then children) so concurrent settlers
 -- queue on each other instead of deadlocking.
--- enable_seqscan = off: every statement here starts from arrays of ids and must probe indexes.
+-- Generic plans (planning these statements anew on every call cost as much as running them),
+-- and enable_seqscan = off: every statement here starts from arrays of ids and must probe indexes.
 -- A freshly filled edges table has no statistics yet (autovacuum analyzes it later), and the
 -- planner's default guess (0.5 % of rows per parent id) then prefers a scan of every edge per
 -- call, which made settling a 10,000-job fan-in 3x slower than it should be.
@@ -518,6 +519,7 @@ RETURNS void
 LANGUAGE plpgsql
 SET search_path = pgjobs, pg_catalog
 SET enable_seqscan = off
+SET plan_cache_mode = force_generic_plan
 AS $$
 DECLARE
     v_jobs    bigint[] := ids;

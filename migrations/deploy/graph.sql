@@ -17,7 +17,9 @@ CREATE INDEX continuation_holds_sibling_idx ON pgjobs.continuation_holds (siblin
 -- cannot serve `child_id = $1` alone, so without this every deleted job (purge) scans edges.
 CREATE INDEX edges_child_idx ON pgjobs.edges (child_id);
 
--- Propagation sets edges.satisfied once per edge; room on the page keeps that update HOT.
-ALTER TABLE pgjobs.edges SET (fillfactor = 80);
+-- Propagation sets edges.satisfied once per edge. Edges are small and a fan-in's edges sit
+-- together on few pages, so only half-full pages keep every one of those updates HOT (measured on
+-- a 6,000-edge fan-in: 38 % HOT at fillfactor 80, 100 % at 50).
+ALTER TABLE pgjobs.edges SET (fillfactor = 50);
 
 COMMIT;

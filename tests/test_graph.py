@@ -400,6 +400,7 @@ def test_a_child_cancelled_by_a_person_is_not_revived(conn: Conn) -> None:
     assert state(conn, ids["c"]) == "cancelled"
 
 
+@pytest.mark.smoke
 @pytest.mark.timeout(180)
 def test_two_hundred_parents_from_eight_connections_release_the_child_exactly_once(
     connect: ConnectFactory, dsn: str

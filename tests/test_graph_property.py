@@ -114,6 +114,7 @@ def check_invariants(conn: Conn, nodes: dict[str, Node], batch_id: int | None) -
         assert (status["state"] == "executing") == (status["pending"] > 0)
 
 
+@pytest.mark.smoke
 @pytest.mark.timeout(600)
 @settings(
     max_examples=40,

@@ -98,8 +98,9 @@ AS $$
 #variable_conflict use_column
 DECLARE
     v_state job_state;
+    v_batch bigint;
 BEGIN
-    SELECT j.state INTO v_state FROM jobs AS j WHERE j.id = delete.id FOR UPDATE;
+    SELECT j.state, j.batch_id INTO v_state, v_batch FROM jobs AS j WHERE j.id = delete.id FOR UPDATE;
     IF NOT FOUND THEN
         PERFORM _not_found('job', delete.id);
     END IF;
@@ -108,6 +109,15 @@ BEGIN
             MESSAGE = format('job %s is %s; only terminal jobs can be deleted (cancel it first)', delete.id, v_state);
     END IF;
     DELETE FROM jobs AS j WHERE j.id = delete.id;
+    IF v_batch IS NOT NULL THEN
+        -- A batch's counters must keep equalling a recount of its members.
+        UPDATE batches AS b
+           SET total = b.total - 1,
+               succeeded = b.succeeded - (v_state = 'succeeded')::int,
+               failed = b.failed - (v_state = 'failed')::int,
+               cancelled = b.cancelled - (v_state = 'cancelled')::int
+         WHERE b.id = v_batch;
+    END IF;
     RETURN true;
 END;
 $$;

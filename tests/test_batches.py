@@ -479,3 +479,16 @@ def test_cancel_batch_racing_completions_keeps_counters_exact(connect: ConnectFa
     )
     status = batch(setup, batch_id)
     assert status["state"] == "cancelled" and counters(status) == recount(setup, batch_id)
+
+
+def test_deleting_a_finished_member_keeps_counters_equal_to_a_recount(conn: Conn) -> None:
+    batch_id, ids = make_batch(conn, ["a", "b", "c"])
+    succeed(conn, ids["a"])
+    fail_token = take(conn, ids["b"])
+    one(conn, "SELECT pgjobs.dead_letter(%s, %s, 'boom')", (ids["b"], fail_token))
+    assert one(conn, "SELECT pgjobs.delete(%s)", (ids["a"],)) is True
+    assert counters(batch(conn, batch_id)) == recount(conn, batch_id)
+    assert one(conn, "SELECT pgjobs.delete(%s)", (ids["b"],)) is True
+    assert counters(batch(conn, batch_id)) == recount(conn, batch_id) == {
+        "total": 1, "pending": 1, "succeeded": 0, "failed": 0, "cancelled": 0,
+    }  # fmt: skip

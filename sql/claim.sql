@@ -116,6 +116,81 @@ BEGIN
     -- requested, are settled here instead of being handed out again.
     PERFORM _settle_expired(coalesce(v_plain, '{}') || coalesce(v_controlled, '{}'));
 
+    IF v_controlled IS NULL AND v_limits IS NULL THEN
+        -- The usual call (plain queues, any kind): one statement leases the jobs, sends their
+        -- status events, starts their batches and returns them, with no array of rows in
+        -- between. The same statement as _claim_plain's for any kind; keep the two in step.
+        RETURN QUERY
+        WITH cand AS (
+            SELECT p.id, p.priority, p.run_at
+              FROM unnest(v_plain) AS q(name)
+             CROSS JOIN LATERAL (
+                   SELECT j.id, j.priority, j.run_at FROM jobs AS j
+                    WHERE j.state = 'pending' AND j.queue = q.name
+                    ORDER BY j.priority, j.run_at, j.id
+                    LIMIT max_jobs
+                      FOR UPDATE SKIP LOCKED) AS p
+            UNION ALL
+            SELECT s.id, s.priority, s.run_at
+              FROM unnest(v_plain) AS q(name)
+             CROSS JOIN LATERAL (
+                   SELECT j.id, j.priority, j.run_at FROM jobs AS j
+                    WHERE j.state = 'scheduled' AND j.queue = q.name AND j.run_at <= now()
+                    ORDER BY j.priority, j.run_at, j.id
+                    LIMIT max_jobs
+                      FOR UPDATE SKIP LOCKED) AS s
+            UNION ALL
+            SELECT e.id, e.priority, e.run_at
+              FROM unnest(v_plain) AS q(name)
+             CROSS JOIN LATERAL (
+                   SELECT j.id, j.priority, j.run_at FROM jobs AS j
+                    WHERE j.state = 'active' AND j.queue = q.name AND j.lease_expires_at < now()
+                      AND j.attempt < j.max_attempts AND NOT j.cancel_requested
+                    ORDER BY j.priority, j.run_at, j.id
+                    LIMIT max_jobs
+                      FOR UPDATE SKIP LOCKED) AS e
+        ), picked AS (
+            SELECT c.id FROM cand AS c
+             ORDER BY c.priority, c.run_at, c.id
+             LIMIT max_jobs
+        ), upd AS (
+            UPDATE jobs AS j
+               SET state = 'active',
+                   attempt = j.attempt + 1,
+                   lease_token = gen_random_uuid(),
+                   leased_by = worker,
+                   lease_expires_at = now() + lease,
+                   first_started_at = coalesce(j.first_started_at, now()),
+                   -- A reclaim records why the previous attempt ended.
+                   errors = CASE WHEN j.state = 'active'
+                                 THEN j.errors || jsonb_build_array(jsonb_build_object(
+                                          'attempt', j.attempt, 'at', now(), 'worker', j.leased_by,
+                                          'error', 'lease expired'))
+                                 ELSE j.errors END,
+                   last_error = CASE WHEN j.state = 'active' THEN 'lease expired' ELSE j.last_error END
+             -- By key, from the picked ids: a plan that joins instead may read the whole primary
+             -- key (a generic plan cannot know that LIMIT max_jobs is small).
+             WHERE j.id = ANY (ARRAY(SELECT picked.id FROM picked))
+            RETURNING j.id, j.kind, j.queue, j.payload, j.meta, j.attempt, j.max_attempts, j.lease_token,
+                      j.lease_expires_at, j.checkpoint, j.group_key, j.batch_id, j.first_started_at,
+                      j.priority, j.run_at
+        ), done AS MATERIALIZED (
+            -- Runs once, after the update (it reads all of upd): the events, and the start of any
+            -- batch whose first member this is.
+            SELECT _notify_status_rows(array_agg(u.id), array_agg('active'::job_state), array_agg(u.queue),
+                                       array_agg(u.kind), array_agg(u.attempt), array_agg(u.batch_id)) AS sent,
+                   CASE WHEN bool_or(u.batch_id IS NOT NULL)
+                        THEN _start_batches(array_agg(u.batch_id) FILTER (WHERE u.batch_id IS NOT NULL)) END AS started
+              FROM upd AS u
+        )
+        SELECT u.id, u.kind, u.queue, u.payload, u.meta, u.attempt, u.max_attempts, u.lease_token,
+               u.lease_expires_at, u.checkpoint, u.group_key, u.batch_id, u.first_started_at
+          FROM upd AS u
+         CROSS JOIN done
+         ORDER BY u.priority, u.run_at, u.id;
+        RETURN;
+    END IF;
+
     IF v_plain IS NOT NULL THEN
         v_rows := _claim_plain(worker, v_plain, max_jobs, lease, v_limits);
     END IF;
@@ -141,12 +216,23 @@ BEGIN
        FROM unnest(v_rows) AS r;
     SELECT bool_or(r.batch_id IS NOT NULL) INTO v_batched FROM unnest(v_rows) AS r;
     IF v_batched THEN
-        -- A batch starts when its first member is claimed.
-        UPDATE batches AS b SET started_at = now()
-         WHERE b.id IN (SELECT DISTINCT r.batch_id FROM unnest(v_rows) AS r WHERE r.batch_id IS NOT NULL)
-           AND b.started_at IS NULL;
+        PERFORM _start_batches(ARRAY(SELECT r.batch_id FROM unnest(v_rows) AS r WHERE r.batch_id IS NOT NULL));
     END IF;
     RETURN QUERY SELECT * FROM unnest(v_rows);
+END;
+$$;
+
+-- A batch starts when its first member is claimed.
+CREATE OR REPLACE FUNCTION pgjobs._start_batches(ids bigint[])
+RETURNS boolean
+LANGUAGE plpgsql
+SET search_path = pgjobs, pg_catalog
+SET plan_cache_mode = force_generic_plan
+AS $$
+BEGIN
+    UPDATE batches AS b SET started_at = now()
+     WHERE b.id = ANY (_start_batches.ids) AND b.started_at IS NULL;
+    RETURN FOUND;
 END;
 $$;
 

@@ -108,6 +108,7 @@ class Listener:
             keepalives_idle=10,
             keepalives_interval=5,
             keepalives_count=3,
+            options="-c jit=off",  # the stream's re-reads are small; compiling their plans is not
         )
         try:
             for channel in self.channels:

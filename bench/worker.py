@@ -174,7 +174,7 @@ def wake_latency(dsn: str, samples: int = 200) -> list[float]:
 def run(dsn: str, quick: bool = False) -> dict[str, Any]:
     n50 = 10_000 if quick else 50_000
     n10 = 5_000 if quick else 20_000
-    rounds = 1 if quick else 3
+    rounds = 1 if quick else 5
     configs = [
         ("1 process, concurrency 10, status events all", 1, 10, "all", n10),
         ("1 process, concurrency 50, status events all", 1, 50, "all", n50),

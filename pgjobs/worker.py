@@ -816,6 +816,11 @@ class Worker:
                         if conn is not None:
                             await conn.close()
                             conn = None
+                        if self._stopping and failures >= 5:
+                            # A stopping worker does not wait forever for the database: these jobs stay leased
+                            # and run again elsewhere once their leases expire (at least once, not lost).
+                            log.error("giving up on completing %d job(s) while stopping: %s", len(batch), exc)
+                            break
                         await anyio.sleep(delay)
                     except psycopg.Error as exc:
                         raise translate(exc) from exc

@@ -124,3 +124,21 @@ def test_terminated_listen_connection_reconnects_and_keeps_processing(
     time.sleep(0.2)  # the worker is idle again, asleep until a notification
     second = enqueue(conn, "noop")
     wait_for(lambda: job_row(conn, second)[0] == "succeeded", timeout=20, what="the job after the reconnect")
+
+
+def test_every_connection_terminated_the_worker_recovers(
+    conn: psycopg.Connection[Any], start_worker: StartWorker
+) -> None:
+    """All of the worker's sessions killed at once (as when the server restarts): it reconnects each one
+    (claim, completion, LISTEN, pool) and goes on."""
+    proc = start_worker(name="phoenix", poll_interval=1.0)
+    first = enqueue(conn, "noop")
+    wait_for(lambda: job_row(conn, first)[0] == "succeeded", what="the first job")
+    killed = conn.execute(
+        "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity"
+        " WHERE application_name LIKE '%%:phoenix' AND datname = current_database()"
+    ).fetchone()
+    assert killed is not None and killed[0] >= 3
+    later = [enqueue(conn, "noop") for _ in range(20)]
+    wait_for(lambda: all(job_row(conn, j)[0] == "succeeded" for j in later), timeout=30, what="jobs after the kill")
+    assert proc.poll() is None

@@ -192,8 +192,8 @@ BEGIN
         RETURN QUERY SELECT * FROM _enqueue_graph(enqueue_many.jobs, coalesce(enqueue_many.as_batch, false), NULL);
         RETURN;
     END IF;
-    RETURN QUERY SELECT r.ref, r.id, r.created, r.batch_id
-                   FROM _insert_specs(enqueue_many.jobs, NULL, NULL) AS r ORDER BY r.n;
+    -- _insert_specs returns its rows in the specs' order (no sort needed here).
+    RETURN QUERY SELECT r.ref, r.id, r.created, r.batch_id FROM _insert_specs(enqueue_many.jobs, NULL, NULL) AS r;
 END;
 $$;
 
@@ -345,6 +345,9 @@ DECLARE
     v_kinds   text[];
     v_batches bigint[];
     v_wake    text[];
+    v_quiet   text[];
+    v_events  text[];
+    v_longest int;
     v_bounded record;
 BEGIN
     IF v_count = 0 THEN
@@ -378,6 +381,10 @@ BEGIN
         END LOOP;
     END IF;
 
+    -- Queues whose status_events is not 'all' hear nothing of a new (never terminal) job. Usually
+    -- none: one read of the small queues table, then the events are built in the insert itself.
+    v_quiet := ARRAY(SELECT q.queue FROM queues AS q WHERE q.status_events <> 'all');
+
     -- jsonb_to_recordset reads every key of a spec in one pass (a ->> per column costs a
     -- lookup each). Numbers go through numeric: JSON 5.0 is a valid integer (_check_specs),
     -- '5.0'::smallint is not. Without any unique key no row can conflict, and the insert skips
@@ -403,11 +410,17 @@ BEGIN
                 WHERE unique_key IS NOT NULL
                   AND (NOT unique_live_only OR state IN ('waiting', 'scheduled', 'pending', 'active'))
                 DO NOTHING
-            RETURNING j.id, j.state, j.queue, j.kind, j.batch_id
+            RETURNING j.id, j.state, j.queue, j.kind, j.batch_id,
+                      -- The job's status event, as _status_event words it (attempt 0).
+                      '{"id": ' || j.id || ', "kind": ' || to_json(j.kind)::text || ', "queue": '
+                      || to_json(j.queue)::text || ', "state": "' || j.state::text || '", "attempt": 0, "batch_id": '
+                      || coalesce(j.batch_id::text, 'null') || '}' AS event
         )
         SELECT array_agg(ins.id), array_agg(ins.state), array_agg(ins.queue), array_agg(ins.kind),
-               array_agg(ins.batch_id), array_agg(DISTINCT ins.queue) FILTER (WHERE ins.state = 'pending')
-          INTO v_created, v_states, v_queues, v_kinds, v_batches, v_wake
+               array_agg(ins.batch_id), array_agg(DISTINCT ins.queue) FILTER (WHERE ins.state = 'pending'),
+               array_agg(ins.event) FILTER (WHERE ins.queue <> ALL (v_quiet)),
+               max(octet_length(ins.event)) FILTER (WHERE ins.queue <> ALL (v_quiet))
+          INTO v_created, v_states, v_queues, v_kinds, v_batches, v_wake, v_events, v_longest
           FROM ins;
     ELSE
         WITH ins AS (
@@ -425,16 +438,27 @@ BEGIN
                            max_attempts numeric, unique_key text, unique_live_only boolean, group_key text))
                    WITH ORDINALITY AS r(kind, queue, payload, meta, run_at, priority, max_attempts, unique_key,
                                         unique_live_only, group_key, n)
-            RETURNING j.id, j.state, j.queue, j.kind, j.batch_id
+            RETURNING j.id, j.state, j.queue, j.kind, j.batch_id,
+                      -- The job's status event, as _status_event words it (attempt 0).
+                      '{"id": ' || j.id || ', "kind": ' || to_json(j.kind)::text || ', "queue": '
+                      || to_json(j.queue)::text || ', "state": "' || j.state::text || '", "attempt": 0, "batch_id": '
+                      || coalesce(j.batch_id::text, 'null') || '}' AS event
         )
         SELECT array_agg(ins.id), array_agg(ins.state), array_agg(ins.queue), array_agg(ins.kind),
-               array_agg(ins.batch_id), array_agg(DISTINCT ins.queue) FILTER (WHERE ins.state = 'pending')
-          INTO v_created, v_states, v_queues, v_kinds, v_batches, v_wake
+               array_agg(ins.batch_id), array_agg(DISTINCT ins.queue) FILTER (WHERE ins.state = 'pending'),
+               array_agg(ins.event) FILTER (WHERE ins.queue <> ALL (v_quiet)),
+               max(octet_length(ins.event)) FILTER (WHERE ins.queue <> ALL (v_quiet))
+          INTO v_created, v_states, v_queues, v_kinds, v_batches, v_wake, v_events, v_longest
           FROM ins;
     END IF;
     PERFORM _wake(v_wake);
-    PERFORM _notify_status_rows(v_created, v_states, v_queues, v_kinds,
-                                array_fill(0, ARRAY[coalesce(cardinality(v_created), 0)]), v_batches);
+    IF v_longest > 1000 THEN
+        -- Some event names an outsized kind or queue (rare): the general path cuts the names.
+        PERFORM _notify_status_rows(v_created, v_states, v_queues, v_kinds,
+                                    array_fill(0, ARRAY[coalesce(cardinality(v_created), 0)]), v_batches);
+    ELSE
+        PERFORM _notify_status_texts(v_events, v_longest);
+    END IF;
 
     IF v_created = v_ids THEN
         -- Every spec made its job, in the specs' order (no unique key was held): the rows are
@@ -463,7 +487,8 @@ BEGIN
              WHERE c.id IS NULL
                AND hj.kind = s.spec ->> 'kind' AND hj.unique_key = s.spec ->> 'unique_key'
                AND (NOT hj.unique_live_only OR hj.state IN ('waiting', 'scheduled', 'pending', 'active'))
-             LIMIT 1) AS h ON true;
+             LIMIT 1) AS h ON true
+     ORDER BY s.n;
     IF coalesce(cardinality(v_created), 0) < v_count AND EXISTS (
            SELECT 1 FROM jsonb_array_elements(jobs) WITH ORDINALITY AS s(spec, n)
              LEFT JOIN unnest(v_created) AS c(id) ON c.id = v_ids[s.n]

@@ -6,13 +6,22 @@
 -- wake per queue per call and status events coalesced into arrays.
 
 -- pgjobs_wake: payload is the queue name; sent whenever a job becomes claimable now.
+-- (PL/pgSQL: a SQL function that cannot be inlined is parsed and planned again on every call.)
 CREATE OR REPLACE FUNCTION pgjobs._wake(queues text[])
 RETURNS void
-LANGUAGE sql
+LANGUAGE plpgsql
 SET search_path = pgjobs, pg_catalog
 SET plan_cache_mode = force_generic_plan
 AS $$
-    SELECT pg_notify('pgjobs_wake', q) FROM (SELECT DISTINCT unnest(queues) AS q) AS s WHERE q IS NOT NULL;
+BEGIN
+    IF cardinality(queues) = 1 THEN
+        IF queues[1] IS NOT NULL THEN
+            PERFORM pg_notify('pgjobs_wake', queues[1]);
+        END IF;
+    ELSIF cardinality(queues) > 1 THEN
+        PERFORM pg_notify('pgjobs_wake', q) FROM (SELECT DISTINCT unnest(queues) AS q) AS s WHERE q IS NOT NULL;
+    END IF;
+END;
 $$;
 
 -- pgjobs_status: one small JSON object per transition ({"id","state","queue","kind","attempt",

@@ -182,6 +182,8 @@ DECLARE
     v_disc    record;
     v_pos     text;                        -- where the next claim's discovery resumes
     v_lwm     bigint;                      -- lowest served_seq the walk met: the next ring_from
+    v_stamped text[] := '{}';              -- groups whose cursor this call has stamped
+    v_seen    text[];
     -- The walk over the ring: phase 0 reads the never-served cursors (served_seq = 0) in key
     -- order, phase 1 the served ones from ring_from on in served_seq order, phase 2: done.
     v_phase   int := 0;
@@ -202,6 +204,10 @@ DECLARE
     l1_lkind  text[] := '{}';
     l1_done   boolean[] := '{}';           -- its head was looked for
     l1_busy   boolean[] := '{}';           -- its cursor is held by another claim
+    l1_nseq   bigint[] := '{}';            -- the served_seq stamped on its cursor by the batch
+    l1_oldat  timestamptz[] := '{}';       -- the cursor's last_served_at before that
+    l1_picked boolean[] := '{}';
+    l_at      timestamptz[];
     l_busy    boolean[];
     p1        int := 1;
     -- rows locked ahead for groups picked again: pf_key is NULLed once a row is used
@@ -212,6 +218,8 @@ DECLARE
     u_bufkind text[] := '{}';
     u_bp      int := 1;
     v_left    int;
+    v_per     int;
+    l_lkind   text[];
     -- N: groups the walk found noisy (fewer than 1 / noisy_share of them).
     n_key     text[] := '{}';
     n_seq     bigint[] := '{}';
@@ -222,6 +230,8 @@ DECLARE
     l2_seq    bigint[] := '{}';
     l2_act    int[] := '{}';
     l2_out    boolean[] := '{}';
+    l2_pick   boolean[] := '{}';           -- picked (false: only moved back, being served elsewhere)
+    l2_wrote  boolean[] := '{}';           -- its served_seq is already stamped on the cursor
     p2        int := 1;
     -- U: the ungrouped jobs' pseudo-group.
     u_seq     bigint;
@@ -356,6 +366,7 @@ BEGIN
                     v_bkey := '';
                 END IF;
             ELSE
+                v_seen := CASE WHEN serialized THEN v_stamped ELSE l1_key END;
                 SELECT array_agg(c.group_key ORDER BY c.served_seq, c.group_key),
                        array_agg(c.served_seq ORDER BY c.served_seq, c.group_key),
                        array_agg(coalesce(a.n, 0) ORDER BY c.served_seq, c.group_key),
@@ -367,6 +378,9 @@ BEGIN
                           FROM group_cursors AS c
                          WHERE c.queue = v_q AND c.served_seq > 0
                            AND (c.served_seq, c.group_key) > (v_bseq, v_bkey)
+                           -- read already, and stamped since (by this call; on a queue without the
+                           -- claim lock, maybe by another call that committed meanwhile)
+                           AND c.group_key <> ALL (v_seen)
                          ORDER BY c.served_seq, c.group_key
                          LIMIT v_chunk) AS c
                   LEFT JOIN unnest(a_key, a_cnt) AS a(k, n) ON a.k = c.group_key;
@@ -395,6 +409,9 @@ BEGIN
                 l1_lkind := l1_lkind || array_fill(NULL::text, ARRAY[cardinality(l_key)]);
                 l1_done := l1_done || array_fill(false, ARRAY[cardinality(l_key)]);
                 l1_busy := l1_busy || array_fill(false, ARRAY[cardinality(l_key)]);
+                l1_nseq := l1_nseq || array_fill(NULL::bigint, ARRAY[cardinality(l_key)]);
+                l1_oldat := l1_oldat || array_fill(NULL::timestamptz, ARRAY[cardinality(l_key)]);
+                l1_picked := l1_picked || array_fill(false, ARRAY[cardinality(l_key)]);
             END IF;
             -- never-served groups with nothing to take now and nothing running: drop the cursor
             -- if nothing is waiting or scheduled either
@@ -491,29 +508,57 @@ BEGIN
                 -- cursor another claim holds means that claim is serving the group right now, so
                 -- this one serves it only once the other groups have had their turn. Concurrent
                 -- claimers thus spread over the groups although neither sees the other's picks.
+                -- The cursors of the groups whose head is taken are stamped in the same statement
+                -- with the served_seq they get (in ring order); one of them that ends up not
+                -- picked after all gets its old stamp back at the end.
                 v_k := least(cardinality(l1_key), b_i + v_left - 1);
-                SELECT array_agg(cl.mine IS NULL ORDER BY x.ord), array_agg(h.id ORDER BY x.ord),
-                       array_agg(h.kind ORDER BY x.ord)
-                  INTO l_busy, l_hi, l_key
-                  FROM unnest(l1_key[b_i:v_k]) WITH ORDINALITY AS x(k, ord)
-                  LEFT JOIN LATERAL (
-                        SELECT true AS mine
-                          FROM group_cursors AS c
-                         WHERE c.queue = v_q AND c.group_key = x.k
-                           FOR UPDATE SKIP LOCKED) AS cl ON true
-                  LEFT JOIN LATERAL (
-                        SELECT j.id, j.kind
-                          FROM jobs AS j
-                         WHERE cl.mine AND j.state = 'pending' AND j.queue = v_q AND j.group_key = x.k
-                           AND (v_open IS NULL OR j.kind = ANY (v_open)) AND j.id <> ALL (v_ids)
-                         ORDER BY j.priority, j.run_at, j.id
-                         LIMIT 1
-                           FOR UPDATE SKIP LOCKED) AS h ON true;
+                SELECT array_agg(nextval('served_seq_seq') ORDER BY g.i) INTO l_seq
+                  FROM generate_series(b_i, v_k) AS g(i);
+                WITH x AS (
+                    SELECT x.k, x.seq, x.ord FROM unnest(l1_key[b_i:v_k], l_seq) WITH ORDINALITY AS x(k, seq, ord)
+                ), cl AS (
+                    SELECT x.k, x.seq, x.ord, c.last_served_at
+                      FROM x
+                     CROSS JOIN LATERAL (
+                           SELECT c.last_served_at
+                             FROM group_cursors AS c
+                            WHERE c.queue = v_q AND c.group_key = x.k
+                              FOR UPDATE SKIP LOCKED) AS c
+                ), h AS (
+                    SELECT cl.k, cl.seq, cl.ord, cl.last_served_at, hh.id, hh.kind
+                      FROM cl
+                     CROSS JOIN LATERAL (
+                           SELECT j.id, j.kind
+                             FROM jobs AS j
+                            WHERE j.state = 'pending' AND j.queue = v_q AND j.group_key = cl.k
+                              AND (v_open IS NULL OR j.kind = ANY (v_open)) AND j.id <> ALL (v_ids)
+                            ORDER BY j.priority, j.run_at, j.id
+                            LIMIT 1
+                              FOR UPDATE SKIP LOCKED) AS hh
+                ), stamp AS (
+                    UPDATE group_cursors AS c
+                       SET served_seq = h.seq, last_served_at = now()
+                      FROM h
+                     WHERE c.queue = v_q AND c.group_key = h.k
+                    RETURNING c.group_key
+                )
+                SELECT array_agg(cl.k IS NULL ORDER BY x.ord), array_agg(h.id ORDER BY x.ord),
+                       array_agg(h.kind ORDER BY x.ord), array_agg(h.last_served_at ORDER BY x.ord),
+                       (SELECT count(*) FROM stamp)::int
+                  INTO l_busy, l_hi, l_key, l_at, v_per
+                  FROM x
+                  LEFT JOIN cl ON cl.ord = x.ord
+                  LEFT JOIN h ON h.ord = x.ord;
                 FOR i IN b_i .. v_k LOOP
                     l1_busy[i] := l_busy[i - b_i + 1];
                     l1_lid[i] := l_hi[i - b_i + 1];
                     l1_lkind[i] := l_key[i - b_i + 1];
                     l1_done[i] := true;
+                    IF l1_lid[i] IS NOT NULL THEN
+                        l1_nseq[i] := l_seq[i - b_i + 1];
+                        l1_oldat[i] := l_at[i - b_i + 1];
+                        v_stamped := v_stamped || l1_key[i];
+                    END IF;
                 END LOOP;
             END IF;
             p1 := p1 + 1;
@@ -524,10 +569,13 @@ BEGIN
                 l2_seq := l2_seq || nextval('served_seq_seq');
                 l2_act := l2_act || v_act;
                 l2_out := l2_out || false;
+                l2_pick := l2_pick || false;
+                l2_wrote := l2_wrote || false;
                 CONTINUE picks;
             ELSIF l1_lid[b_i] IS NOT NULL AND (v_open IS NULL OR l1_lkind[b_i] = ANY (v_open)) THEN
                 v_id := l1_lid[b_i];
                 v_kind := l1_lkind[b_i];
+                l1_picked[b_i] := true;
             ELSIF l1_lid[b_i] IS NOT NULL THEN
                 v_key := v_key;   -- its kind ran out meanwhile: look again below
             ELSE
@@ -609,8 +657,8 @@ BEGIN
             END IF;
             u_served := true;
         ELSIF v_id IS NULL THEN
-            -- a group picked before in this call (or a noisy one, or a kind ran out): its rows
-            -- locked ahead, else a new batch of them
+            -- a group picked before in this call, a noisy one, or one whose kind ran out: its rows
+            -- locked ahead, else a new batch, for it and the groups after it in L2 that have none
             LOOP
                 v_k := array_position(pf_key, v_key);
                 EXIT WHEN v_k IS NULL;
@@ -622,29 +670,39 @@ BEGIN
                 END IF;
             END LOOP;
             IF v_id IS NULL THEN
-                v_k := greatest(1, ceil(v_left::numeric / greatest(1, cardinality(l2_key) - p2 + 1
-                                                                        + cardinality(l1_key) - p1 + 1))::int);
-                WITH locked AS (
-                    SELECT j.id, j.kind, j.priority, j.run_at
-                      FROM jobs AS j
-                     WHERE j.state = 'pending' AND j.queue = v_q AND j.group_key = v_key
-                       AND (v_open IS NULL OR j.kind = ANY (v_open)) AND j.id <> ALL (v_ids)
-                       AND j.id <> ALL (pf_id)
-                     ORDER BY j.priority, j.run_at, j.id
-                     LIMIT v_k
-                       FOR UPDATE SKIP LOCKED
-                )
-                SELECT array_agg(l.id ORDER BY l.priority, l.run_at, l.id),
-                       array_agg(l.kind ORDER BY l.priority, l.run_at, l.id)
-                  INTO l_hi, l_key
-                  FROM locked AS l;
+                v_per := greatest(1, ceil(v_left::numeric / greatest(1, cardinality(l2_key) - p2 + 1
+                                                                          + cardinality(l1_key) - p1 + 1))::int);
+                l_key := ARRAY[v_key];
+                IF b_src = 4 THEN
+                    FOR i IN b_i + 1 .. cardinality(l2_key) LOOP
+                        EXIT WHEN cardinality(l_key) >= v_left;
+                        CONTINUE WHEN l2_out[i] OR l2_key[i] = ANY (l_key) OR l2_key[i] = ANY (pf_key);
+                        l_key := l_key || l2_key[i];
+                    END LOOP;
+                END IF;
+                SELECT array_agg(x.k ORDER BY x.ord, h.priority, h.run_at, h.id),
+                       array_agg(h.id ORDER BY x.ord, h.priority, h.run_at, h.id),
+                       array_agg(h.kind ORDER BY x.ord, h.priority, h.run_at, h.id)
+                  INTO l_dead, l_hi, l_lkind
+                  FROM unnest(l_key) WITH ORDINALITY AS x(k, ord)
+                 CROSS JOIN LATERAL (
+                       SELECT j.id, j.kind, j.priority, j.run_at
+                         FROM jobs AS j
+                        WHERE j.state = 'pending' AND j.queue = v_q AND j.group_key = x.k
+                          AND (v_open IS NULL OR j.kind = ANY (v_open)) AND j.id <> ALL (v_ids)
+                          AND j.id <> ALL (pf_id)
+                        ORDER BY j.priority, j.run_at, j.id
+                        LIMIT v_per
+                          FOR UPDATE SKIP LOCKED) AS h;
                 IF l_hi IS NOT NULL THEN
-                    v_id := l_hi[1];
-                    v_kind := l_key[1];
-                    IF cardinality(l_hi) > 1 THEN
-                        pf_id := pf_id || l_hi[2:];
-                        pf_kind := pf_kind || l_key[2:];
-                        pf_key := pf_key || array_fill(v_key, ARRAY[cardinality(l_hi) - 1]);
+                    pf_key := pf_key || l_dead;
+                    pf_id := pf_id || l_hi;
+                    pf_kind := pf_kind || l_lkind;
+                    v_k := array_position(pf_key, v_key);
+                    IF v_k IS NOT NULL THEN
+                        pf_key[v_k] := NULL;
+                        v_id := pf_id[v_k];
+                        v_kind := pf_kind[v_k];
                     END IF;
                 END IF;
             END IF;
@@ -652,11 +710,23 @@ BEGIN
                 CONTINUE picks;
             END IF;
         END IF;
-        IF b_src <> 2 THEN
+        IF b_src = 1 AND l1_picked[b_i] THEN
+            l2_key := l2_key || v_key;
+            l2_seq := l2_seq || l1_nseq[b_i];     -- already stamped on its cursor
+            l2_act := l2_act || (v_act + 1);
+            l2_out := l2_out || false;
+            l2_pick := l2_pick || true;
+            l2_wrote := l2_wrote || true;
+        ELSIF b_src <> 2 THEN
+            IF b_src = 1 AND l1_nseq[b_i] IS NOT NULL THEN
+                l1_picked[b_i] := true;           -- stamped, and taken after all (kind re-probe)
+            END IF;
             l2_key := l2_key || v_key;
             l2_seq := l2_seq || nextval('served_seq_seq');
             l2_act := l2_act || (v_act + 1);
             l2_out := l2_out || false;
+            l2_pick := l2_pick || true;
+            l2_wrote := l2_wrote || false;
         END IF;
 
         v_ids := v_ids || v_id;
@@ -671,33 +741,33 @@ BEGIN
         END IF;
     END LOOP;
 
-    -- Stamp the served groups with the last served_seq each got in this call. A cursor another
-    -- claimer holds right now is left to it (it has just served that group too).
-    IF cardinality(l2_key) > 0 THEN
+    -- Groups stamped ahead by a batch but not picked after all (the call filled up first, or the
+    -- group turned out noisy) get their old place in the ring back.
+    IF cardinality(v_stamped) > (SELECT count(*) FROM unnest(l1_picked) AS x(p) WHERE x.p) THEN
+        UPDATE group_cursors AS c
+           SET served_seq = r.seq, last_served_at = r.at
+          FROM unnest(l1_key, l1_seq, l1_oldat, l1_nseq, l1_picked) AS r(k, seq, at, nseq, picked)
+         WHERE r.nseq IS NOT NULL AND NOT r.picked AND c.queue = v_q AND c.group_key = r.k;
+    END IF;
+    -- Stamp the other served groups with the last served_seq each got in this call. A cursor
+    -- another claimer holds right now is left to it (it has just served that group too). A group
+    -- served without a cursor (noisy before it was ever registered) gets one from the discovery.
+    IF EXISTS (SELECT 1 FROM unnest(l2_pick, l2_wrote) AS x(picked, wrote) WHERE x.picked AND NOT x.wrote) THEN
         WITH s AS (
-            SELECT x.k, max(x.seq) AS seq FROM unnest(l2_key, l2_seq) AS x(k, seq) GROUP BY x.k
+            SELECT DISTINCT ON (x.k) x.k, x.seq, x.wrote
+              FROM unnest(l2_key, l2_seq, l2_pick, l2_wrote) AS x(k, seq, picked, wrote)
+             WHERE x.picked
+             ORDER BY x.k, x.seq DESC
         ), lk AS (
             SELECT c.group_key FROM group_cursors AS c
-             WHERE c.queue = v_q AND c.group_key IN (SELECT s.k FROM s)
+             WHERE c.queue = v_q AND c.group_key IN (SELECT s.k FROM s WHERE NOT s.wrote)
              ORDER BY c.group_key
                FOR UPDATE SKIP LOCKED
         )
         UPDATE group_cursors AS c
-           SET last_served_at = now(), served_seq = s.seq
+           SET last_served_at = now(), served_seq = greatest(c.served_seq, s.seq)
           FROM s JOIN lk ON lk.group_key = s.k
          WHERE c.queue = v_q AND c.group_key = s.k;
-        GET DIAGNOSTICS v_k = ROW_COUNT;
-        IF v_k < (SELECT count(DISTINCT x.k) FROM unnest(l2_key) AS x(k)) THEN
-            -- a served group without a cursor (noisy before it was ever registered)
-            FOR v_key, v_next IN SELECT x.k, max(x.seq) FROM unnest(l2_key, l2_seq) AS x(k, seq) GROUP BY x.k LOOP
-                PERFORM 1 FROM group_cursors AS c WHERE c.queue = v_q AND c.group_key = v_key;
-                IF NOT FOUND THEN
-                    INSERT INTO group_cursors (queue, group_key, last_served_at, served_seq)
-                    VALUES (v_q, v_key, now(), v_next)
-                    ON CONFLICT DO NOTHING;
-                END IF;
-            END LOOP;
-        END IF;
     END IF;
     IF u_seq IS DISTINCT FROM v_fq.ungrouped_seq OR v_pos IS DISTINCT FROM v_fq.discover_after
        OR v_lwm IS DISTINCT FROM v_fq.ring_from AND v_lwm IS NOT NULL THEN
@@ -810,6 +880,9 @@ CREATE OR REPLACE FUNCTION pgjobs._claim_controlled(worker text, queues text[], 
 RETURNS pgjobs.claimed_job[]
 LANGUAGE plpgsql
 SET search_path = pgjobs, pg_catalog
+-- Every statement below reads a handful of index entries; on a big table a generic plan's estimate can
+-- still pass jit_above_cost, and compiling would cost far more than running (tens of ms per claim).
+SET jit = off
 AS $$
 #variable_conflict use_column
 DECLARE

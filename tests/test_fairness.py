@@ -406,3 +406,16 @@ def test_cli_queue_errors(dsn: str, capsys: pytest.CaptureFixture[str]) -> None:
     assert code == 0  # an unconfigured queue has the defaults
     code, _, err = _cli(dsn, "queue", "configure", "q", "--fair", "--no-fair", capsys=capsys)
     assert code == 2 and "not allowed with" in err
+
+
+def test_a_group_passed_over_in_a_call_keeps_its_place(conn: Conn) -> None:
+    fair(conn)
+    for g in "ABC":
+        put(conn, g, 5)
+    put(conn, None, 5)
+    assert groups(claim(conn, queues=["q"], max_jobs=4)) == ["A", "B", "C", None]
+    assert groups(claim(conn, queues=["q"])) == ["A"]
+    # ring now: B, C, ungrouped, A. Three picks: B, C, then the ungrouped turn fills the call; A, read
+    # in the same pass, was not served and stays first in line
+    assert groups(claim(conn, queues=["q"], max_jobs=3)) == ["B", "C", None]
+    assert groups(claim(conn, queues=["q"])) == ["A"]

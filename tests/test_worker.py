@@ -391,25 +391,42 @@ def test_wakes_on_notify_and_on_next_due_run_at(dsn: str) -> None:
     """With a poll interval far longer than the test, only the LISTEN wake-up and the next-due timer can
     start these jobs."""
     app = App()
-    started: dict[int, float] = {}
+    started: dict[int, list[float]] = {}
 
     @app.job("ping")
     async def ping(payload: Any, ctx: pgjobs.JobContext) -> None:
-        started[ctx.id] = time.monotonic()
+        started.setdefault(ctx.id, []).append(time.monotonic())
+        if payload.get("retry") and ctx.attempt == 1:
+            raise Retry(after=1.0)  # back as 'scheduled' in 1 s: no NOTIFY will say when it is due
 
     async def body(worker: Worker, client: AsyncClient) -> None:
-        await anyio.sleep(0.3)  # the worker is idle, asleep on its poll timer
+        await anyio.sleep(0.3)  # the worker is idle, asleep on its LISTEN connection
         now = await client.enqueue("ping", {})
         await wait_state(client, now.id, JobState.SUCCEEDED, timeout=10)
-        # A scheduled job: no NOTIFY when it becomes due; the poller sleeps until next_due_at. The worker
-        # learns about it at its next poll, which a failed job's reschedule triggers here.
-        later = await client.enqueue("ping", {}, run_at=datetime.now(UTC) + timedelta(seconds=1))
-        worker._poke_poller()
-        t0 = time.monotonic()
-        await wait_state(client, later.id, JobState.SUCCEEDED, timeout=10)
-        assert started[later.id] - t0 >= 0.5
+        later = await client.enqueue("ping", {"retry": True})
+        st = await wait_state(client, later.id, JobState.SUCCEEDED, timeout=10)
+        assert st.attempt == 2
+        first, second = started[later.id]
+        assert second - first >= 0.9  # not before it was due
 
     run_worker(app, dsn, body, poll_interval=60)
+
+
+def test_missed_cancel_notification_is_caught_at_lease_renewal(dsn: str, conn: psycopg.Connection[Any]) -> None:
+    app = App()
+
+    @app.job("waits")
+    async def waits(payload: Any, ctx: pgjobs.JobContext) -> None:
+        await ctx.cancelled.wait()
+
+    async def body(worker: Worker, client: AsyncClient) -> None:
+        j = await client.enqueue("waits", {})
+        await wait_state(client, j.id, JobState.ACTIVE)
+        # cancel_requested set without the pgjobs_cancel notification (as if the worker missed it)
+        conn.execute("UPDATE pgjobs.jobs SET cancel_requested = true WHERE id = %s", [j.id])
+        await wait_state(client, j.id, JobState.CANCELLED, timeout=10)
+
+    run_worker(app, dsn, body, lease=0.9)
 
 
 def test_completions_are_batched(dsn: str, conn: psycopg.Connection[Any]) -> None:

@@ -157,6 +157,8 @@ async def subscribe(
         for id_, state, q, kind, attempt, b, progress in rows:
             seen.add(id_)
             if not flt.match(id_, b, q, kind):
+                if remaining is not None:
+                    remaining.discard(id_)  # outside the queue/kinds filter: it will never be reported
                 continue
             prev = last.get(id_)
             cur_key = (state, attempt, None if progress is None else json.dumps(progress))

@@ -184,3 +184,20 @@ def test_stream_of_finished_or_unknown_jobs_ends_at_once(dsn: str, conn: psycopg
 
     anyio.run(main)
     assert shape(events) == [("succeeded", 1, None)]
+
+
+def test_watched_job_outside_the_queue_filter_does_not_hold_the_stream(dsn: str, conn: psycopg.Connection[Any]) -> None:
+    inside = enqueue(conn, "x", queue="a")
+    outside = enqueue(conn, "x", queue="b")
+    i, tok = claim_one(conn, "a")
+    conn.execute("SELECT pgjobs.complete(%s, %s)", [i, tok])
+    events: list[StatusEvent] = []
+
+    async def main() -> None:
+        async with AsyncClient(dsn) as client:
+            with anyio.fail_after(10):
+                async for ev in client.subscribe(job_ids=[inside, outside], queue="a"):
+                    events.append(ev)
+
+    anyio.run(main)
+    assert [(e.id, e.state.value) for e in events] == [(inside, "succeeded")]

@@ -113,7 +113,7 @@ QUICK = Plan(
     bulk_batches=8,
     bulk_chunk=2,
     claim_seconds=0.5,
-    claim_rounds=2,
+    claim_rounds=1,
     claim_conns=(1, 4),
     claim_sizes=(1, 100),
     events_conns=(4,),
@@ -265,7 +265,6 @@ def _claim_pair(
 def _claim_latency(dsn: str, admin: psycopg.Connection[Any], depth: int, claims: int) -> list[float]:
     """Seconds per ``claim`` of one job with ``depth`` pending jobs; each claimed job is completed
     right away (outside the timing) so the queue keeps its depth and shape."""
-    _fill(admin, depth, "ours")
     conn = connect(dsn)
     try:
         samples: list[float] = []
@@ -285,7 +284,6 @@ def _claim_server_ms(dsn: str, admin: psycopg.Connection[Any], depth: int, claim
     """Server-side time of one claim (median, ms), timed with clock_timestamp() in a DO block that
     commits after each claim + complete: free of the client round trip, so flatness shows even on a
     noisy machine."""
-    _fill(admin, depth, "ours")
     conn = connect(dsn)
     try:
         _exec(conn, "CREATE TEMP TABLE IF NOT EXISTS bench_latency (ms float8); TRUNCATE bench_latency")
@@ -446,6 +444,7 @@ def run(dsn: str, quick: bool = False) -> dict[str, Any]:
         # -- claim latency: 10k vs 1M pending ---------------------------------------------------------------
         lat: dict[str, Any] = {}
         for depth in (plan.latency_small, plan.latency_large):
+            _fill(admin, depth, "ours")
             client = _claim_latency(dsn, admin, depth, plan.latency_claims)
             server = _claim_server_ms(dsn, admin, depth, plan.latency_claims)
             lat[str(depth)] = {

@@ -200,6 +200,40 @@ def test_claim_time_does_not_grow_with_the_queue(conn: psycopg.Connection[Any]) 
     assert large <= small * 1.5, (small, large)
 
 
+def test_a_backlog_of_due_scheduled_jobs_does_not_slow_each_claim(conn: psycopg.Connection[Any]) -> None:
+    """Due scheduled jobs are filed as pending a bounded number at a time: the work of one claim, in buffers
+    touched by all its statements, is the same with 2,000 and 20,000 of them due (it was a sort of all)."""
+
+    def buffers_per_claim(due: int) -> int:
+        conn.execute("TRUNCATE pgjobs.jobs CASCADE")
+        conn.execute(
+            "INSERT INTO pgjobs.jobs (kind, queue, state, priority, run_at)"
+            " SELECT 'plan.k', 'plan', 'scheduled', (g %% 3)::smallint, now() - interval '1 hour' + g * interval '1 ms'"
+            " FROM generate_series(1, %s) AS g",
+            (due,),
+        )
+        conn.execute("ANALYZE pgjobs.jobs")
+        plans = Plans(conn)
+        conn.execute("SET auto_explain.log_analyze = on")
+        conn.execute("SET auto_explain.log_buffers = on")
+        conn.execute("SET auto_explain.log_timing = off")
+        totals = []
+        for _ in range(5):
+            plans.clear()
+            rows = conn.execute("SELECT id, lease_token FROM pgjobs.claim('w', '{plan}', 10)").fetchall()
+            assert len(rows) == 10
+            totals.append(
+                sum(p.get("Shared Hit Blocks", 0) + p.get("Shared Read Blocks", 0) for _, p in plans.statements())
+            )
+        conn.execute("RESET ALL")
+        conn.remove_notice_handler(plans._on_notice)
+        return min(totals)
+
+    small = buffers_per_claim(2_000)
+    large = buffers_per_claim(20_000)
+    assert large <= small * 1.5, (small, large)
+
+
 @pytest.mark.slow
 def test_bench_quick_runs_end_to_end(pg_server_dsn: str, tmp_path: Path) -> None:
     from bench.__main__ import main

@@ -32,6 +32,7 @@ import asyncio
 import contextlib
 import importlib
 import importlib.util
+import inspect
 import json
 import logging
 import math
@@ -625,7 +626,9 @@ class Worker:
             try:
                 with scope:
                     if handler.is_async:
-                        result = await handler.func(payload, ctx)
+                        result = handler.func(payload, ctx)
+                        if inspect.isawaitable(result):  # (a wrapper of an async def may be a plain def)
+                            result = await result
                     else:
                         assert self._limiter is not None
                         result = await anyio.to_thread.run_sync(

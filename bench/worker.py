@@ -9,8 +9,8 @@
   autocommit ``enqueue`` call) and the handler returns ``time.time()`` at its start, stored as the job's
   result; the sample is that minus the server's clock at the end of the enqueue statement, which commits
   right after it (see :func:`wake_latency`).
-  Between samples the bench waits for the job to finish and a random 5-25 ms more, so the worker is
-  asleep on its LISTEN connection each time.
+  Between samples the bench waits (on the job's pgjobs_status notification, not polling) for the job to
+  finish and a random 5-25 ms more, so the worker is asleep on its LISTEN connection each time.
 
 The machine has 2 cores shared by PostgreSQL, the worker process(es) and this bench.
 """
@@ -139,6 +139,8 @@ def wake_latency(dsn: str, samples: int = 200) -> list[float]:
     with connect(dsn) as conn:
         conn.execute("TRUNCATE pgjobs.jobs CASCADE")
         conn.execute("SET synchronous_commit = off")
+        listen = psycopg.connect(dsn, autocommit=True)
+        listen.execute("LISTEN pgjobs_status")
         procs = _start_workers(dsn, 1, LATENCY_QUEUE, 10)
         try:
             _wait_ready(conn, procs)
@@ -154,14 +156,16 @@ def wake_latency(dsn: str, samples: int = 200) -> list[float]:
                 assert row is not None
                 job_id, committed = row
                 started = None
-                for _ in range(5000):
-                    time.sleep(0.002)
-                    r = conn.execute(
-                        "SELECT result FROM pgjobs.jobs WHERE id = %s AND state = 'succeeded'", [job_id], prepare=True
-                    ).fetchone()
-                    if r is not None:
-                        started = float(r[0])
-                        break
+                # Wait on the job's own status notification rather than polling: the bench then uses no CPU
+                # while the worker wakes up, claims and runs the job.
+                deadline = time.monotonic() + 10
+                while started is None and time.monotonic() < deadline:
+                    for n in listen.notifies(timeout=0.5, stop_after=1):
+                        events = json.loads(n.payload)
+                        for e in events if isinstance(events, list) else [events]:
+                            if e.get("id") == job_id and e.get("state") == "succeeded":
+                                r = conn.execute("SELECT result FROM pgjobs.jobs WHERE id = %s", [job_id]).fetchone()
+                                started = float(r[0]) if r is not None else None
                 if started is None:
                     raise RuntimeError(f"latency job {job_id} did not run")
                 if i >= 5:  # the first few warm up the prepared statements
@@ -169,6 +173,7 @@ def wake_latency(dsn: str, samples: int = 200) -> list[float]:
             return out
         finally:
             _stop(procs)
+            listen.close()
 
 
 def run(dsn: str, quick: bool = False) -> dict[str, Any]:

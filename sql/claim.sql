@@ -4,7 +4,9 @@
 -- row lock, so no two claimers ever share a job and none waits on another.
 
 -- Plans: the hot functions here run with plan_cache_mode = force_generic_plan (their statements'
--- shapes are fixed by index order and keys, and planning each call cost more than running it).
+-- shapes are fixed by index order and keys, and planning each call cost more than running it)
+-- and jit = off (a generic plan cannot see that LIMIT max_jobs is small, so on a big table its
+-- cost passes jit_above_cost, and JIT compiled every claim: 25 ms per claim at 1M pending jobs).
 -- That setting would carry into the functions they call in other files (graph, fairness), so a call
 -- into those first restores the planner's default choice for the rest of the function
 -- (set_config(..., true) inside a function with a SET clause ends with the function).
@@ -15,6 +17,7 @@ RETURNS void
 LANGUAGE plpgsql
 SET search_path = pgjobs, pg_catalog
 SET plan_cache_mode = force_generic_plan
+SET jit = off
 AS $$
 DECLARE
     v_bad text;
@@ -60,6 +63,7 @@ RETURNS SETOF pgjobs.claimed_job
 LANGUAGE plpgsql
 SET search_path = pgjobs, pg_catalog
 SET plan_cache_mode = force_generic_plan
+SET jit = off
 AS $$
 #variable_conflict use_column
 DECLARE
@@ -226,6 +230,7 @@ RETURNS boolean
 LANGUAGE plpgsql
 SET search_path = pgjobs, pg_catalog
 SET plan_cache_mode = force_generic_plan
+SET jit = off
 AS $$
 BEGIN
     UPDATE batches AS b SET started_at = now()
@@ -243,6 +248,7 @@ RETURNS pgjobs.claimed_job[]
 LANGUAGE plpgsql
 SET search_path = pgjobs, pg_catalog
 SET plan_cache_mode = force_generic_plan
+SET jit = off
 AS $$
 #variable_conflict use_column
 DECLARE
@@ -429,6 +435,7 @@ RETURNS void
 LANGUAGE plpgsql
 SET search_path = pgjobs, pg_catalog
 SET plan_cache_mode = force_generic_plan
+SET jit = off
 AS $$
 #variable_conflict use_column
 BEGIN
@@ -461,6 +468,7 @@ RETURNS void
 LANGUAGE plpgsql
 SET search_path = pgjobs, pg_catalog
 SET plan_cache_mode = force_generic_plan
+SET jit = off
 AS $$
 #variable_conflict use_column
 DECLARE
@@ -522,6 +530,7 @@ LANGUAGE sql
 STABLE
 SET search_path = pgjobs, pg_catalog
 SET plan_cache_mode = force_generic_plan
+SET jit = off
 AS $$
     SELECT min(t) FROM (
         SELECT (SELECT min(j.run_at) FROM jobs AS j WHERE j.state = 'scheduled' AND j.queue = q) AS t

@@ -3,7 +3,9 @@
 -- that transaction commits.
 
 -- Plans: the hot functions here run with plan_cache_mode = force_generic_plan (their statements'
--- shapes are fixed by index order and keys, and planning each call cost more than running it).
+-- shapes are fixed by index order and keys, and planning each call cost more than running it)
+-- and jit = off (a generic plan cannot see that LIMIT max_jobs is small, so on a big table its
+-- cost passes jit_above_cost, and JIT compiled every claim: 25 ms per claim at 1M pending jobs).
 -- That setting would carry into the functions they call in other files (graph, fairness), so a call
 -- into those first restores the planner's default choice for the rest of the function
 -- (set_config(..., true) inside a function with a SET clause ends with the function).
@@ -15,6 +17,7 @@ RETURNS void
 LANGUAGE plpgsql
 SET search_path = pgjobs, pg_catalog
 SET plan_cache_mode = force_generic_plan
+SET jit = off
 AS $$
 BEGIN
     IF kind IS NULL OR kind = '' THEN
@@ -90,6 +93,7 @@ RETURNS TABLE (id bigint, created boolean, state pgjobs.job_state)
 LANGUAGE plpgsql
 SET search_path = pgjobs, pg_catalog
 SET plan_cache_mode = force_generic_plan
+SET jit = off
 AS $$
 #variable_conflict use_column
 DECLARE
@@ -181,6 +185,7 @@ RETURNS TABLE (ref text, id bigint, created boolean, batch_id bigint)
 LANGUAGE plpgsql
 SET search_path = pgjobs, pg_catalog
 SET plan_cache_mode = force_generic_plan
+SET jit = off
 AS $$
 #variable_conflict use_column
 BEGIN
@@ -208,6 +213,7 @@ RETURNS void
 LANGUAGE plpgsql
 SET search_path = pgjobs, pg_catalog
 SET plan_cache_mode = force_generic_plan
+SET jit = off
 AS $$
 BEGIN
     IF jobs IS NULL OR jsonb_typeof(jobs) <> 'array'
@@ -249,6 +255,7 @@ LANGUAGE plpgsql
 STABLE
 SET search_path = pgjobs, pg_catalog
 SET plan_cache_mode = force_generic_plan
+SET jit = off
 AS $$
 BEGIN
     PERFORM value::timestamptz;
@@ -264,6 +271,7 @@ RETURNS void
 LANGUAGE plpgsql
 SET search_path = pgjobs, pg_catalog
 SET plan_cache_mode = force_generic_plan
+SET jit = off
 AS $$
 DECLARE
     v_bad record;
@@ -333,6 +341,7 @@ RETURNS TABLE (n bigint, ref text, id bigint, created boolean, batch_id bigint, 
 LANGUAGE plpgsql
 SET search_path = pgjobs, pg_catalog
 SET plan_cache_mode = force_generic_plan
+SET jit = off
 AS $$
 #variable_conflict use_column
 DECLARE

@@ -11,7 +11,9 @@
 -- stays on jobs_pkey.
 --
 -- Plans: the hot functions here run with plan_cache_mode = force_generic_plan (their statements'
--- shapes are fixed by index order and keys, and planning each call cost more than running it).
+-- shapes are fixed by index order and keys, and planning each call cost more than running it)
+-- and jit = off (a generic plan cannot see that LIMIT max_jobs is small, so on a big table its
+-- cost passes jit_above_cost, and JIT compiled every claim: 25 ms per claim at 1M pending jobs).
 -- That setting would carry into the functions they call in other files (graph, fairness), so a call
 -- into those first restores the planner's default choice for the rest of the function
 -- (set_config(..., true) inside a function with a SET clause ends with the function).
@@ -24,6 +26,7 @@ LANGUAGE sql
 VOLATILE
 SET search_path = pgjobs, pg_catalog
 SET plan_cache_mode = force_generic_plan
+SET jit = off
 AS $$
     SELECT make_interval(secs => least(3600.0,
                                        power(2, least(greatest(attempt, 1) - 1, 30)) * (0.75 + random() * 0.5)));
@@ -34,6 +37,7 @@ RETURNS void
 LANGUAGE plpgsql
 SET search_path = pgjobs, pg_catalog
 SET plan_cache_mode = force_generic_plan
+SET jit = off
 AS $$
 BEGIN
     IF lease IS NULL OR lease <= interval '0' THEN
@@ -48,6 +52,7 @@ RETURNS boolean
 LANGUAGE plpgsql
 SET search_path = pgjobs, pg_catalog
 SET plan_cache_mode = force_generic_plan
+SET jit = off
 AS $$
 #variable_conflict use_column
 BEGIN
@@ -65,6 +70,7 @@ RETURNS TABLE (id bigint, cancel_requested boolean)
 LANGUAGE plpgsql
 SET search_path = pgjobs, pg_catalog
 SET plan_cache_mode = force_generic_plan
+SET jit = off
 AS $$
 #variable_conflict use_column
 BEGIN
@@ -83,6 +89,7 @@ RETURNS void
 LANGUAGE plpgsql
 SET search_path = pgjobs, pg_catalog
 SET plan_cache_mode = force_generic_plan
+SET jit = off
 AS $$
 BEGIN
     IF ids IS NULL OR lease_tokens IS NULL
@@ -100,6 +107,7 @@ RETURNS boolean
 LANGUAGE plpgsql
 SET search_path = pgjobs, pg_catalog
 SET plan_cache_mode = force_generic_plan
+SET jit = off
 AS $$
 #variable_conflict use_column
 BEGIN
@@ -117,6 +125,7 @@ RETURNS boolean
 LANGUAGE plpgsql
 SET search_path = pgjobs, pg_catalog
 SET plan_cache_mode = force_generic_plan
+SET jit = off
 AS $$
 #variable_conflict use_column
 DECLARE
@@ -141,6 +150,7 @@ RETURNS boolean
 LANGUAGE plpgsql
 SET search_path = pgjobs, pg_catalog
 SET plan_cache_mode = force_generic_plan
+SET jit = off
 AS $$
 #variable_conflict use_column
 DECLARE
@@ -177,6 +187,7 @@ RETURNS int
 LANGUAGE plpgsql
 SET search_path = pgjobs, pg_catalog
 SET plan_cache_mode = force_generic_plan
+SET jit = off
 AS $$
 #variable_conflict use_column
 DECLARE
@@ -228,6 +239,7 @@ RETURNS pgjobs.job_state
 LANGUAGE plpgsql
 SET search_path = pgjobs, pg_catalog
 SET plan_cache_mode = force_generic_plan
+SET jit = off
 AS $$
 #variable_conflict use_column
 BEGIN
@@ -241,6 +253,7 @@ RETURNS boolean
 LANGUAGE plpgsql
 SET search_path = pgjobs, pg_catalog
 SET plan_cache_mode = force_generic_plan
+SET jit = off
 AS $$
 #variable_conflict use_column
 BEGIN
@@ -254,6 +267,7 @@ RETURNS pgjobs.job_state
 LANGUAGE plpgsql
 SET search_path = pgjobs, pg_catalog
 SET plan_cache_mode = force_generic_plan
+SET jit = off
 AS $$
 #variable_conflict use_column
 DECLARE
@@ -300,6 +314,7 @@ RETURNS boolean
 LANGUAGE plpgsql
 SET search_path = pgjobs, pg_catalog
 SET plan_cache_mode = force_generic_plan
+SET jit = off
 AS $$
 #variable_conflict use_column
 DECLARE
@@ -338,6 +353,7 @@ RETURNS boolean
 LANGUAGE plpgsql
 SET search_path = pgjobs, pg_catalog
 SET plan_cache_mode = force_generic_plan
+SET jit = off
 AS $$
 #variable_conflict use_column
 DECLARE

@@ -12,6 +12,7 @@ RETURNS void
 LANGUAGE plpgsql
 SET search_path = pgjobs, pg_catalog
 SET plan_cache_mode = force_generic_plan
+SET jit = off
 AS $$
 BEGIN
     IF cardinality(queues) = 1 THEN
@@ -36,6 +37,7 @@ RETURNS void
 LANGUAGE plpgsql
 SET search_path = pgjobs, pg_catalog
 SET plan_cache_mode = force_generic_plan
+SET jit = off
 AS $$
 BEGIN
     IF events IS NULL OR jsonb_array_length(events) = 0 THEN
@@ -73,6 +75,7 @@ RETURNS void
 LANGUAGE plpgsql
 SET search_path = pgjobs, pg_catalog
 SET plan_cache_mode = force_generic_plan
+SET jit = off
 AS $$
 #variable_conflict use_column
 DECLARE
@@ -149,6 +152,7 @@ LANGUAGE plpgsql
 IMMUTABLE
 SET search_path = pgjobs, pg_catalog
 SET plan_cache_mode = force_generic_plan
+SET jit = off
 AS $$
 DECLARE
     v_rest text := ', "state": "' || state::text || '", "attempt": ' || attempt
@@ -171,6 +175,7 @@ RETURNS void
 LANGUAGE plpgsql
 SET search_path = pgjobs, pg_catalog
 SET plan_cache_mode = force_generic_plan
+SET jit = off
 AS $$
 DECLARE
     v_n   int := coalesce(cardinality(events), 0);

@@ -13,7 +13,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import random
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -119,7 +119,7 @@ class Listener:
             raise
         return conn
 
-    async def events(self, tick: float | None = None) -> AsyncIterator[ListenEvent]:
+    async def events(self, tick: float | None = None) -> AsyncGenerator[ListenEvent, None]:
         """Yields ``Connected`` after each (re)connect, ``Notifications`` as they arrive, and ``Tick`` after
         ``tick`` quiet seconds. Connection errors are absorbed: the generator reconnects after a backoff and
         yields ``Connected`` again. A consumer whose own query on ``conn`` fails with a connection error should
@@ -180,7 +180,7 @@ class Listener:
                         task_status.started()
         finally:
             with anyio.CancelScope(shield=True):
-                await events.aclose()  # type: ignore[attr-defined]
+                await events.aclose()
 
 
 def _oneline(exc: BaseException) -> str:

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncGenerator, Iterable
 from dataclasses import dataclass
 from typing import Any, LiteralString
 
@@ -105,7 +105,7 @@ async def subscribe(
     *,
     resync_interval: float = 5.0,
     application_name: str = "pgjobs-subscribe",
-) -> AsyncIterator[StatusEvent]:
+) -> AsyncGenerator[StatusEvent, None]:
     """Yields :class:`StatusEvent` s of the jobs selected by ``job_ids`` / ``batch_id`` (either matches),
     narrowed by ``queue`` and ``kinds``; with none of them, every job's. See the module docstring."""
     ids = None if job_ids is None else {int(i) for i in job_ids}
@@ -219,7 +219,7 @@ async def subscribe(
                 return
     finally:
         with anyio.CancelScope(shield=True):
-            await events.aclose()  # type: ignore[attr-defined]
+            await events.aclose()
 
 
 _TERMINAL_TEXT = frozenset(s.value for s in _TERMINAL)
@@ -250,7 +250,7 @@ class StreamOps(AsyncRunner):
         kinds: Iterable[str] | None = None,
         *,
         resync_interval: float = 5.0,
-    ) -> AsyncIterator[StatusEvent]:
+    ) -> AsyncGenerator[StatusEvent, None]:
         """``async for event in client.subscribe(job_ids=[...])``: status events from ``pgjobs_status``, with
         durable re-reads for watched jobs. Ends by itself when all of ``job_ids`` are terminal. Uses a
         dedicated LISTEN connection to the client's DSN (or its pool's conninfo)."""

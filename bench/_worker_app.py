@@ -1,4 +1,4 @@
-"""The bench's worker process: ``python -m bench._worker_app DSN QUEUE CONCURRENCY``.
+"""The bench's worker process: ``python -m bench._worker_app DSN QUEUE CONCURRENCY [non-durable-completions]``.
 
 A real ``pgjobs.Worker`` (no scheduler) with two handlers: ``noop`` (returns None) and ``stamp`` (returns
 ``time.time()`` at its start, for the wake-latency figure). Stops gracefully on SIGTERM.
@@ -27,7 +27,10 @@ async def stamp(payload: Any, ctx: pgjobs.JobContext) -> float:
 
 def main() -> int:
     dsn, queue, concurrency = sys.argv[1], sys.argv[2], int(sys.argv[3])
-    worker = pgjobs.Worker(app, dsn, {queue: concurrency}, scheduler=False, grace_period=5.0)
+    durable = not (len(sys.argv) > 4 and sys.argv[4] == "non-durable-completions")
+    worker = pgjobs.Worker(
+        app, dsn, {queue: concurrency}, scheduler=False, grace_period=5.0, durable_completions=durable
+    )
     return worker.run_sync()
 
 

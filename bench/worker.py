@@ -4,7 +4,8 @@
   the queue is unpaused (and woken); the figure is N / (last ``completed_at`` - the unpause), both server
   timestamps. Configurations: one process at concurrency 10 and 50, two processes at 50 each; status
   events ``all`` (the default) and ``none`` (``configure_queue(status_events => 'none')``). Each runs
-  ``rounds`` times, alternating; the median is reported.
+  ``rounds`` times, alternating; the median is reported. One more (informational) configuration runs the
+  single process with ``durable_completions=False``.
 * **Wake latency**: an idle worker (one process, concurrency 10); 200 times, one job is enqueued (one
   autocommit ``enqueue`` call) and the handler returns ``time.time()`` at its start, stored as the job's
   result; the sample is that minus the server's clock at the end of the enqueue statement, which commits
@@ -39,9 +40,13 @@ BAR_P50_MS = 2.0
 BAR_P99_MS = 20.0
 
 
-def _start_workers(dsn: str, n: int, queue: str, concurrency: int) -> list[subprocess.Popen[bytes]]:
+def _start_workers(
+    dsn: str, n: int, queue: str, concurrency: int, durable: bool = True
+) -> list[subprocess.Popen[bytes]]:
     env = dict(os.environ, PYTHONPATH=str(HERE.parent) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     cmd = [sys.executable, "-m", "bench._worker_app", dsn, queue, str(concurrency)]
+    if not durable:
+        cmd.append("non-durable-completions")
     return [
         subprocess.Popen(cmd, cwd=HERE.parent, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         for _ in range(n)
@@ -89,12 +94,12 @@ def _fill(conn: psycopg.Connection[Any], n: int) -> None:
     conn.execute("VACUUM ANALYZE pgjobs.jobs")
 
 
-def throughput(dsn: str, n_jobs: int, processes: int, concurrency: int, events: str) -> float:
+def throughput(dsn: str, n_jobs: int, processes: int, concurrency: int, events: str, durable: bool = True) -> float:
     """Jobs/s for one configuration (see the module docstring)."""
     with connect(dsn) as conn:
         conn.execute("SELECT pgjobs.configure_queue(%s, paused => true, status_events => %s)", [QUEUE, events])
         _fill(conn, n_jobs)
-        procs = _start_workers(dsn, processes, QUEUE, concurrency)
+        procs = _start_workers(dsn, processes, QUEUE, concurrency, durable)
         try:
             _wait_ready(conn, procs)
             row = conn.execute(
@@ -181,16 +186,17 @@ def run(dsn: str, quick: bool = False) -> dict[str, Any]:
     n10 = 5_000 if quick else 20_000
     rounds = 1 if quick else 5
     configs = [
-        ("1 process, concurrency 10, status events all", 1, 10, "all", n10),
-        ("1 process, concurrency 50, status events all", 1, 50, "all", n50),
-        ("1 process, concurrency 50, status events none", 1, 50, "none", n50),
-        ("2 processes, concurrency 50 each, status events all", 2, 50, "all", n50),
-        ("2 processes, concurrency 50 each, status events none", 2, 50, "none", n50),
+        ("1 process, concurrency 10, status events all", 1, 10, "all", n10, True),
+        ("1 process, concurrency 50, status events all", 1, 50, "all", n50, True),
+        ("1 process, concurrency 50, status events none", 1, 50, "none", n50, True),
+        ("2 processes, concurrency 50 each, status events all", 2, 50, "all", n50, True),
+        ("2 processes, concurrency 50 each, status events none", 2, 50, "none", n50, True),
+        ("1 process, concurrency 50, status events all, durable_completions=False", 1, 50, "all", n50, False),
     ]
     samples: dict[str, list[float]] = {c[0]: [] for c in configs}
     for r in range(rounds):
-        for name, procs, conc, events, n in configs if r % 2 == 0 else reversed(configs):
-            samples[name].append(throughput(dsn, n, procs, conc, events))
+        for name, procs, conc, events, n, durable in configs if r % 2 == 0 else reversed(configs):
+            samples[name].append(throughput(dsn, n, procs, conc, events, durable))
     tput = {name: median(v) for name, v in samples.items()}
     lat = wake_latency(dsn, 50 if quick else 200)
     p50, p99 = percentile(lat, 50) * 1000, percentile(lat, 99) * 1000
@@ -220,6 +226,11 @@ def run(dsn: str, quick: bool = False) -> dict[str, Any]:
         figure(
             "worker no-op jobs/s, " + configs[4][0], two_none, "jobs/s",
             baseline=one_none, baseline_name="one process (events none)", bar=1.0,
+        ),
+        figure(
+            "worker no-op jobs/s, " + configs[5][0], tput[configs[5][0]], "jobs/s",
+            baseline=one_all, baseline_name="durable completions (the default)",
+            note="informational: completions committed without waiting for the WAL flush (opt-in)",
         ),
         figure(
             "wake latency p50 (enqueue commit -> handler start, idle worker)", p50, "ms",

@@ -197,6 +197,11 @@ class Worker:
     finish before they are released. ``poll_interval``: the fallback beat when no notification comes.
     ``heartbeat_interval``: ``worker_heartbeat`` + ``reap_workers(reap_after)`` (default 6 heartbeats).
     ``scheduler``: also run the recurring-jobs scheduler (when ``pgjobs.scheduler`` is installed).
+    ``durable_completions=False`` commits completions without waiting for the WAL flush (``synchronous_commit
+    = off`` on the completer's connection): faster, above all with status events on (a notifying commit holds
+    a cluster-wide lock through its flush), but a *server* crash can forget the last fraction of a second of
+    completions; those jobs then run again when their leases expire (at least once, as after a worker crash),
+    and a subscriber may have seen them succeed. Failures, releases and cancels are always durable.
     """
 
     def __init__(
@@ -215,6 +220,7 @@ class Worker:
         concurrency: int = 10,
         pool_size: int = 4,
         claimers: int | None = None,
+        durable_completions: bool = True,
     ) -> None:
         if queues is None:
             queues = {"default": concurrency}
@@ -244,6 +250,7 @@ class Worker:
         self.name = name or default_worker_name()
         self.scheduler = scheduler
         self.pool_size = pool_size
+        self.durable_completions = durable_completions
 
         self.claimers = claimers
         self._queues = [_Queue(q, n, self._claimers_for(n)) for q, n in self.queues.items()]
@@ -798,7 +805,9 @@ class Worker:
                 while True:
                     try:
                         if conn is None or conn.closed:
-                            conn = await self._connect("complete", _SESSION_OPTIONS)
+                            conn = await self._connect(
+                                "complete", _SESSION_OPTIONS if self.durable_completions else _CLAIM_OPTIONS
+                            )
                             cur = conn.cursor()
                         with anyio.CancelScope(shield=True):
                             await cur.execute(query, params, prepare=True)

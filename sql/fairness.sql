@@ -2,33 +2,42 @@
 -- (max_active, max_active_per_group). claim() (claim.sql) sends every other queue down the plain
 -- fast path and only these here.
 --
--- Concurrency. Claimers of one controlled queue are serialised by a transaction-scoped advisory
--- lock taken before anything is read. Under READ COMMITTED every statement after the lock takes
--- a fresh snapshot, so the active counts below include every job leased by the claimers that held
--- the lock before us (they committed before releasing it): a cap can never be overshot, not even
--- briefly, however many workers claim at once. The lock is held to the end of the claim's
--- transaction, so call claim in a short transaction (autocommit, as the worker does). Queues are
--- locked in name order, so two claims over the same queues cannot deadlock.
+-- Caps. Claimers of a capped queue are serialised by a transaction-scoped advisory lock taken
+-- before anything is read. Under READ COMMITTED every statement after the lock takes a fresh
+-- snapshot, and a lock holder releases the lock only after its commit is visible, so the active
+-- counts read after the lock include every job leased by the claims before: a cap is never
+-- overshot, not even briefly, however many workers claim at once. The lock lasts to the end of
+-- the claim's transaction: call claim in a short transaction (autocommit, as the worker does);
+-- under REPEATABLE READ or SERIALIZABLE (a snapshot older than the lock) a capped claim refuses
+-- with PJ002. Queues are locked in name order, so claims over the same queues cannot deadlock.
 --
--- Fair selection (one pick at a time, each pick re-ranking the groups):
+-- Fair selection (one pick at a time; each pick re-ranks the groups):
 --   1. non-noisy groups before noisy ones; a group is noisy when its active jobs are at least
 --      noisy_min_active and more than noisy_share of the queue's active jobs;
 --   2. among the noisy, fewer active jobs first;
---   3. least recently served first: group_cursors.served_seq, a per-queue counter stamped on the
---      group at each pick (0 = never served);
---   4. then the head job's priority, run_at, id.
+--   3. least recently served first: group_cursors.served_seq, stamped from the sequence
+--      served_seq_seq whenever the group is served (0 = never served, so new groups go first);
+--   4. then the head job's priority, run_at, id (this decides between never-served groups).
 -- The ungrouped jobs take turns as one more member of the ring (never noisy, no per-group cap);
 -- their place is fair_queues.ungrouped_seq.
 --
+-- A fair queue without caps is claimed without the queue lock, side by side like the plain path:
+-- SKIP LOCKED keeps claimers off each other's jobs, and a group's cursor is row-locked by the claim
+-- serving it, so a concurrent claim, finding it held, serves that group only after the others.
+-- Concurrent claims thus spread over the groups although neither sees the other's picks.
+--
 -- Cost. A claim never enumerates the groups or their jobs:
---   * the ring is walked in served_seq order on group_cursors_seq_idx, a chunk at a time, and a
---     group's head is one probe of jobs_group_idx; a pick is one locking probe;
---   * groups get their cursor from an incremental skip scan over jobs_group_idx (DISCOVER_STEPS
---     distinct groups per claim, resuming where the previous claim stopped), so a queue with up to
---     that many groups is fully rescanned by every claim, and a new group in a larger queue is
---     found within (groups / DISCOVER_STEPS) claims;
---   * the queue's active jobs are counted once per claim (jobs_active_idx) for max_active and the
---     noisy threshold; a group's own count is a probe of jobs_group_live_idx.
+--   * the ring is read in served_seq order on group_cursors_seq_idx, a chunk at a time, from
+--     fair_queues.ring_from (every live cursor's served_seq is at least that, so the index entries
+--     that earlier stamps left behind below it are skipped); a group's head is one probe of
+--     jobs_group_idx, and the heads of a run of groups are locked, and their cursors stamped, in
+--     one statement;
+--   * groups get their cursor from an incremental skip scan over jobs_group_idx (16 distinct
+--     groups per claim, resuming where the previous claim stopped): a queue with up to 16 groups
+--     is fully rescanned by every claim, a new group in a larger queue is found within
+--     (groups / 16) claims;
+--   * the queue's active jobs are counted once per claim (jobs_active_idx), for max_active, the
+--     per-group caps and the noisy threshold.
 -- Cursors of groups without live work are deleted when the walk meets them (they drift to the
 -- front of the ring as live groups are served), so the table stays the size of the live groups.
 
@@ -157,10 +166,9 @@ $$;
 -- Fair pick on one queue: up to `room` pending job ids, in pick order, each locked (the caller
 -- leases them). `kinds` NULL: any kind; else only these kinds, at most quotas[i] of kinds[i].
 -- `serialized`: the queue's claim lock is held (a queue with caps), so counts and ring are exact.
--- A fair queue without caps is claimed without that lock, so its claimers run side by side as on
--- the plain path and only SKIP LOCKED keeps them apart: two claims at the same moment read the same
--- ring and may serve the same groups (each takes a different job), which evens out over the next
--- claims; nothing here waits on another claimer.
+-- Without it (a fair queue without caps) claimers run side by side: every lock here is taken with
+-- SKIP LOCKED, so nothing waits on another claimer, and a group whose cursor another claim holds
+-- is served after the others (see the top of this file).
 CREATE OR REPLACE FUNCTION pgjobs._claim_fair(queue text, room int, kinds text[], quotas int[], serialized boolean)
 RETURNS bigint[]
 LANGUAGE plpgsql
@@ -750,8 +758,7 @@ BEGIN
          WHERE r.nseq IS NOT NULL AND NOT r.picked AND c.queue = v_q AND c.group_key = r.k;
     END IF;
     -- Stamp the other served groups with the last served_seq each got in this call. A cursor
-    -- another claimer holds right now is left to it (it has just served that group too). A group
-    -- served without a cursor (noisy before it was ever registered) gets one from the discovery.
+    -- another claimer holds right now is left to it (it has just served that group too).
     IF EXISTS (SELECT 1 FROM unnest(l2_pick, l2_wrote) AS x(picked, wrote) WHERE x.picked AND NOT x.wrote) THEN
         WITH s AS (
             SELECT DISTINCT ON (x.k) x.k, x.seq, x.wrote

@@ -237,3 +237,20 @@ def test_concurrent_capped_claimers_fill_but_never_overfill(connect: ConnectFact
     assert len(ids) == len(set(ids)) == 7
     counts = active(setup)
     assert sum(counts.values()) == 7 and max(counts.values()) <= 3
+
+
+def test_due_scheduled_jobs_are_claimable_on_a_capped_queue(conn: Conn) -> None:
+    call(conn, "configure_queue", queue="q", max_active=2, max_active_per_group=1)
+    ids = [
+        r["id"]
+        for r in call(
+            conn,
+            "enqueue_many",
+            jobs=[{"kind": "k", "queue": "q", "group_key": g, "run_at": "2999-01-01T00:00:00Z"} for g in "ABC"],
+        )
+    ]
+    assert claim(conn, queues=["q"], max_jobs=5) == []
+    conn.execute("UPDATE pgjobs.jobs SET run_at = now() - interval '1 second' WHERE id = ANY (%s)", [ids])
+    got = claim(conn, queues=["q"], max_jobs=5)
+    assert [r["id"] for r in got] == ids[:2]  # claim order, within max_active
+    assert active(conn) == {"A": 1, "B": 1}

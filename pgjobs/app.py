@@ -199,9 +199,11 @@ class JobContext(_ContextBase):
         """Stores ``value`` (JSON) as the job's progress and pushes a status event to subscribers."""
         return bool(await self._worker._ctx_call("progress", self, value))
 
-    async def add_to_batch(self, spec: Mapping[str, Any], before_continuations: bool = False) -> int:
-        """Adds a sibling job (an ``enqueue_many`` spec) to this job's batch; returns its id."""
-        return int(await self._worker._ctx_call("add_to_batch", self, (dict(spec), before_continuations)))
+    async def add_to_batch(self, spec: Mapping[str, Any], before_continuations: bool = False) -> int | None:
+        """Adds a sibling job (an ``enqueue_many`` spec) to this job's batch; returns its id, or None when the
+        job is no longer this attempt's (the lease token no longer holds it)."""
+        added = await self._worker._ctx_call("add_to_batch", self, (dict(spec), before_continuations))
+        return None if added is None else int(added)
 
 
 class SyncJobContext(_ContextBase):
@@ -216,10 +218,9 @@ class SyncJobContext(_ContextBase):
     def report_progress(self, value: Any) -> bool:
         return bool(anyio.from_thread.run(self._worker._ctx_call, "progress", self, value))
 
-    def add_to_batch(self, spec: Mapping[str, Any], before_continuations: bool = False) -> int:
-        return int(
-            anyio.from_thread.run(self._worker._ctx_call, "add_to_batch", self, (dict(spec), before_continuations))
-        )
+    def add_to_batch(self, spec: Mapping[str, Any], before_continuations: bool = False) -> int | None:
+        added = anyio.from_thread.run(self._worker._ctx_call, "add_to_batch", self, (dict(spec), before_continuations))
+        return None if added is None else int(added)
 
 
 @dataclass(frozen=True, slots=True)

@@ -73,6 +73,7 @@ DECLARE
     v_more       claimed_job[];
     v_limits     jsonb;
     v_batched    boolean;
+    v_quiet      text[];   -- queues that hear nothing of a claim (status_events 'none' or 'terminal')
 BEGIN
     -- The common arguments pass these inline tests; only the rest pay for the helper's checks.
     IF worker IS NULL OR worker = '' OR queues IS NULL OR cardinality(queues) = 0
@@ -95,8 +96,9 @@ BEGIN
         SELECT CASE WHEN NOT coalesce(c.fair OR c.max_active IS NOT NULL OR c.max_active_per_group IS NOT NULL, false)
                     THEN queues END,
                CASE WHEN coalesce(c.fair OR c.max_active IS NOT NULL OR c.max_active_per_group IS NOT NULL, false)
-                    THEN queues END
-          INTO v_plain, v_controlled
+                    THEN queues END,
+               CASE WHEN c.status_events <> 'all' THEN queues ELSE '{}' END
+          INTO v_plain, v_controlled, v_quiet
           FROM (SELECT 1) AS one
           LEFT JOIN queues AS c ON c.queue = queues[1]
          WHERE NOT coalesce(c.paused, false);
@@ -104,8 +106,9 @@ BEGIN
         SELECT array_agg(u.q ORDER BY u.ord) FILTER (WHERE NOT coalesce(c.fair OR c.max_active IS NOT NULL
                                                                       OR c.max_active_per_group IS NOT NULL, false)),
                array_agg(u.q ORDER BY u.ord) FILTER (WHERE coalesce(c.fair OR c.max_active IS NOT NULL
-                                                                  OR c.max_active_per_group IS NOT NULL, false))
-          INTO v_plain, v_controlled
+                                                                  OR c.max_active_per_group IS NOT NULL, false)),
+               coalesce(array_agg(u.q) FILTER (WHERE c.status_events <> 'all'), '{}')
+          INTO v_plain, v_controlled, v_quiet
           FROM (SELECT DISTINCT ON (x.q) x.q, x.ord FROM unnest(queues) WITH ORDINALITY AS x(q, ord)
                  ORDER BY x.q, x.ord) AS u
           LEFT JOIN queues AS c ON c.queue = u.q
@@ -177,13 +180,23 @@ BEGIN
                       j.lease_expires_at, j.checkpoint, j.group_key, j.batch_id, j.first_started_at,
                       j.priority, j.run_at
         ), done AS MATERIALIZED (
-            -- Runs once, after the update (it reads all of upd): the events, and the start of any
-            -- batch whose first member this is.
-            SELECT _notify_status_rows(array_agg(u.id), array_agg('active'::job_state), array_agg(u.queue),
-                                       array_agg(u.kind), array_agg(u.attempt), array_agg(u.batch_id)) AS sent,
-                   CASE WHEN bool_or(u.batch_id IS NOT NULL)
-                        THEN _start_batches(array_agg(u.batch_id) FILTER (WHERE u.batch_id IS NOT NULL)) END AS started
-              FROM upd AS u
+            -- Runs once, after the update (it reads all of upd): the status events, worded here
+            -- as _status_event words them (the general path cuts outsized names), and the start
+            -- of any batch whose first member this is.
+            SELECT CASE WHEN max(octet_length(e.event)) > 1000
+                        THEN _notify_status_rows(array_agg(e.id), array_agg('active'::job_state), array_agg(e.queue),
+                                                 array_agg(e.kind), array_agg(e.attempt), array_agg(e.batch_id))
+                        ELSE _notify_status_texts(array_agg(e.event), max(octet_length(e.event))) END AS sent,
+                   (SELECT CASE WHEN bool_or(u.batch_id IS NOT NULL)
+                                THEN _start_batches(array_agg(u.batch_id) FILTER (WHERE u.batch_id IS NOT NULL)) END
+                      FROM upd AS u) AS started
+              FROM (SELECT u.id, u.queue, u.kind, u.attempt, u.batch_id,
+                           '{"id": ' || u.id || ', "kind": ' || to_json(u.kind)::text || ', "queue": '
+                           || to_json(u.queue)::text || ', "state": "active", "attempt": ' || u.attempt
+                           || ', "batch_id": ' || coalesce(u.batch_id::text, 'null') || '}' AS event
+                      FROM upd AS u
+                     WHERE u.queue <> ALL (v_quiet)
+                    OFFSET 0) AS e
         )
         SELECT u.id, u.kind, u.queue, u.payload, u.meta, u.attempt, u.max_attempts, u.lease_token,
                u.lease_expires_at, u.checkpoint, u.group_key, u.batch_id, u.first_started_at

@@ -192,10 +192,9 @@ AS $$
 #variable_conflict use_column
 DECLARE
     v_ids     bigint[];
-    v_queues  text[];
-    v_kinds   text[];
-    v_attempt int[];
-    v_batches bigint[];
+    v_none    text[];
+    v_events  text[];
+    v_longest int;
     v_follow  bigint[];
 BEGIN
     IF ids IS NULL OR lease_tokens IS NULL OR cardinality(ids) <> cardinality(lease_tokens) THEN
@@ -205,23 +204,36 @@ BEGIN
         RAISE EXCEPTION USING ERRCODE = 'PJ002',
             MESSAGE = format('results must parallel ids: got %s results for %s ids', cardinality(results), cardinality(ids));
     END IF;
+    -- Queues that hear nothing (status_events 'none'; 'terminal' hears of a success). Usually none.
+    v_none := ARRAY(SELECT q.queue FROM queues AS q WHERE q.status_events = 'none');
     WITH upd AS (
         UPDATE jobs AS j
            SET state = 'succeeded', completed_at = now(), result = t.res,
                lease_token = NULL, lease_expires_at = NULL
           FROM unnest(ids, lease_tokens, results) AS t(id, tok, res)
          WHERE j.id = t.id AND j.lease_token = t.tok AND j.state::text = 'active'
-        RETURNING j.id, j.queue, j.kind, j.attempt, j.batch_id, j.has_dependents
+        RETURNING j.id, j.queue, j.batch_id, j.has_dependents,
+                  -- The job's status event, worded here as _status_event words it.
+                  '{"id": ' || j.id || ', "kind": ' || to_json(j.kind)::text || ', "queue": '
+                  || to_json(j.queue)::text || ', "state": "succeeded", "attempt": ' || j.attempt
+                  || ', "batch_id": ' || coalesce(j.batch_id::text, 'null') || '}' AS event
     )
-    SELECT array_agg(u.id), array_agg(u.queue), array_agg(u.kind), array_agg(u.attempt), array_agg(u.batch_id),
+    SELECT array_agg(u.id), array_agg(u.event) FILTER (WHERE u.queue <> ALL (v_none)),
+           max(octet_length(u.event)) FILTER (WHERE u.queue <> ALL (v_none)),
            array_agg(u.id) FILTER (WHERE u.batch_id IS NOT NULL OR u.has_dependents)
-      INTO v_ids, v_queues, v_kinds, v_attempt, v_batches, v_follow
+      INTO v_ids, v_events, v_longest, v_follow
       FROM upd AS u;
     IF v_ids IS NULL THEN
         RETURN 0;
     END IF;
-    PERFORM _notify_status_rows(v_ids, array_fill('succeeded'::job_state, ARRAY[cardinality(v_ids)]), v_queues,
-                                v_kinds, v_attempt, v_batches);
+    IF v_longest > 1000 THEN
+        -- Some event names an outsized kind or queue (rare): the general path cuts the names.
+        PERFORM _notify_status_rows(array_agg(j.id), array_agg(j.state), array_agg(j.queue), array_agg(j.kind),
+                                    array_agg(j.attempt), array_agg(j.batch_id))
+           FROM jobs AS j WHERE j.id = ANY (v_ids);
+    ELSE
+        PERFORM _notify_status_texts(v_events, v_longest);
+    END IF;
     IF v_follow IS NOT NULL THEN
         PERFORM set_config('plan_cache_mode', 'auto', true);  -- see the note at the top of this file
         PERFORM _propagate(v_follow);

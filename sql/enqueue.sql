@@ -91,8 +91,9 @@ CREATE OR REPLACE FUNCTION pgjobs.enqueue(
     meta             jsonb DEFAULT '{}')
 RETURNS TABLE (id bigint, created boolean, state pgjobs.job_state)
 LANGUAGE plpgsql
--- (Only search_path: its statements plan the same either way and a SET clause costs every call.)
+-- (No plan_cache_mode: its statements plan the same either way, and a SET clause costs every call.)
 SET search_path = pgjobs, pg_catalog
+SET jit = off
 AS $$
 #variable_conflict use_column
 DECLARE

@@ -44,15 +44,15 @@
 -- Due scheduled jobs and expired leases of a controlled queue become pending before the pick, so
 -- the pick reads one index per group, and an expired job no longer counts as active (the lease
 -- expiry is recorded as the plain path's reclaim records it; the next lease is a new attempt).
--- Jobs out of attempts or with a cancellation request were settled by claim() (_settle_expired).
+-- Bookkeeping, not a transition a subscriber waits for (as claim.sql's _promote_scheduled): no
+-- status event; the job's next event is its lease. Jobs out of attempts or with a cancellation
+-- request were settled by claim() (_settle_expired).
 CREATE OR REPLACE FUNCTION pgjobs._promote_due(queue text)
 RETURNS void
 LANGUAGE plpgsql
 SET search_path = pgjobs, pg_catalog
 AS $$
 #variable_conflict use_column
-DECLARE
-    v_events jsonb;
 BEGIN
     WITH sched AS (
         SELECT j.id FROM jobs AS j
@@ -67,28 +67,19 @@ BEGIN
          ORDER BY j.lease_expires_at
          LIMIT 1000
            FOR UPDATE SKIP LOCKED
-    ), due AS (
-        SELECT sched.id FROM sched UNION ALL SELECT expired.id FROM expired
-    ), upd AS (
-        UPDATE jobs AS j
-           SET state = 'pending',
-               lease_token = NULL,
-               lease_expires_at = NULL,
-               errors = CASE WHEN j.state = 'active'
-                             THEN j.errors || jsonb_build_array(jsonb_build_object(
-                                      'attempt', j.attempt, 'at', now(), 'worker', j.leased_by,
-                                      'error', 'lease expired'))
-                             ELSE j.errors END,
-               last_error = CASE WHEN j.state = 'active' THEN 'lease expired' ELSE j.last_error END
-          FROM due
-         WHERE j.id = due.id
-        RETURNING j.id, j.queue, j.kind, j.attempt, j.batch_id
     )
-    SELECT jsonb_agg(jsonb_build_object('id', u.id, 'state', 'pending', 'queue', u.queue, 'kind', u.kind,
-                                        'attempt', u.attempt, 'batch_id', u.batch_id))
-      INTO v_events
-      FROM upd AS u;
-    PERFORM _notify_status(v_events);
+    UPDATE jobs AS j
+       SET state = 'pending',
+           lease_token = NULL,
+           lease_expires_at = NULL,
+           errors = CASE WHEN j.state = 'active'
+                         THEN j.errors || jsonb_build_array(jsonb_build_object(
+                                  'attempt', j.attempt, 'at', now(), 'worker', j.leased_by,
+                                  'error', 'lease expired'))
+                         ELSE j.errors END,
+           last_error = CASE WHEN j.state = 'active' THEN 'lease expired' ELSE j.last_error END
+      FROM (SELECT sched.id FROM sched UNION ALL SELECT expired.id FROM expired) AS due
+     WHERE j.id = due.id;
 END;
 $$;
 
@@ -191,6 +182,11 @@ DECLARE
     v_pos     text;                        -- where the next claim's discovery resumes
     v_lwm     bigint;                      -- lowest served_seq the walk met: the next ring_from
     v_stamped text[] := '{}';              -- groups whose cursor this call has stamped
+    v_maxid   bigint;                      -- the highest job id now
+    v_quiet   boolean;                     -- no job inserted since the previous claim
+    v_refreshed boolean := false;          -- the second pass of a quiet claim that came up short
+    v_npicked1 int := 0;                   -- picks of groups whose cursor the batch stamped
+    v_unstamped boolean := false;          -- a group picked whose cursor is not stamped yet
     v_seen    text[];
     -- The walk over the ring: phase 0 reads the never-served cursors (served_seq = 0) in key
     -- order, phase 1 the served ones from ring_from on in served_seq order, phase 2: done.
@@ -249,6 +245,7 @@ DECLARE
     u_hr      timestamptz;
     u_hi      bigint;
     u_probed  boolean := false;
+    u_empty   boolean;                     -- what the last look for ungrouped work in this call found
     u_owned   boolean := false;            -- this claim holds the fair_queues row
     u_busy    boolean := false;            -- another claim does
     -- the best candidate of a pick: 1 L1, 2 U, 3 N, 4 L2
@@ -277,10 +274,10 @@ DECLARE
 BEGIN
     SELECT * INTO v_cfg FROM queues AS c WHERE c.queue = v_q;
 
-    -- Active jobs per group, as of now.
+    -- Active jobs per group, as of now; and the highest job id (see v_quiet below).
     SELECT coalesce(sum(a.n), 0)::int, array_agg(a.k) FILTER (WHERE a.k IS NOT NULL),
-           array_agg(a.n) FILTER (WHERE a.k IS NOT NULL)
-      INTO v_total, a_key, a_cnt
+           array_agg(a.n) FILTER (WHERE a.k IS NOT NULL), (SELECT max(j.id) FROM jobs AS j)
+      INTO v_total, a_key, a_cnt, v_maxid
       FROM (SELECT j.group_key AS k, count(*)::int AS n
               FROM jobs AS j
              WHERE j.state = 'active' AND j.queue = v_q
@@ -299,15 +296,42 @@ BEGIN
     END IF;
     u_seq := v_fq.ungrouped_seq;
 
+    -- Work of a group without a cursor, or ungrouped work, mostly comes with new jobs. While no
+    -- job was inserted since the previous claim (the highest id is the same: a backlog being
+    -- worked off), the discovery sweep and the look for ungrouped work run only every 8th claim,
+    -- or when this claim comes up short (see the end of the loop). What else makes such work
+    -- (a retry, a fail or release back to pending, a commit of a long transaction's old ids) is
+    -- thus found within 8 claims, or at once when the queue has nothing else to give.
+    v_quiet := v_maxid IS NOT DISTINCT FROM v_fq.seen_max_id AND v_fq.quiet_claims % 8 <> 7;
+    u_out := v_quiet AND v_fq.ungrouped_empty;
+    IF NOT v_quiet AND v_fq.ungrouped_empty AND v_maxid IS NOT DISTINCT FROM v_fq.seen_max_id THEN
+        -- the 8th quiet claim looks for ungrouped work that came back without a new job, whether
+        -- or not the ungrouped turn comes in this claim
+        SELECT s.priority, s.run_at, s.id INTO u_hp, u_hr, u_hi
+          FROM (SELECT j.id, j.priority, j.run_at, j.group_key, j.kind
+                  FROM jobs AS j
+                 WHERE j.state = 'pending' AND j.queue = v_q
+                 ORDER BY j.priority, j.run_at, j.id
+                 LIMIT c_ungrouped_scan) AS s
+         WHERE s.group_key IS NULL AND (v_open IS NULL OR s.kind = ANY (v_open))
+         ORDER BY s.priority, s.run_at, s.id
+         LIMIT 1;
+        u_probed := true;
+        u_empty := u_hi IS NULL;
+        u_out := u_empty;
+    END IF;
+
     -- New groups join the ring as never served (on a queue without the claim lock, one
     -- discoverer at a time: the others skip it rather than wait).
     v_pos := v_fq.discover_after;
-    IF serialized OR pg_try_advisory_xact_lock(hashtextextended('pgjobs.discover:' || v_q, 0)) THEN
+    IF NOT v_quiet AND (serialized OR pg_try_advisory_xact_lock(hashtextextended('pgjobs.discover:' || v_q, 0))) THEN
         v_disc := _discover_groups(v_q, v_fq.discover_after, c_discover_steps);
         -- a sweep that ran out of groups starts from the first one next time
         v_pos := CASE WHEN v_disc.met < c_discover_steps THEN NULL ELSE v_disc.last_key END;
     END IF;
 
+    <<passes>>
+    LOOP
     <<picks>>
     WHILE cardinality(v_ids) < room LOOP
         -- The front of L1: a group at its cap cannot be picked in this call; a noisy one is
@@ -337,6 +361,7 @@ BEGIN
                       FROM group_cursors AS c
                      WHERE c.queue = v_q AND c.served_seq = 0
                        AND c.group_key >= v_bkey AND (v_first OR c.group_key <> v_bkey)
+                       AND (NOT v_refreshed OR c.group_key <> ALL (l1_key))
                      ORDER BY c.group_key
                      LIMIT v_chunk
                 ), r AS (
@@ -368,8 +393,9 @@ BEGIN
                     v_bkey := l_bkey;
                 END IF;
                 IF v_k < v_chunk THEN
-                    -- on to the served part, from the lowest served_seq still live
-                    v_phase := 1;
+                    -- on to the served part, from the lowest served_seq still live (the second
+                    -- pass of a short claim reads only never-served groups: the rest was read)
+                    v_phase := CASE WHEN v_refreshed THEN 2 ELSE 1 END;
                     v_bseq := v_fq.ring_from - 1;
                     v_bkey := '';
                 END IF;
@@ -450,6 +476,7 @@ BEGIN
                  ORDER BY s.priority, s.run_at, s.id
                  LIMIT 1;
                 u_probed := true;
+                u_empty := u_hi IS NULL;
                 IF u_hi IS NULL THEN
                     -- Nothing ungrouped in sight: the pseudo-group goes to the back of the ring,
                     -- so an all-grouped queue looks for ungrouped work once per round.
@@ -522,41 +549,36 @@ BEGIN
                 v_k := least(cardinality(l1_key), b_i + v_left - 1);
                 SELECT array_agg(nextval('served_seq_seq') ORDER BY g.i) INTO l_seq
                   FROM generate_series(b_i, v_k) AS g(i);
-                WITH x AS (
-                    SELECT x.k, x.seq, x.ord FROM unnest(l1_key[b_i:v_k], l_seq) WITH ORDINALITY AS x(k, seq, ord)
-                ), cl AS (
-                    SELECT x.k, x.seq, x.ord, c.last_served_at
-                      FROM x
-                     CROSS JOIN LATERAL (
-                           SELECT c.last_served_at
-                             FROM group_cursors AS c
-                            WHERE c.queue = v_q AND c.group_key = x.k
-                              FOR UPDATE SKIP LOCKED) AS c
-                ), h AS (
-                    SELECT cl.k, cl.seq, cl.ord, cl.last_served_at, hh.id, hh.kind
-                      FROM cl
-                     CROSS JOIN LATERAL (
-                           SELECT j.id, j.kind
-                             FROM jobs AS j
-                            WHERE j.state = 'pending' AND j.queue = v_q AND j.group_key = cl.k
-                              AND (v_open IS NULL OR j.kind = ANY (v_open)) AND j.id <> ALL (v_ids)
-                            ORDER BY j.priority, j.run_at, j.id
-                            LIMIT 1
-                              FOR UPDATE SKIP LOCKED) AS hh
+                WITH r AS (
+                    SELECT x.k, x.seq, x.ord, c.mine, c.at, c.tid, h.id, h.kind
+                      FROM unnest(l1_key[b_i:v_k], l_seq) WITH ORDINALITY AS x(k, seq, ord)
+                      LEFT JOIN LATERAL (
+                            SELECT true AS mine, c.last_served_at AS at, c.ctid AS tid
+                              FROM group_cursors AS c
+                             WHERE c.queue = v_q AND c.group_key = x.k
+                               FOR UPDATE SKIP LOCKED) AS c ON true
+                      LEFT JOIN LATERAL (
+                            SELECT j.id, j.kind
+                              FROM jobs AS j
+                             WHERE c.mine AND j.state = 'pending' AND j.queue = v_q AND j.group_key = x.k
+                               AND (v_open IS NULL OR j.kind = ANY (v_open)) AND j.id <> ALL (v_ids)
+                             ORDER BY j.priority, j.run_at, j.id
+                             LIMIT 1
+                               FOR UPDATE SKIP LOCKED) AS h ON true
                 ), stamp AS (
+                    -- by ctid: the version just locked (no second walk of the key's index entries)
                     UPDATE group_cursors AS c
-                       SET served_seq = h.seq, last_served_at = now()
-                      FROM h
-                     WHERE c.queue = v_q AND c.group_key = h.k
-                    RETURNING c.group_key
+                       SET served_seq = r.seq, last_served_at = now()
+                      FROM r
+                     WHERE r.id IS NOT NULL AND c.ctid = r.tid
+                       AND c.ctid = ANY (ARRAY(SELECT r2.tid FROM r AS r2 WHERE r2.id IS NOT NULL))
+                    RETURNING 1
                 )
-                SELECT array_agg(cl.k IS NULL ORDER BY x.ord), array_agg(h.id ORDER BY x.ord),
-                       array_agg(h.kind ORDER BY x.ord), array_agg(h.last_served_at ORDER BY x.ord),
+                SELECT array_agg(r.mine IS NULL ORDER BY r.ord), array_agg(r.id ORDER BY r.ord),
+                       array_agg(r.kind ORDER BY r.ord), array_agg(r.at ORDER BY r.ord),
                        (SELECT count(*) FROM stamp)::int
                   INTO l_busy, l_hi, l_key, l_at, v_per
-                  FROM x
-                  LEFT JOIN cl ON cl.ord = x.ord
-                  LEFT JOIN h ON h.ord = x.ord;
+                  FROM r;
                 FOR i IN b_i .. v_k LOOP
                     l1_busy[i] := l_busy[i - b_i + 1];
                     l1_lid[i] := l_hi[i - b_i + 1];
@@ -584,6 +606,7 @@ BEGIN
                 v_id := l1_lid[b_i];
                 v_kind := l1_lkind[b_i];
                 l1_picked[b_i] := true;
+                v_npicked1 := v_npicked1 + 1;
             ELSIF l1_lid[b_i] IS NOT NULL THEN
                 v_key := v_key;   -- its kind ran out meanwhile: look again below
             ELSE
@@ -658,6 +681,8 @@ BEGIN
             END IF;
             u_seq := nextval('served_seq_seq');
             u_hi := NULL;
+            u_probed := true;
+            u_empty := v_id IS NULL;
             IF v_id IS NULL THEN
                 -- nothing ungrouped in sight: U takes its turn at the back of the ring
                 u_out := true;
@@ -728,7 +753,9 @@ BEGIN
         ELSIF b_src <> 2 THEN
             IF b_src = 1 AND l1_nseq[b_i] IS NOT NULL THEN
                 l1_picked[b_i] := true;           -- stamped, and taken after all (kind re-probe)
+                v_npicked1 := v_npicked1 + 1;
             END IF;
+            v_unstamped := true;
             l2_key := l2_key || v_key;
             l2_seq := l2_seq || nextval('served_seq_seq');
             l2_act := l2_act || (v_act + 1);
@@ -749,9 +776,24 @@ BEGIN
         END IF;
     END LOOP;
 
+    -- A quiet claim that came up short: look for what it skipped (groups without a cursor, with
+    -- a longer sweep, and ungrouped work) and go on with what that finds.
+    EXIT passes WHEN cardinality(v_ids) >= room OR NOT v_quiet OR v_refreshed
+                  OR (v_open IS NOT NULL AND cardinality(v_open) = 0);
+    v_refreshed := true;
+    IF serialized OR pg_try_advisory_xact_lock(hashtextextended('pgjobs.discover:' || v_q, 0)) THEN
+        v_disc := _discover_groups(v_q, v_pos, 16 * c_discover_steps);
+        v_pos := CASE WHEN v_disc.met < 16 * c_discover_steps THEN NULL ELSE v_disc.last_key END;
+    END IF;
+    u_out := u_probed AND u_empty;
+    v_phase := 0;
+    v_bkey := '';
+    v_first := true;
+    END LOOP;
+
     -- Groups stamped ahead by a batch but not picked after all (the call filled up first, or the
     -- group turned out noisy) get their old place in the ring back.
-    IF cardinality(v_stamped) > (SELECT count(*) FROM unnest(l1_picked) AS x(p) WHERE x.p) THEN
+    IF cardinality(v_stamped) > v_npicked1 THEN
         UPDATE group_cursors AS c
            SET served_seq = r.seq, last_served_at = r.at
           FROM unnest(l1_key, l1_seq, l1_oldat, l1_nseq, l1_picked) AS r(k, seq, at, nseq, picked)
@@ -759,7 +801,7 @@ BEGIN
     END IF;
     -- Stamp the other served groups with the last served_seq each got in this call. A cursor
     -- another claimer holds right now is left to it (it has just served that group too).
-    IF EXISTS (SELECT 1 FROM unnest(l2_pick, l2_wrote) AS x(picked, wrote) WHERE x.picked AND NOT x.wrote) THEN
+    IF v_unstamped THEN
         WITH s AS (
             SELECT DISTINCT ON (x.k) x.k, x.seq, x.wrote
               FROM unnest(l2_key, l2_seq, l2_pick, l2_wrote) AS x(k, seq, picked, wrote)
@@ -776,17 +818,17 @@ BEGIN
           FROM s JOIN lk ON lk.group_key = s.k
          WHERE c.queue = v_q AND c.group_key = s.k;
     END IF;
-    IF u_seq IS DISTINCT FROM v_fq.ungrouped_seq OR v_pos IS DISTINCT FROM v_fq.discover_after
-       OR v_lwm IS DISTINCT FROM v_fq.ring_from AND v_lwm IS NOT NULL THEN
-        UPDATE fair_queues AS f
-           SET ungrouped_seq = u_seq,
-               ungrouped_served_at = CASE WHEN u_served THEN now() ELSE f.ungrouped_served_at END,
-               ring_from = greatest(f.ring_from, coalesce(v_lwm, f.ring_from)),
-               discover_after = v_pos,
-               updated_at = now()
-         WHERE f.queue = v_q
-           AND f.ctid = (SELECT x.ctid FROM fair_queues AS x WHERE x.queue = v_q FOR UPDATE SKIP LOCKED);
-    END IF;
+    UPDATE fair_queues AS f
+       SET ungrouped_seq = u_seq,
+           ungrouped_served_at = CASE WHEN u_served THEN now() ELSE f.ungrouped_served_at END,
+           ring_from = greatest(f.ring_from, coalesce(v_lwm, f.ring_from)),
+           discover_after = v_pos,
+           ungrouped_empty = coalesce(u_empty, f.ungrouped_empty),
+           seen_max_id = coalesce(v_maxid, 0),
+           quiet_claims = CASE WHEN v_quiet THEN f.quiet_claims + 1 ELSE 0 END,
+           updated_at = now()
+     WHERE f.queue = v_q
+       AND f.ctid = (SELECT x.ctid FROM fair_queues AS x WHERE x.queue = v_q FOR UPDATE SKIP LOCKED);
     RETURN v_ids;
 END;
 $$;
@@ -887,16 +929,22 @@ CREATE OR REPLACE FUNCTION pgjobs._claim_controlled(worker text, queues text[], 
 RETURNS pgjobs.claimed_job[]
 LANGUAGE plpgsql
 SET search_path = pgjobs, pg_catalog
--- Every statement below reads a handful of index entries; on a big table a generic plan's estimate can
--- still pass jit_above_cost, and compiling would cost far more than running (tens of ms per claim).
+-- Every statement below reads a handful of index entries or rows by ctid. A generic plan's estimate on a
+-- big table can still pass jit_above_cost, and compiling costs far more than running (tens of ms per
+-- claim); and on group_cursors, small and rewritten all the time, the statistics lag, and a plan that
+-- reads the whole table or a bitmap of a key's dead versions looks cheaper than it is (bitmap scans also
+-- never mark dead index entries, so every later lookup pays for them again).
 SET jit = off
+SET enable_seqscan = off
+SET enable_bitmapscan = off
 AS $$
 #variable_conflict use_column
 DECLARE
     v_kinds  text[];                      -- NULL: any kind
     v_quotas int[];
     v_cfg    record;
-    v_now    record;
+    v_fair   boolean;
+    v_paused boolean;
     v_capped boolean;
     v_got    bigint[];
     v_ids    bigint[] := '{}';
@@ -931,14 +979,13 @@ BEGIN
         IF v_capped THEN
             PERFORM pg_advisory_xact_lock(hashtextextended('pgjobs.claim:' || v_cfg.queue, 0));
             -- the settings as of now (a configure_queue may have committed while we waited)
-            SELECT c.fair, c.paused, c.max_active IS NOT NULL OR c.max_active_per_group IS NOT NULL AS capped
-              INTO v_now FROM pgjobs.queues AS c WHERE c.queue = v_cfg.queue;
-            CONTINUE WHEN v_now.paused;
+            SELECT c.fair, c.paused INTO v_fair, v_paused FROM pgjobs.queues AS c WHERE c.queue = v_cfg.queue;
+            CONTINUE WHEN v_paused;
         ELSE
-            SELECT v_cfg.fair, false AS paused, false AS capped INTO v_now;
+            v_fair := v_cfg.fair;
         END IF;
         PERFORM _promote_due(v_cfg.queue);
-        IF v_now.fair THEN
+        IF v_fair THEN
             v_got := _claim_fair(v_cfg.queue, max_jobs - cardinality(v_ids), v_kinds, v_quotas, v_capped);
         ELSE
             v_got := _claim_capped(v_cfg.queue, max_jobs - cardinality(v_ids), v_kinds, v_quotas);

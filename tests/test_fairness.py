@@ -419,3 +419,27 @@ def test_a_group_passed_over_in_a_call_keeps_its_place(conn: Conn) -> None:
     # in the same pass, was not served and stays first in line
     assert groups(claim(conn, queues=["q"], max_jobs=3)) == ["B", "C", None]
     assert groups(claim(conn, queues=["q"])) == ["A"]
+
+
+def test_work_that_comes_without_a_new_job_is_found_within_8_claims(conn: Conn) -> None:
+    """A group gets claimable work without any job being inserted (a scheduled job comes due, a job is
+    retried): claims that saw no new job skip the discovery sweep, but run it every 8th claim, and at once
+    when the queue has nothing else to give."""
+    fair(conn)
+    put(conn, "A", 100)
+    [later] = put(conn, "B", 1, run_at=(datetime.now(UTC) + timedelta(days=1)).isoformat())
+    [u] = put(conn, None, 1, run_at=(datetime.now(UTC) + timedelta(days=1)).isoformat())
+    assert groups(claim(conn, queues=["q"])) == ["A"]
+    conn.execute("UPDATE pgjobs.jobs SET run_at = now() - interval '1 second' WHERE id IN (%s, %s)", [later, u])
+    seen: list[str | None] = []
+    for _ in range(9):
+        seen += groups(claim(conn, queues=["q"]))
+    assert "B" in seen and None in seen, seen
+
+    # and a drained queue finds such work at once
+    while rows := claim(conn, queues=["q"], max_jobs=50):
+        complete(conn, rows)
+    [c] = put(conn, "C", 1, run_at=(datetime.now(UTC) + timedelta(days=1)).isoformat())
+    assert claim(conn, queues=["q"]) == []
+    conn.execute("UPDATE pgjobs.jobs SET run_at = now() - interval '1 second' WHERE id = %s", [c])
+    assert [r["id"] for r in claim(conn, queues=["q"])] == [c]

@@ -4,7 +4,8 @@
 -- Counters: total (members), pending (members not yet terminal), succeeded, failed, cancelled.
 -- The batch settles when pending reaches 0: `failed` if any member failed, else `cancelled` if
 -- any was cancelled, else `succeeded`; batch-level continuations (depends_on {"batch": id})
--- settle then.
+-- settle then, except `success` ones, cancelled as soon as a member fails or is cancelled (the
+-- batch can no longer succeed then: see _propagate).
 
 -- Recounts batches from their members, under the batches' row locks (taken in id order, before
 -- counting: a member settling concurrently either committed before the lock, and is counted
@@ -184,7 +185,7 @@ $$;
 -- sibling to its batch; returns the sibling's id. With before_continuations, the jobs that depend
 -- on the calling job (now, and any continuation attached later) also wait for the sibling to
 -- settle (an extra `complete` dependency: its outcome is the batch's business, not theirs).
--- A job outside a batch raises PJ004.
+-- A job outside a batch, or one whose cancellation was requested, raises PJ004.
 CREATE OR REPLACE FUNCTION pgjobs.add_to_batch(id bigint, lease_token uuid, job jsonb,
                                                before_continuations boolean DEFAULT false)
 RETURNS bigint
@@ -198,6 +199,7 @@ DECLARE
     v_sib     bigint;
     v_created boolean;
     v_state   job_state;
+    v_cancel  boolean;
 BEGIN
     SELECT j.batch_id INTO v_batch FROM jobs AS j WHERE j.id = add_to_batch.id;
     v_found := FOUND;
@@ -210,11 +212,20 @@ BEGIN
         RETURN NULL;
     END IF;
     -- The caller's row lock keeps it active (so its batch cannot settle) until we commit.
-    SELECT j.batch_id INTO v_batch FROM jobs AS j
+    SELECT j.batch_id, j.cancel_requested INTO v_batch, v_cancel FROM jobs AS j
      WHERE j.id = add_to_batch.id AND j.lease_token = add_to_batch.lease_token AND j.state = 'active'
        FOR NO KEY UPDATE;
     IF NOT FOUND THEN
         RETURN NULL;
+    END IF;
+    -- A member whose cancellation was requested (cancel, or cancel_batch of its batch) must not add
+    -- work: a sibling added after cancel_batch would be pending in a batch its owner cancelled, and
+    -- would run. cancel_batch flags running members under their row lock, which we hold now, so
+    -- either it flagged the caller before (refused here) or it runs after we commit and cancels the
+    -- new sibling with the other idle members.
+    IF v_cancel THEN
+        RAISE EXCEPTION USING ERRCODE = 'PJ004',
+            MESSAGE = format('job %s is being cancelled; it cannot add a job to batch %s', add_to_batch.id, v_batch);
     END IF;
 
     SELECT g.id, g.created INTO v_sib, v_created

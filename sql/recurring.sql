@@ -48,6 +48,39 @@ BEGIN
 END;
 $$;
 
+-- PJ002 unless `cron` has the shape of a cron expression croniter reads: 5 fields (minute hour day month
+-- weekday), optionally a 6th (seconds) and a 7th (year), each made of digits, names (jan, mon), `* / , - ?`
+-- and croniter's `L W # R`; or one of the @yearly/@annually/@monthly/@weekly/@daily/@midnight/@hourly
+-- aliases. A shape check only (ranges like "61" are croniter's to refuse, in the client that computes
+-- next_run_at): it turns away what no cron reader accepts ("every tuesday", "* * *") before it is stored
+-- for schedulers to trip over, and it never refuses an expression croniter accepts.
+CREATE OR REPLACE FUNCTION pgjobs._check_cron(name text, cron text)
+RETURNS void
+LANGUAGE plpgsql
+IMMUTABLE
+SET search_path = pgjobs, pg_catalog
+AS $$
+DECLARE
+    v_fields text[] := regexp_split_to_array(btrim(cron, E' \t\n\r'), E'\\s+');
+BEGIN
+    IF cron IS NULL OR btrim(cron, E' \t\n\r') = '' THEN
+        RAISE EXCEPTION USING ERRCODE = 'PJ002',
+            MESSAGE = format('schedule %L: cron must be a non-empty cron expression, got %s',
+                             name, coalesce(quote_literal(cron), 'NULL'));
+    END IF;
+    IF cardinality(v_fields) = 1
+       AND lower(v_fields[1]) IN ('@yearly', '@annually', '@monthly', '@weekly', '@daily', '@midnight', '@hourly') THEN
+        RETURN;
+    END IF;
+    IF cardinality(v_fields) NOT BETWEEN 5 AND 7
+       OR EXISTS (SELECT 1 FROM unnest(v_fields) AS f WHERE f !~ '^[0-9A-Za-z*/,?#-]+$') THEN
+        RAISE EXCEPTION USING ERRCODE = 'PJ002',
+            MESSAGE = format('schedule %L: invalid cron expression %L (expected 5 fields "minute hour day month '
+                             'weekday", optionally seconds and year, or an alias such as @hourly)', name, cron);
+    END IF;
+END;
+$$;
+
 -- Creates or replaces a schedule. `next_run_at` is the first run, computed by the caller from
 -- `cron` in `timezone`. With keep_next_run_at, an existing schedule whose cron and time zone are
 -- unchanged keeps its own next_run_at: a worker re-declaring its code-defined schedules at start-up
@@ -81,11 +114,8 @@ BEGIN
     PERFORM _check_schedule_name(upsert_schedule.name);
     PERFORM _check_job_args(upsert_schedule.kind, upsert_schedule.queue, upsert_schedule.payload,
                             upsert_schedule.max_attempts, format('schedule %L', upsert_schedule.name));
-    IF upsert_schedule.cron IS NULL OR btrim(upsert_schedule.cron) = '' THEN
-        RAISE EXCEPTION USING ERRCODE = 'PJ002',
-            MESSAGE = format('schedule %L: cron must be a non-empty cron expression, got %s',
-                             upsert_schedule.name, coalesce(quote_literal(upsert_schedule.cron), 'NULL'));
-    ELSIF upsert_schedule.next_run_at IS NULL OR NOT isfinite(upsert_schedule.next_run_at) THEN
+    PERFORM _check_cron(upsert_schedule.name, upsert_schedule.cron);
+    IF upsert_schedule.next_run_at IS NULL OR NOT isfinite(upsert_schedule.next_run_at) THEN
         RAISE EXCEPTION USING ERRCODE = 'PJ002',
             MESSAGE = format('schedule %L: next_run_at must be a finite timestamp, got %s',
                              upsert_schedule.name, coalesce(upsert_schedule.next_run_at::text, 'NULL'));

@@ -160,8 +160,8 @@ $$;
 -- Without it (a fair queue without caps) claimers run side by side: every lock here is taken with
 -- SKIP LOCKED, so nothing waits on another claimer, and a group whose cursor another claim holds
 -- is served after the others (see the top of this file).
-CREATE OR REPLACE FUNCTION pgjobs._claim_fair(queue text, room int, kinds text[], quotas int[], serialized boolean)
-RETURNS bigint[]
+CREATE OR REPLACE FUNCTION pgjobs._claim_fair(queue text, room int, kinds text[], quotas int[], serialized boolean,
+                                              OUT ids bigint[], OUT tids tid[])
 LANGUAGE plpgsql
 SET search_path = pgjobs, pg_catalog
 AS $$
@@ -205,6 +205,10 @@ DECLARE
     l1_hr     timestamptz[] := '{}';
     l1_hi     bigint[] := '{}';
     l1_lid    bigint[] := '{}';            -- the head locked for the entry (batch), or NULL
+    l1_ltid   tid[] := '{}';               -- its ctid (the lease reads the rows by ctid)
+    v_tids    tid[] := '{}';
+    v_tid     tid;
+    l_tid     tid[];
     l1_lkind  text[] := '{}';
     l1_done   boolean[] := '{}';           -- its head was looked for
     l1_busy   boolean[] := '{}';           -- its cursor is held by another claim
@@ -217,8 +221,10 @@ DECLARE
     -- rows locked ahead for groups picked again: pf_key is NULLed once a row is used
     pf_key    text[] := '{}';
     pf_id     bigint[] := '{}';
+    pf_tid    tid[] := '{}';
     pf_kind   text[] := '{}';
     u_buf     bigint[] := '{}';            -- ungrouped rows locked ahead, used from u_bp
+    u_buftid  tid[] := '{}';
     u_bufkind text[] := '{}';
     u_bp      int := 1;
     v_left    int;
@@ -286,7 +292,9 @@ BEGIN
         room := least(room, v_cfg.max_active - v_total);
     END IF;
     IF room <= 0 THEN
-        RETURN '{}';
+        ids := '{}';
+        tids := '{}';
+        RETURN;
     END IF;
 
     SELECT * INTO v_fq FROM fair_queues AS f WHERE f.queue = v_q;
@@ -440,6 +448,7 @@ BEGIN
                 l1_hr := l1_hr || coalesce(l_hr, array_fill(NULL::timestamptz, ARRAY[cardinality(l_key)]));
                 l1_hi := l1_hi || coalesce(l_hi, array_fill(NULL::bigint, ARRAY[cardinality(l_key)]));
                 l1_lid := l1_lid || array_fill(NULL::bigint, ARRAY[cardinality(l_key)]);
+                l1_ltid := l1_ltid || array_fill(NULL::tid, ARRAY[cardinality(l_key)]);
                 l1_lkind := l1_lkind || array_fill(NULL::text, ARRAY[cardinality(l_key)]);
                 l1_done := l1_done || array_fill(false, ARRAY[cardinality(l_key)]);
                 l1_busy := l1_busy || array_fill(false, ARRAY[cardinality(l_key)]);
@@ -535,6 +544,7 @@ BEGIN
         -- locked ahead and then not taken (the ranking went elsewhere, or its kind ran out) stays
         -- locked until commit and is passed over by other claimers meanwhile: harmless.
         v_id := NULL;
+        v_tid := NULL;
         v_left := room - cardinality(v_ids);
         IF b_src = 1 THEN
             v_key := l1_key[b_i];
@@ -550,7 +560,7 @@ BEGIN
                 SELECT array_agg(nextval('served_seq_seq') ORDER BY g.i) INTO l_seq
                   FROM generate_series(b_i, v_k) AS g(i);
                 WITH r AS (
-                    SELECT x.k, x.seq, x.ord, c.mine, c.at, c.tid, h.id, h.kind
+                    SELECT x.k, x.seq, x.ord, c.mine, c.at, c.tid, h.id, h.kind, h.jtid
                       FROM unnest(l1_key[b_i:v_k], l_seq) WITH ORDINALITY AS x(k, seq, ord)
                       LEFT JOIN LATERAL (
                             SELECT true AS mine, c.last_served_at AS at, c.ctid AS tid
@@ -558,7 +568,7 @@ BEGIN
                              WHERE c.queue = v_q AND c.group_key = x.k
                                FOR UPDATE SKIP LOCKED) AS c ON true
                       LEFT JOIN LATERAL (
-                            SELECT j.id, j.kind
+                            SELECT j.id, j.kind, j.ctid AS jtid
                               FROM jobs AS j
                              WHERE c.mine AND j.state = 'pending' AND j.queue = v_q AND j.group_key = x.k
                                AND (v_open IS NULL OR j.kind = ANY (v_open)) AND j.id <> ALL (v_ids)
@@ -576,12 +586,13 @@ BEGIN
                 )
                 SELECT array_agg(r.mine IS NULL ORDER BY r.ord), array_agg(r.id ORDER BY r.ord),
                        array_agg(r.kind ORDER BY r.ord), array_agg(r.at ORDER BY r.ord),
-                       (SELECT count(*) FROM stamp)::int
-                  INTO l_busy, l_hi, l_key, l_at, v_per
+                       array_agg(r.jtid ORDER BY r.ord), (SELECT count(*) FROM stamp)::int
+                  INTO l_busy, l_hi, l_key, l_at, l_tid, v_per
                   FROM r;
                 FOR i IN b_i .. v_k LOOP
                     l1_busy[i] := l_busy[i - b_i + 1];
                     l1_lid[i] := l_hi[i - b_i + 1];
+                    l1_ltid[i] := l_tid[i - b_i + 1];
                     l1_lkind[i] := l_key[i - b_i + 1];
                     l1_done[i] := true;
                     IF l1_lid[i] IS NOT NULL THEN
@@ -604,6 +615,7 @@ BEGIN
                 CONTINUE picks;
             ELSIF l1_lid[b_i] IS NOT NULL AND (v_open IS NULL OR l1_lkind[b_i] = ANY (v_open)) THEN
                 v_id := l1_lid[b_i];
+                v_tid := l1_ltid[b_i];
                 v_kind := l1_lkind[b_i];
                 l1_picked[b_i] := true;
                 v_npicked1 := v_npicked1 + 1;
@@ -643,6 +655,7 @@ BEGIN
                 u_bp := u_bp + 1;
                 IF v_open IS NULL OR u_bufkind[u_bp - 1] = ANY (v_open) THEN
                     v_id := u_buf[u_bp - 1];
+                    v_tid := u_buftid[u_bp - 1];
                     v_kind := u_bufkind[u_bp - 1];
                     EXIT;
                 END IF;
@@ -659,7 +672,7 @@ BEGIN
                              LIMIT c_ungrouped_scan + v_k) AS s
                      WHERE s.group_key IS NULL AND (v_open IS NULL OR s.kind = ANY (v_open))
                 ), locked AS (
-                    SELECT j.id, j.kind, j.priority, j.run_at
+                    SELECT j.id, j.kind, j.priority, j.run_at, j.ctid AS jtid
                       FROM jobs AS j
                      WHERE j.id IN (SELECT cand.id FROM cand) AND j.state = 'pending'
                      ORDER BY j.priority, j.run_at, j.id
@@ -667,15 +680,18 @@ BEGIN
                        FOR UPDATE SKIP LOCKED
                 )
                 SELECT array_agg(l.id ORDER BY l.priority, l.run_at, l.id),
-                       array_agg(l.kind ORDER BY l.priority, l.run_at, l.id)
-                  INTO u_buf, u_bufkind
+                       array_agg(l.kind ORDER BY l.priority, l.run_at, l.id),
+                       array_agg(l.jtid ORDER BY l.priority, l.run_at, l.id)
+                  INTO u_buf, u_bufkind, u_buftid
                   FROM locked AS l;
                 u_buf := coalesce(u_buf, '{}');
                 u_bufkind := coalesce(u_bufkind, '{}');
+                u_buftid := coalesce(u_buftid, '{}');
                 u_bp := 1;
                 IF cardinality(u_buf) > 0 THEN
                     u_bp := 2;
                     v_id := u_buf[1];
+                    v_tid := u_buftid[1];
                     v_kind := u_bufkind[1];
                 END IF;
             END IF;
@@ -698,6 +714,7 @@ BEGIN
                 pf_key[v_k] := NULL;
                 IF v_open IS NULL OR pf_kind[v_k] = ANY (v_open) THEN
                     v_id := pf_id[v_k];
+                    v_tid := pf_tid[v_k];
                     v_kind := pf_kind[v_k];
                     EXIT;
                 END IF;
@@ -715,11 +732,12 @@ BEGIN
                 END IF;
                 SELECT array_agg(x.k ORDER BY x.ord, h.priority, h.run_at, h.id),
                        array_agg(h.id ORDER BY x.ord, h.priority, h.run_at, h.id),
-                       array_agg(h.kind ORDER BY x.ord, h.priority, h.run_at, h.id)
-                  INTO l_dead, l_hi, l_lkind
+                       array_agg(h.kind ORDER BY x.ord, h.priority, h.run_at, h.id),
+                       array_agg(h.jtid ORDER BY x.ord, h.priority, h.run_at, h.id)
+                  INTO l_dead, l_hi, l_lkind, l_tid
                   FROM unnest(l_key) WITH ORDINALITY AS x(k, ord)
                  CROSS JOIN LATERAL (
-                       SELECT j.id, j.kind, j.priority, j.run_at
+                       SELECT j.id, j.kind, j.priority, j.run_at, j.ctid AS jtid
                          FROM jobs AS j
                         WHERE j.state = 'pending' AND j.queue = v_q AND j.group_key = x.k
                           AND (v_open IS NULL OR j.kind = ANY (v_open)) AND j.id <> ALL (v_ids)
@@ -730,11 +748,13 @@ BEGIN
                 IF l_hi IS NOT NULL THEN
                     pf_key := pf_key || l_dead;
                     pf_id := pf_id || l_hi;
+                    pf_tid := pf_tid || l_tid;
                     pf_kind := pf_kind || l_lkind;
                     v_k := array_position(pf_key, v_key);
                     IF v_k IS NOT NULL THEN
                         pf_key[v_k] := NULL;
                         v_id := pf_id[v_k];
+                        v_tid := pf_tid[v_k];
                         v_kind := pf_kind[v_k];
                     END IF;
                 END IF;
@@ -765,6 +785,7 @@ BEGIN
         END IF;
 
         v_ids := v_ids || v_id;
+        v_tids := v_tids || v_tid;
         v_total := v_total + 1;
         IF v_open IS NOT NULL THEN
             v_k := array_position(kinds, v_kind);
@@ -829,14 +850,15 @@ BEGIN
            updated_at = now()
      WHERE f.queue = v_q
        AND f.ctid = (SELECT x.ctid FROM fair_queues AS x WHERE x.queue = v_q FOR UPDATE SKIP LOCKED);
-    RETURN v_ids;
+    ids := v_ids;
+    tids := v_tids;
 END;
 $$;
 
 -- Capped pick on a queue without fair selection (its claim lock held): claim order (priority,
 -- run_at, id), passing over groups at max_active_per_group and kinds whose quota is spent.
-CREATE OR REPLACE FUNCTION pgjobs._claim_capped(queue text, room int, kinds text[], quotas int[])
-RETURNS bigint[]
+CREATE OR REPLACE FUNCTION pgjobs._claim_capped(queue text, room int, kinds text[], quotas int[],
+                                                OUT ids bigint[], OUT tids tid[])
 LANGUAGE plpgsql
 SET search_path = pgjobs, pg_catalog
 AS $$
@@ -851,6 +873,7 @@ DECLARE
     g_key     text[] := '{}';             -- active jobs per group (the groups with any, and those picked)
     g_act     int[] := '{}';
     v_ids     bigint[] := '{}';
+    v_tids    tid[] := '{}';
     v_rows    record;
     v_skipped boolean;
     v_seen    int;
@@ -878,7 +901,7 @@ BEGIN
         v_skipped := false;
         v_seen := 0;
         FOR v_rows IN
-            SELECT j.id, j.group_key, j.kind
+            SELECT j.id, j.group_key, j.kind, j.ctid AS jtid
               FROM jobs AS j
              WHERE j.state = 'pending' AND j.queue = v_q
                AND (v_open IS NULL OR j.kind = ANY (v_open))
@@ -908,6 +931,7 @@ BEGIN
                 g_act[v_g] := g_act[v_g] + 1;
             END IF;
             v_ids := v_ids || v_rows.id;
+            v_tids := v_tids || v_rows.jtid;
             IF v_open IS NOT NULL THEN
                 v_k := array_position(kinds, v_rows.kind);
                 v_quota[v_k] := v_quota[v_k] - 1;
@@ -920,7 +944,8 @@ BEGIN
         -- Fewer rows than asked and none passed over: the queue has nothing more to give.
         EXIT WHEN NOT v_skipped OR v_seen = 0 OR (v_open IS NOT NULL AND cardinality(v_open) = 0);
     END LOOP;
-    RETURN v_ids;
+    ids := v_ids;
+    tids := v_tids;
 END;
 $$;
 
@@ -947,6 +972,8 @@ DECLARE
     v_paused boolean;
     v_capped boolean;
     v_got    bigint[];
+    v_gottids tid[];
+    v_tids   tid[] := '{}';
     v_ids    bigint[] := '{}';
     v_rows   claimed_job[];
 BEGIN
@@ -986,12 +1013,15 @@ BEGIN
         END IF;
         PERFORM _promote_due(v_cfg.queue);
         IF v_fair THEN
-            v_got := _claim_fair(v_cfg.queue, max_jobs - cardinality(v_ids), v_kinds, v_quotas, v_capped);
+            SELECT f.ids, f.tids INTO v_got, v_gottids
+              FROM _claim_fair(v_cfg.queue, max_jobs - cardinality(v_ids), v_kinds, v_quotas, v_capped) AS f;
         ELSE
-            v_got := _claim_capped(v_cfg.queue, max_jobs - cardinality(v_ids), v_kinds, v_quotas);
+            SELECT f.ids, f.tids INTO v_got, v_gottids
+              FROM _claim_capped(v_cfg.queue, max_jobs - cardinality(v_ids), v_kinds, v_quotas) AS f;
         END IF;
         IF cardinality(v_got) > 0 THEN
             v_ids := v_ids || v_got;
+            v_tids := v_tids || v_gottids;
             IF v_kinds IS NOT NULL THEN
                 -- What this queue gave counts against the call's kind limits.
                 SELECT array_agg(k.quota - coalesce(t.taken, 0) ORDER BY k.ord) INTO v_quotas
@@ -1017,8 +1047,10 @@ BEGIN
                leased_by = worker,
                lease_expires_at = now() + lease,
                first_started_at = coalesce(j.first_started_at, now())
-          FROM unnest(v_ids) WITH ORDINALITY AS t(id, ord)
-         WHERE j.id = t.id
+          FROM unnest(v_ids, v_tids) WITH ORDINALITY AS t(id, tid, ord)
+         -- by ctid: every row was locked by this claim, so its version is the one read
+         WHERE j.ctid = t.tid AND j.id = t.id
+           AND j.ctid = ANY (v_tids)
         RETURNING j.id, j.kind, j.queue, j.payload, j.meta, j.attempt, j.max_attempts, j.lease_token,
                   j.lease_expires_at, j.checkpoint, j.group_key, j.batch_id, j.first_started_at, t.ord
     )

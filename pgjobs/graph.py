@@ -413,7 +413,8 @@ class GraphOps(SyncRunner):
         *,
         conn: SyncConn | None = None,
     ) -> int | None:
-        """A running member adds a sibling; None when the lease token no longer holds the job."""
+        """A running member adds a sibling; None when the lease token no longer holds the job. InvalidState
+        (PJ004) when the job is not in a batch or its cancellation was requested (cancel, cancel_batch)."""
         return self._run(add_to_batch_call(id, lease_token, job, before_continuations), conn)
 
     def parent_results(self, id: int, *, conn: SyncConn | None = None) -> dict[int, Any] | None:

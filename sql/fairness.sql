@@ -206,6 +206,8 @@ DECLARE
     l1_hi     bigint[] := '{}';
     l1_lid    bigint[] := '{}';            -- the head locked for the entry (batch), or NULL
     l1_ltid   tid[] := '{}';               -- its ctid (the lease reads the rows by ctid)
+    l1_ctid   tid[] := '{}';               -- the ctid of the entry's cursor as read
+    l_ctid    tid[];
     v_tids    tid[] := '{}';
     v_tid     tid;
     l_tid     tid[];
@@ -365,7 +367,7 @@ BEGIN
         IF p1 > cardinality(l1_key) AND v_phase < 2 THEN
             IF v_phase = 0 THEN
                 WITH c AS (
-                    SELECT c.group_key
+                    SELECT c.group_key, c.ctid AS tid
                       FROM group_cursors AS c
                      WHERE c.queue = v_q AND c.served_seq = 0
                        AND c.group_key >= v_bkey AND (v_first OR c.group_key <> v_bkey)
@@ -374,7 +376,7 @@ BEGIN
                      LIMIT v_chunk
                 ), r AS (
                     -- never-served groups tie on served_seq: their heads decide
-                    SELECT c.group_key, h.priority, h.run_at, h.id, coalesce(a.n, 0) AS act
+                    SELECT c.group_key, c.tid, h.priority, h.run_at, h.id, coalesce(a.n, 0) AS act
                       FROM c
                       LEFT JOIN LATERAL (
                             SELECT j.priority, j.run_at, j.id
@@ -386,6 +388,7 @@ BEGIN
                       LEFT JOIN unnest(a_key, a_cnt) AS a(k, n) ON a.k = c.group_key
                 )
                 SELECT array_agg(r.group_key ORDER BY r.priority, r.run_at, r.id) FILTER (WHERE r.id IS NOT NULL),
+                       array_agg(r.tid ORDER BY r.priority, r.run_at, r.id) FILTER (WHERE r.id IS NOT NULL),
                        array_agg(r.act ORDER BY r.priority, r.run_at, r.id) FILTER (WHERE r.id IS NOT NULL),
                        array_agg(r.priority ORDER BY r.priority, r.run_at, r.id) FILTER (WHERE r.id IS NOT NULL),
                        array_agg(r.run_at ORDER BY r.priority, r.run_at, r.id) FILTER (WHERE r.id IS NOT NULL),
@@ -393,7 +396,7 @@ BEGIN
                        array_agg(r.group_key) FILTER (WHERE r.id IS NULL AND r.act = 0),
                        max(r.group_key),
                        count(*)::int
-                  INTO l_key, l_act, l_hp, l_hr, l_hi, l_dead, l_bkey, v_k
+                  INTO l_key, l_ctid, l_act, l_hp, l_hr, l_hi, l_dead, l_bkey, v_k
                   FROM r;
                 l_seq := array_fill(0::bigint, ARRAY[coalesce(cardinality(l_key), 0)]);
                 v_first := false;
@@ -410,13 +413,14 @@ BEGIN
             ELSE
                 v_seen := CASE WHEN serialized THEN v_stamped ELSE l1_key END;
                 SELECT array_agg(c.group_key ORDER BY c.served_seq, c.group_key),
+                       array_agg(c.tid ORDER BY c.served_seq, c.group_key),
                        array_agg(c.served_seq ORDER BY c.served_seq, c.group_key),
                        array_agg(coalesce(a.n, 0) ORDER BY c.served_seq, c.group_key),
                        (array_agg(c.served_seq ORDER BY c.served_seq DESC, c.group_key DESC))[1],
                        (array_agg(c.group_key ORDER BY c.served_seq DESC, c.group_key DESC))[1],
                        count(*)::int
-                  INTO l_key, l_seq, l_act, l_bseq, l_bkey, v_k
-                  FROM (SELECT c.group_key, c.served_seq
+                  INTO l_key, l_ctid, l_seq, l_act, l_bseq, l_bkey, v_k
+                  FROM (SELECT c.group_key, c.served_seq, c.ctid AS tid
                           FROM group_cursors AS c
                          WHERE c.queue = v_q AND c.served_seq > 0
                            AND (c.served_seq, c.group_key) > (v_bseq, v_bkey)
@@ -442,6 +446,7 @@ BEGIN
             END IF;
             IF l_key IS NOT NULL THEN
                 l1_key := l1_key || l_key;
+                l1_ctid := l1_ctid || l_ctid;
                 l1_seq := l1_seq || l_seq;
                 l1_act := l1_act || l_act;
                 l1_hp := l1_hp || coalesce(l_hp, array_fill(NULL::int, ARRAY[cardinality(l_key)]));
@@ -561,11 +566,13 @@ BEGIN
                   FROM generate_series(b_i, v_k) AS g(i);
                 WITH r AS (
                     SELECT x.k, x.seq, x.ord, c.mine, c.at, c.tid, h.id, h.kind, h.jtid
-                      FROM unnest(l1_key[b_i:v_k], l_seq) WITH ORDINALITY AS x(k, seq, ord)
+                      FROM unnest(l1_key[b_i:v_k], l_seq, l1_ctid[b_i:v_k]) WITH ORDINALITY AS x(k, seq, ctid, ord)
                       LEFT JOIN LATERAL (
+                            -- by the ctid read with the ring: a cursor rewritten since (another
+                            -- claim served the group meanwhile) is not found, and counts as held
                             SELECT true AS mine, c.last_served_at AS at, c.ctid AS tid
                               FROM group_cursors AS c
-                             WHERE c.queue = v_q AND c.group_key = x.k
+                             WHERE c.ctid = x.ctid AND c.queue = v_q AND c.group_key = x.k
                                FOR UPDATE SKIP LOCKED) AS c ON true
                       LEFT JOIN LATERAL (
                             SELECT j.id, j.kind, j.ctid AS jtid

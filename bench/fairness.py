@@ -9,6 +9,10 @@ the 10,000-group queue 1,000,000 (100 per group); ``quick`` uses fewer. Each rou
 and the three fair queues for the same duration, in an order that flips every round; the figures are
 medians over the rounds.
 
+Before each round the jobs table and the cursors are vacuumed (outside the timed part), as autovacuum
+would on a busy queue: without it, this run's own backlog of claimed jobs, which both paths walk past
+until VACUUM, would decide the figures more than the claim paths do.
+
 Both sides run with ``jit = off``: on tables this size a generic plan's estimate can pass
 ``jit_above_cost``, and JIT compiling a claim costs far more than running it; left on, it would measure the
 compiler, not the claim paths (the fair path turns it off itself).
@@ -51,7 +55,7 @@ def _fill(dsn: str, jobs: dict[str, int]) -> None:
 
 
 def _vacuum(dsn: str) -> None:
-    """What autovacuum does on a busy queue table, done before each setting (outside the timed part): both
+    """What autovacuum does on a busy queue table, done before each round (outside the timed part): both
     paths walk their indexes past the entries of jobs already claimed until VACUUM removes them, and a shared
     bench server (or a starved autovacuum) would otherwise make the figures a measure of that backlog."""
     with psycopg.connect(dsn, autocommit=True) as conn:
@@ -109,10 +113,10 @@ def run(dsn: str, quick: bool = False) -> dict[str, Any]:
     figures = []
     raw: dict[str, Any] = {}
     for size, conns in combos:
-        _vacuum(dsn)
         names = [PLAIN, *FAIR.values()]
         samples: dict[str, list[float]] = {q: [] for q in names}
         for r in range(rounds):
+            _vacuum(dsn)
             for q in names if r % 2 == 0 else list(reversed(names)):
                 samples[q].append(_measure(dsn, q, size, conns, seconds))
         base = median(samples[PLAIN])
@@ -135,7 +139,7 @@ def run(dsn: str, quick: bool = False) -> dict[str, Any]:
         "suite": "fairness",
         "figures": figures,
         "notes": [
-            "SQL claim + complete_many per batch, autocommit, jit off on both sides, VACUUM before each setting; "
+            "SQL claim + complete_many per batch, autocommit, jit off on both sides, VACUUM before each round; "
             "medians of alternating rounds "
             f"({rounds} x {seconds} s per queue and setting).",
             f"queued at the start: plain {jobs[PLAIN]:,} ungrouped jobs; fair with 1 group {jobs[FAIR[1]]:,}, "

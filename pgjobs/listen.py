@@ -81,7 +81,7 @@ class Listener:
         on_connect: ConnectCallback | None = None,
         application_name: str = "pgjobs-listen",
         base: float = 0.05,
-        cap: float = 5.0,
+        cap: float = 2.0,
         idle_check: float = 30.0,
         connect_timeout: float = 10.0,
     ) -> None:

@@ -16,7 +16,12 @@ One process, one anyio task group (asyncio: psycopg's async connections need it)
 * a **renewer**: every ``lease / 3`` one ``renew_leases`` for all held jobs. A job missing from its answer
   lost its lease (reclaimed elsewhere): its handler is cancelled and nothing is reported for it. A job
   reported ``cancel_requested`` gets ``ctx.cancelled`` set (the fallback for a missed ``pgjobs_cancel``);
-* a **heartbeat**: ``worker_heartbeat(name, meta)`` and ``reap_workers`` every ``heartbeat_interval``.
+* a **heartbeat**: ``worker_heartbeat(name, meta)`` and ``reap_workers`` every ``heartbeat_interval``; no reaping
+  until ``reap_after`` has passed since the server started and since this worker last failed to reach it (after
+  an outage every worker's heartbeat is stale, and the first one back would take the others' running jobs).
+
+The same job claimed again by this worker (its lease ran out during an outage while the handler ran or its outcome
+waited for the database) replaces the older attempt, which is interrupted as "lease lost".
 
 A slot frees when the handler returns (its completion may still be in the completer's next batch).
 
@@ -83,12 +88,22 @@ _RENEW_SQL: LiteralString = (
     "SELECT id, cancel_requested FROM pgjobs.renew_leases(ids => %s::bigint[], lease_tokens => %s::uuid[],"
     " lease => %s::interval)"
 )
+# A server that restarted less than stale_after ago has heard no worker for as long as it was down: nobody is
+# reaped until every live worker had its chance to heartbeat again (else the first worker back would take the
+# running jobs of all the others).
+_REAP_SQL: LiteralString = (
+    "SELECT CASE WHEN now() - pg_postmaster_start_time() >= %s::interval"
+    " THEN pgjobs.reap_workers(stale_after => %s::interval) ELSE 0 END"
+)
 _NEXT_DUE_SQL: LiteralString = "SELECT extract(epoch FROM pgjobs.next_due_at(%s::text[]) - clock_timestamp())::float8"
 
 # Every worker connection runs with jit off: the hot functions run generic plans whose cost estimates grow with
 # the table, and past jit_above_cost (about 30,000 pending jobs) each claim spent ~27 ms compiling its plan
 # for a statement that runs in under 1 ms.
 _SESSION_OPTIONS = "-c jit=off"
+# Reconnect backoff ceiling (before jitter) of the claim, completion and LISTEN connections. Retrying a dead
+# server every ~2 s costs nothing, and bounds how long a worker idles after the server is back.
+_RECONNECT_CAP = 2.0
 # A claim needs no durable commit: if the server crashes before the claim's WAL reaches disk, the job simply
 # comes back unclaimed (attempt not counted), and this worker's later calls for it fail the token compare-and-set
 # (no-ops). Skipping the flush wait takes ~0.5 ms off every claim, i.e. off the wake-up latency.
@@ -259,6 +274,7 @@ class Worker:
         self._done: list[tuple[int, str, str | None]] = []  # (id, token, result json) awaiting complete_many
         self._in_flight: list[tuple[int, str, str | None]] = []
         self._completer_wait: anyio.Event | None = None
+        self._backoff_wait: anyio.Event | None = None  # set when connection retries should not wait any longer
         self._poller_wait: anyio.Event | None = None
         self._stop_event: anyio.Event | None = None
         self._stopping = False
@@ -270,6 +286,7 @@ class Worker:
         self._limits_cache: dict[int, str] = {}
         self._wants_parents = False  # any handler with parent_results=True (set when run() starts)
         self.listener: Listener | None = None
+        self._cut_off_at: float | None = None  # anyio time of this worker's last failure to reach the database
         self.started = threading.Event()  # set once the worker claims (tests, CLI)
         self.claimed = self.completed = self.failed = self.released = self.cancelled = self.lost = 0
         self.claim_calls = self.complete_calls = 0
@@ -299,6 +316,7 @@ class Worker:
     def _on_stop(self) -> None:
         if self._stop_event is not None:
             self._stop_event.set()
+        self._retry_now()
         for q in self._queues:
             q.poke("any")
 
@@ -366,6 +384,7 @@ class Worker:
                     self.dsn,
                     [WAKE_CHANNEL, CANCEL_CHANNEL],
                     on_connect=self._on_listen_connect,
+                    cap=_RECONNECT_CAP,
                     application_name=f"pgjobs-listen:{self.name}",
                 )
                 self.listener = listener
@@ -424,13 +443,13 @@ class Worker:
                 job.interrupt("shutdown")
             # releases take one round trip each; bounded so a dead database cannot hold the exit
             with anyio.move_on_after(max(5.0, self.lease / 3)):
-                while self._jobs:
+                while self._jobs or self.active:
                     await anyio.sleep(0.01)
         for q in self._queues:
             for ev in q.parked:
                 ev.set()
             q.parked.clear()
-        if self._jobs:
+        if self._jobs or self.active:
             jobs.cancel_scope.cancel()
 
     # ------------------------------------------------------------------------------------------ notifications
@@ -454,6 +473,22 @@ class Worker:
     async def _on_listen_connect(self) -> None:
         # Notifications sent while the connection was down are lost: look again at every queue.
         self._wake_all()
+        self._retry_now()  # the database is back: claimers and the completer in a backoff retry at once
+
+    def _retry_now(self) -> None:
+        ev = self._backoff_wait
+        if ev is not None:
+            self._backoff_wait = None
+            ev.set()
+
+    async def _backoff(self, delay: float) -> None:
+        """The pause after a connection error: ``delay`` seconds, or less when the LISTEN connection is
+        re-established meanwhile (the server is back) or the worker is asked to stop."""
+        if self._backoff_wait is None:
+            self._backoff_wait = anyio.Event()
+        ev = self._backoff_wait
+        with anyio.move_on_after(delay):
+            await ev.wait()
 
     def _wake_all(self) -> None:
         for q in self._queues:
@@ -501,6 +536,11 @@ class Worker:
                     if conn is None or conn.closed:
                         conn = await self._connect("claim", _CLAIM_OPTIONS)
                         cur = conn.cursor()
+                        if failures:
+                            # Back from a connection failure (an outage?): the leases of the jobs we hold ran on
+                            # meanwhile, and this claim would take our own expired jobs back (attempt + 1, run
+                            # twice). Renew them first, on this connection that just proved the server is back.
+                            await self._renew_held(conn)
                     await cur.execute(
                         _CLAIM_SQL, (self.name, queues, want, lease, self._kind_limits(want)), prepare=True
                     )
@@ -509,13 +549,14 @@ class Worker:
                     failures = 0
                 except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
                     failures += 1
-                    delay = backoff_delay(failures, 0.05, 5.0)
+                    self._cut_off_at = anyio.current_time()
+                    delay = backoff_delay(failures, 0.05, _RECONNECT_CAP)
                     log.warning("claim on queue %r failed (%s); retrying in %.2f s", q.name, exc, delay)
                     if conn is not None:
                         await conn.close()
                         conn = None
                     q.more = True
-                    await anyio.sleep(delay)
+                    await self._backoff(delay)
                     continue
                 except psycopg.Error as exc:
                     raise translate(exc) from exc
@@ -567,6 +608,12 @@ class Worker:
                 continue
             if job.handler.parent_results:
                 job.parents = parents.get(job.id, "{}") if parents is not None else None
+            held = jobs.get(job.id)
+            if held is not None:
+                # We hold this job already, under an older token: that attempt's lease ran out while its handler
+                # ran or its outcome waited for the database (a server restart), and this very worker claimed
+                # the job again. The new claim took the job from the old attempt, whose outcome no longer counts.
+                held.interrupt("lease lost")
             jobs[job.id] = job
             ready.append(job)
             n += 1
@@ -609,6 +656,10 @@ class Worker:
             if job.stop_reason == "shutdown":  # claimed but not started before the worker stopped
                 job.phase = _FINISHING
                 await self._release(job, None)
+                return
+            if job.stop_reason == "lease lost":  # claimed again before it started (see _dispatch)
+                job.phase = _FINISHING
+                self.lost += 1
                 return
             payload = json.loads(job.payload)
             checkpoint = None if job.checkpoint is None else json.loads(job.checkpoint)
@@ -662,9 +713,15 @@ class Worker:
             else:
                 await self._failed(job, error)
         finally:
-            if self._jobs.pop(job.id, None) is not None:
-                q.running -= 1
-                q.poke("slot")
+            # Only this attempt's entry: after a re-claim of the same job (see _dispatch) the entry is the new one's.
+            if self._jobs.get(job.id) is job:
+                del self._jobs[job.id]
+            q.running -= 1
+            q.poke("slot")
+            if self._stopping and q.running == 0:
+                for ev in q.parked:  # the last job of a stopping worker: parked slots may exit now
+                    ev.set()
+                q.parked.clear()
 
     def _loop_call_later(self, delay: float, fn: Any, *args: Any) -> asyncio.TimerHandle:
         assert self._loop is not None
@@ -715,13 +772,24 @@ class Worker:
                     return None if row is None else row[0]
             except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
                 failures += 1
+                self._cut_off_at = anyio.current_time()
                 if failures > 8:
                     raise
+                await self._check_pool()
                 delay = backoff_delay(failures, 0.1, 5.0)
                 log.warning("database call failed (%s); retrying in %.2f s", exc, delay)
                 await anyio.sleep(delay)
             except psycopg.Error as exc:
                 raise translate(exc) from exc
+
+    async def _check_pool(self) -> None:
+        """After a connection error: drop every broken idle connection of the pool at once. A server restart
+        breaks them all, and without this each one would fail one more call (a renewal, a report) in turn."""
+        pool = self._pool
+        if pool is None:
+            return
+        with anyio.move_on_after(5.0), contextlib.suppress(Exception):
+            await pool.check()
 
     async def _report(self, job: _Job, query: LiteralString, params: Sequence[Any]) -> Any:
         """A job's final call: shielded (a shutdown must not cut it), errors logged, never raised."""
@@ -821,7 +889,8 @@ class Worker:
                         break
                     except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
                         failures += 1
-                        delay = backoff_delay(failures, 0.05, 5.0)
+                        self._cut_off_at = anyio.current_time()
+                        delay = backoff_delay(failures, 0.05, _RECONNECT_CAP)
                         log.warning(
                             "complete_many of %d job(s) failed (%s); retrying in %.2f s", len(batch), exc, delay
                         )
@@ -833,7 +902,7 @@ class Worker:
                             # and run again elsewhere once their leases expire (at least once, not lost).
                             log.error("giving up on completing %d job(s) while stopping: %s", len(batch), exc)
                             break
-                        await anyio.sleep(delay)
+                        await self._backoff(delay)
                     except psycopg.Error as exc:
                         raise translate(exc) from exc
                 self._in_flight = []
@@ -868,30 +937,49 @@ class Worker:
 
     async def _renewer(self) -> None:
         interval = self.lease / 3
+        failures = 0
         while True:
-            await anyio.sleep(interval)
-            held = [j for j in self._jobs.values() if j.phase != _FINISHING]
-            pending = list(self._in_flight) + list(self._done)
-            if not held and not pending:
-                continue
-            ids = [j.id for j in held] + [p[0] for p in pending]
-            tokens = [j.token for j in held] + [p[1] for p in pending]
-            try:
+            # After a failed renewal (the database restarting) try again soon rather than a third of a lease
+            # later: the leases ran on while the server was away, and a claimer elsewhere may take them.
+            if failures:
+                await self._backoff(min(interval, backoff_delay(failures, 0.05, 1.0)))
+            else:
+                await anyio.sleep(interval)
+            failures = 0 if await self._renew_held() else failures + 1
+
+    async def _renew_held(self, conn: psycopg.AsyncConnection[Any] | None = None) -> bool:
+        """One ``renew_leases`` for every job this worker holds (on ``conn``, else a pooled connection); False
+        when the database could not be reached. Jobs whose outcome is being reported (FINISHING, or waiting in
+        the completer) are renewed too: a report that retries through an outage must not let the lease lapse
+        and the job run again."""
+        held = list(self._jobs.values())
+        pending = list(self._in_flight) + list(self._done)
+        if not held and not pending:
+            return True
+        ids = [j.id for j in held] + [p[0] for p in pending]
+        tokens = [j.token for j in held] + [p[1] for p in pending]
+        try:
+            if conn is not None:
+                rows = await (await conn.execute(_RENEW_SQL, (ids, tokens, self._lease_td))).fetchall()
+            else:
                 assert self._pool is not None
-                async with self._pool.connection() as conn:
-                    cur = await conn.execute(_RENEW_SQL, (ids, tokens, self._lease_td))
-                    rows = await cur.fetchall()
-            except psycopg.Error as exc:
-                log.warning("lease renewal of %d job(s) failed: %s", len(ids), exc)
-                continue
-            still = {r[0]: r[1] for r in rows}
-            for job in held:
-                if job.id not in still:
-                    # Reclaimed elsewhere (or settled): this attempt's outcome no longer counts.
-                    if self._jobs.get(job.id) is job and job.phase == _RUNNING:
-                        job.interrupt("lease lost")
-                elif still[job.id] and job.ctx is not None:
-                    job.ctx.cancelled.set("cancel requested")
+                async with self._pool.connection() as pooled:
+                    rows = await (await pooled.execute(_RENEW_SQL, (ids, tokens, self._lease_td))).fetchall()
+        except psycopg.Error as exc:
+            log.warning("lease renewal of %d job(s) failed: %s", len(ids), exc)
+            if conn is None and isinstance(exc, psycopg.OperationalError | psycopg.InterfaceError):
+                self._cut_off_at = anyio.current_time()
+                await self._check_pool()
+            return False
+        still = {r[0]: r[1] for r in rows}
+        for job in held:
+            if job.id not in still:
+                # Reclaimed elsewhere (or settled): this attempt's outcome no longer counts.
+                if self._jobs.get(job.id) is job and job.phase == _RUNNING:
+                    job.interrupt("lease lost")
+            elif still[job.id] and job.ctx is not None:
+                job.ctx.cancelled.set("cancel requested")
+        return True
 
     def _meta(self) -> dict[str, Any]:
         return {
@@ -907,15 +995,24 @@ class Worker:
         await self._call("SELECT pgjobs.worker_heartbeat(worker => %s, meta => %s)", (self.name, Jsonb(self._meta())))
 
     async def _heartbeat(self) -> None:
+        stale_after = timedelta(seconds=self.reap_after)
         while True:
             await anyio.sleep(self.heartbeat_interval)
             try:
                 await self._heartbeat_once()
-                reaped = await self._call(
-                    "SELECT pgjobs.reap_workers(stale_after => %s::interval)", (timedelta(seconds=self.reap_after),)
-                )
-                if reaped:
-                    log.info("reaped %d silent worker(s); their jobs are claimable now", reaped)
-                    self._wake_all()
             except Exception as exc:
                 log.warning("heartbeat failed: %s", exc)
+                continue
+            cut_off_at = self._cut_off_at
+            if cut_off_at is not None and anyio.current_time() - cut_off_at < self.reap_after:
+                # We could not reach the database a moment ago: nor could the others, probably, and their
+                # heartbeats are as stale as ours was. Reaping now would take running jobs from live workers.
+                continue
+            try:
+                reaped = await self._call(_REAP_SQL, (stale_after, stale_after))
+            except Exception as exc:
+                log.warning("reap_workers failed: %s", exc)
+                continue
+            if reaped:
+                log.info("reaped %d silent worker(s); their jobs are claimable now", reaped)
+                self._wake_all()

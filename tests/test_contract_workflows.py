@@ -342,6 +342,15 @@ def _add_to_batch_from_a_job_outside_a_batch_is_pj004(conn: Conn) -> None:
         (j, token, Jsonb({"kind": "sib"})),
     )
     assert st(conn, j) == "active"
+    # the clarification's other PJ004s
+    raises(conn, "PJ004", "SELECT pgjobs.retry(id => %s)", (j,))  # active: not failed or cancelled
+    raises(conn, "PJ004", "SELECT pgjobs.delete(id => %s)", (j,))  # live
+    waiting = many(conn, [{"kind": "pj4-w", "depends_on": [{"job": j}]}])[0]["id"]
+    raises(conn, "PJ004", "SELECT pgjobs.retry(id => %s)", (waiting,))
+    raises(conn, "PJ004", "SELECT pgjobs.delete(id => %s)", (waiting,))
+    assert scalar(conn, "SELECT pgjobs.complete(id => %s, lease_token => %s)", (j, token))
+    assert st(conn, waiting) == "pending"
+    assert cancel(conn, j) is False  # terminal
 
 
 # --- triggers --------------------------------------------------------------------------------------------

@@ -86,9 +86,9 @@ $$;
 -- Registers up to `steps` groups with pending work, in group_key order after `after_key` (NULL: from
 -- the first), as never-served cursors; existing cursors are left alone. One index descent of
 -- jobs_group_idx per distinct group (a skip scan), whatever the groups' backlogs. Returns how many
--- groups it met and the last one, where the next sweep resumes.
+-- groups it met, the last one (where the next sweep resumes), and how many were new.
 CREATE OR REPLACE FUNCTION pgjobs._discover_groups(queue text, after_key text, steps int,
-                                                   OUT met int, OUT last_key text)
+                                                   OUT met int, OUT last_key text, OUT added int)
 LANGUAGE plpgsql
 SET search_path = pgjobs, pg_catalog
 AS $$
@@ -125,8 +125,9 @@ BEGIN
                               LIMIT 1) AS e ON true
          WHERE e.known IS NULL
         ON CONFLICT DO NOTHING
+        RETURNING 1
     )
-    SELECT count(*)::int, max(f.k) INTO met, last_key FROM found AS f;
+    SELECT count(*)::int, max(f.k), (SELECT count(*)::int FROM ins) INTO met, last_key, added FROM found AS f;
 END;
 $$;
 
@@ -185,6 +186,8 @@ DECLARE
     v_maxid   bigint;                      -- the highest job id now
     v_quiet   boolean;                     -- no job inserted since the previous claim
     v_refreshed boolean := false;          -- the second pass of a quiet claim that came up short
+    v_found   boolean;                     -- this round of the discovery sweep found new groups
+    v_productive boolean;                  -- the last complete round did
     v_npicked1 int := 0;                   -- picks of groups whose cursor the batch stamped
     v_unstamped boolean := false;          -- a group picked whose cursor is not stamped yet
     v_seen    text[];
@@ -332,12 +335,22 @@ BEGIN
     END IF;
 
     -- New groups join the ring as never served (on a queue without the claim lock, one
-    -- discoverer at a time: the others skip it rather than wait).
+    -- discoverer at a time: the others skip it rather than wait). A quiet claim sweeps too while
+    -- the sweeps keep finding groups (this round of the sweep or the last one did): a backlog
+    -- loaded at once gets all its groups in the ring first.
     v_pos := v_fq.discover_after;
-    IF NOT v_quiet AND (serialized OR pg_try_advisory_xact_lock(hashtextextended('pgjobs.discover:' || v_q, 0))) THEN
-        v_disc := _discover_groups(v_q, v_fq.discover_after, c_discover_steps);
+    v_found := v_fq.discover_found;
+    v_productive := v_fq.discover_productive;
+    IF (NOT v_quiet OR v_found OR v_productive)
+       AND (serialized OR pg_try_advisory_xact_lock(hashtextextended('pgjobs.discover:' || v_q, 0))) THEN
+        v_disc := _discover_groups(v_q, v_pos, c_discover_steps);
+        v_found := v_found OR v_disc.added > 0;
         -- a sweep that ran out of groups starts from the first one next time
         v_pos := CASE WHEN v_disc.met < c_discover_steps THEN NULL ELSE v_disc.last_key END;
+        IF v_pos IS NULL THEN
+            v_productive := v_found;
+            v_found := false;
+        END IF;
     END IF;
 
     <<passes>>
@@ -811,7 +824,12 @@ BEGIN
     v_refreshed := true;
     IF serialized OR pg_try_advisory_xact_lock(hashtextextended('pgjobs.discover:' || v_q, 0)) THEN
         v_disc := _discover_groups(v_q, v_pos, 16 * c_discover_steps);
+        v_found := v_found OR v_disc.added > 0;
         v_pos := CASE WHEN v_disc.met < 16 * c_discover_steps THEN NULL ELSE v_disc.last_key END;
+        IF v_pos IS NULL THEN
+            v_productive := v_found;
+            v_found := false;
+        END IF;
     END IF;
     u_out := u_probed AND u_empty;
     v_phase := 0;
@@ -851,6 +869,8 @@ BEGIN
            ungrouped_served_at = CASE WHEN u_served THEN now() ELSE f.ungrouped_served_at END,
            ring_from = greatest(f.ring_from, coalesce(v_lwm, f.ring_from)),
            discover_after = v_pos,
+           discover_found = v_found,
+           discover_productive = v_productive,
            ungrouped_empty = coalesce(u_empty, f.ungrouped_empty),
            seen_max_id = coalesce(v_maxid, 0),
            quiet_claims = CASE WHEN v_quiet THEN f.quiet_claims + 1 ELSE 0 END,

@@ -443,3 +443,17 @@ def test_work_that_comes_without_a_new_job_is_found_within_8_claims(conn: Conn) 
     assert claim(conn, queues=["q"]) == []
     conn.execute("UPDATE pgjobs.jobs SET run_at = now() - interval '1 second' WHERE id = %s", [c])
     assert [r["id"] for r in claim(conn, queues=["q"])] == [c]
+
+
+def test_a_backlog_of_many_groups_is_served_round_robin(conn: Conn) -> None:
+    """100 groups (more than one discovery sweep takes per claim) loaded at once, then worked off with no
+    new job: every group is served once before any is served twice."""
+    fair(conn)
+    jobs = [{"kind": "k", "queue": "q", "group_key": f"g{g:03}"} for _ in range(3) for g in range(100)]
+    call(conn, "enqueue_many", jobs=jobs)
+    picks: list[str | None] = []
+    for _ in range(40):
+        picks += groups(claim(conn, queues=["q"], max_jobs=5))
+    assert len(picks) == 200
+    assert sorted(picks[:100]) == [f"g{g:03}" for g in range(100)]
+    assert sorted(picks[100:]) == [f"g{g:03}" for g in range(100)]

@@ -26,6 +26,8 @@ CREATE TABLE pgjobs.fair_queues (
     ungrouped_empty     boolean NOT NULL DEFAULT false,  -- the last look found no ungrouped work
     ring_from           bigint NOT NULL DEFAULT 1,
     discover_after      text,
+    discover_found      boolean NOT NULL DEFAULT false,  -- this round of the sweep found new groups
+    discover_productive boolean NOT NULL DEFAULT true,   -- the last complete round did
     seen_max_id         bigint NOT NULL DEFAULT 0,   -- the highest job id at the previous claim
     quiet_claims        int NOT NULL DEFAULT 0,      -- claims since one saw a new job
     updated_at          timestamptz NOT NULL DEFAULT now()

@@ -35,7 +35,10 @@
 --   * groups get their cursor from an incremental skip scan over jobs_group_idx (16 distinct
 --     groups per claim, resuming where the previous claim stopped): a queue with up to 16 groups
 --     is fully rescanned by every claim, a new group in a larger queue is found within
---     (groups / 16) claims;
+--     (groups / 16) claims. A claim that sees no new job since the previous one (the highest job
+--     id is unchanged: a backlog being worked off) sweeps only while the sweeps keep finding
+--     groups, and otherwise every 8th claim, or when it comes up short (then 256 groups at once);
+--     it looks for ungrouped work on the same terms once none was found;
 --   * the queue's active jobs are counted once per claim (jobs_active_idx), for max_active, the
 --     per-group caps and the noisy threshold.
 -- Cursors of groups without live work are deleted when the walk meets them (they drift to the

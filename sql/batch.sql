@@ -4,8 +4,8 @@
 -- Counters: total (members), pending (members not yet terminal), succeeded, failed, cancelled.
 -- The batch settles when pending reaches 0: `failed` if any member failed, else `cancelled` if
 -- any was cancelled, else `succeeded`; batch-level continuations (depends_on {"batch": id})
--- settle then, except `success` ones, cancelled as soon as a member fails or is cancelled (the
--- batch can no longer succeed then: see _propagate).
+-- settle then: while the batch executes, a failed member may still be retried, so the batch's
+-- outcome (and whether a batch-level trigger is met) is only known when it settles.
 
 -- Recounts batches from their members, under the batches' row locks (taken in id order, before
 -- counting: a member settling concurrently either committed before the lock, and is counted

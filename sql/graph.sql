@@ -229,14 +229,9 @@ BEGIN
         HAVING count(*) > 0;
     END IF;
 
-    -- 5. Existing parent batches, locked likewise. An executing batch with a failed or cancelled
-    --    member is 'doomed': it can no longer succeed, so a `success` dependency on it is settled
-    --    unsatisfied at once (as _propagate does when that member ends).
-    SELECT array_agg(l.id ORDER BY l.id),
-           array_agg(CASE WHEN l.state = 'executing' AND l.failed + l.cancelled > 0 THEN 'doomed'
-                          ELSE l.state::text END ORDER BY l.id)
-      INTO xb_ids, xb_states
-      FROM (SELECT b.id, b.state, b.failed, b.cancelled FROM batches AS b
+    -- 5. Existing parent batches, locked likewise.
+    SELECT array_agg(l.id ORDER BY l.id), array_agg(l.state::text ORDER BY l.id) INTO xb_ids, xb_states
+      FROM (SELECT b.id, b.state FROM batches AS b
              WHERE b.id IN (SELECT d.key::bigint FROM unnest(d_kind, d_key) AS d(kind, key) WHERE d.kind = 'batch')
              ORDER BY b.id
                FOR NO KEY UPDATE) AS l;
@@ -329,7 +324,6 @@ BEGIN
         INSERT INTO edges AS e (child_id, parent_job_id, parent_batch_id, trigger, satisfied)
         SELECT q.child_id, q.pj, q.pb, q.trig,
                CASE WHEN q.fresh THEN NULL
-                    WHEN xb.st = 'doomed' THEN CASE WHEN q.trig = 'success' THEN false END
                     WHEN coalesce(xj.st, xb.st) NOT IN ('succeeded', 'failed', 'cancelled') THEN NULL
                     WHEN q.trig = 'complete' THEN true
                     WHEN q.trig = 'success' THEN coalesce(xj.st, xb.st) = 'succeeded'
@@ -536,7 +530,6 @@ DECLARE
     b_f       int[];
     b_c       int[];
     v_settled bigint[];
-    v_doomed  bigint[];
     c_ids     bigint[];
     c_n       int[];
     c_k       int[];
@@ -568,13 +561,7 @@ BEGIN
 
         -- Batch counters: one UPDATE for all members settled in this call. The last member to
         -- settle (pending reaching 0 under the batch's row lock) settles the batch.
-        -- A batch still executing whose member just failed or was cancelled can no longer end
-        -- `succeeded` (a settled batch is failed if any member failed, else cancelled if any was):
-        -- its `success` children are cancelled now, not when the last member ends ("a child whose
-        -- trigger can no longer be met is cancelled as soon as that is known"). Its `failure` and
-        -- `complete` children still wait for the batch to settle. (retry() undoes this: _reopen.)
         v_settled := NULL;
-        v_doomed := NULL;
         IF b_ids IS NOT NULL THEN
             IF cardinality(b_ids) > 1 THEN
                 PERFORM 1 FROM (SELECT b.id FROM batches AS b WHERE b.id = ANY (b_ids) ORDER BY b.id
@@ -593,17 +580,14 @@ BEGIN
                        completed_at = CASE WHEN b.pending - t.n > 0 THEN NULL ELSE now() END
                   FROM unnest(b_ids, b_n, b_s, b_f, b_c) AS t(id, n, s, f, c)
                  WHERE b.id = t.id
-                RETURNING b.id, b.pending, b.has_dependents, t.f + t.c > 0 AS worse
+                RETURNING b.id, b.pending, b.has_dependents
             )
-            SELECT array_agg(u.id) FILTER (WHERE u.pending <= 0 AND u.has_dependents),
-                   array_agg(u.id) FILTER (WHERE u.pending > 0 AND u.has_dependents AND u.worse)
-              INTO v_settled, v_doomed
-              FROM u;
+            SELECT array_agg(u.id) FILTER (WHERE u.pending <= 0 AND u.has_dependents) INTO v_settled FROM u;
         END IF;
 
         -- Settle the edges of what settled: each edge once (satisfied IS NULL -> true/false).
         c_ids := NULL;
-        IF v_parents IS NOT NULL OR v_settled IS NOT NULL OR v_doomed IS NOT NULL THEN
+        IF v_parents IS NOT NULL OR v_settled IS NOT NULL THEN
             -- Both sides filtered by the id arrays (= ANY on edges too), so the plan probes the
             -- parent indexes instead of hashing a scan of all edges.
             WITH ej AS (
@@ -624,14 +608,8 @@ BEGIN
                  WHERE e.parent_batch_id = ANY (v_settled) AND b.id = ANY (v_settled)
                    AND e.parent_batch_id = b.id AND e.satisfied IS NULL
                 RETURNING e.child_id, e.satisfied
-            ), ed AS (
-                -- Disjoint from eb: a doomed batch is still executing.
-                UPDATE edges AS e SET satisfied = false
-                 WHERE e.parent_batch_id = ANY (v_doomed) AND e.trigger = 'success' AND e.satisfied IS NULL
-                RETURNING e.child_id, e.satisfied
             ), s AS (
                 SELECT ej.child_id, ej.satisfied FROM ej UNION ALL SELECT eb.child_id, eb.satisfied FROM eb
-                UNION ALL SELECT ed.child_id, ed.satisfied FROM ed
             )
             SELECT array_agg(x.child_id ORDER BY x.child_id), array_agg(x.n ORDER BY x.child_id),
                    array_agg(x.k ORDER BY x.child_id)
@@ -712,7 +690,6 @@ DECLARE
     v_jobs     bigint[] := ids;
     v_batches  bigint[];
     v_reopened bigint[];
-    v_doomed   bigint[];
     v_kids     bigint[];
     v_was      bigint[];
     v_ev       jsonb;
@@ -722,16 +699,8 @@ BEGIN
         SELECT array_agg(DISTINCT j.batch_id) INTO v_batches
           FROM jobs AS j WHERE j.id = ANY (v_jobs) AND j.batch_id IS NOT NULL;
         v_reopened := NULL;
-        v_doomed := NULL;
         IF v_batches IS NOT NULL THEN
-            PERFORM _recount_batches(v_batches);
-            -- Every batch executing again has its settled edges unsettled, except the `success` edges
-            -- of one that still holds a failed or cancelled member (settled early by _propagate, and
-            -- still unmeetable).
-            SELECT array_agg(b.id) FILTER (WHERE b.state = 'executing'),
-                   array_agg(b.id) FILTER (WHERE b.state = 'executing' AND b.failed + b.cancelled > 0)
-              INTO v_reopened, v_doomed
-              FROM batches AS b WHERE b.id = ANY (v_batches);
+            SELECT array_agg(r.id) FILTER (WHERE r.reopened) INTO v_reopened FROM _recount_batches(v_batches) AS r;
         END IF;
 
         -- Children that can still be affected, locked in id order.
@@ -739,10 +708,7 @@ BEGIN
           INTO v_kids, v_was
           FROM (SELECT j.id, j.state FROM jobs AS j
                  WHERE j.id IN (SELECT e.child_id FROM edges AS e
-                                 WHERE (e.parent_job_id = ANY (v_jobs)
-                                        OR (e.parent_batch_id = ANY (v_reopened)
-                                            AND NOT (e.trigger = 'success'
-                                                     AND e.parent_batch_id = ANY (coalesce(v_doomed, '{}')))))
+                                 WHERE (e.parent_job_id = ANY (v_jobs) OR e.parent_batch_id = ANY (v_reopened))
                                    AND e.satisfied IS NOT NULL)
                    AND (j.state = 'waiting' OR (j.state = 'cancelled' AND NOT j.cancel_requested))
                  ORDER BY j.id
@@ -752,9 +718,7 @@ BEGIN
         END IF;
         UPDATE edges AS e SET satisfied = NULL
          WHERE e.child_id = ANY (v_kids) AND e.satisfied IS NOT NULL
-           AND (e.parent_job_id = ANY (v_jobs)
-                OR (e.parent_batch_id = ANY (v_reopened)
-                    AND NOT (e.trigger = 'success' AND e.parent_batch_id = ANY (coalesce(v_doomed, '{}')))));
+           AND (e.parent_job_id = ANY (v_jobs) OR e.parent_batch_id = ANY (v_reopened));
         -- Recount each child from its edges; a graph-cancelled child with nothing unsatisfied left waits again.
         WITH cnt AS (
             SELECT e.child_id, count(*) FILTER (WHERE e.satisfied IS NULL)::int AS rem,

@@ -853,12 +853,13 @@ def _every_pgjobs_function_pins_search_path(conn: Conn) -> None:
     assert unpinned == []
 
 
-# --- "as soon as that is known" ---------------------------------------------------------------------------
+# --- batch-level continuations wait for the batch to settle ---------------------------------------------
 
 
-def _a_batch_success_child_is_cancelled_as_soon_as_a_member_fails(conn: Conn, dsn: str) -> None:
-    # A settled batch is `failed` if any member failed, else `cancelled` if any was: once a member
-    # failed or was cancelled the batch can no longer succeed, so its `success` children cannot run.
+def _a_batch_success_child_waits_for_the_settle_even_after_a_member_failed(conn: Conn, dsn: str) -> None:
+    # While a batch executes, a failed member may still be retried (retry reopens the batch), so
+    # whether the batch ends `succeeded` is only known when it settles: batch-level continuations
+    # wait for that ("batch-level continuations wait for that anyway").
     got = many(conn, [{"kind": "sk-a"}, {"kind": "sk-b"}, {"kind": "sk-c"}], as_batch=True)
     b = got[0]["batch_id"]
     ids = refs(
@@ -870,58 +871,43 @@ def _a_batch_success_child_is_cancelled_as_soon_as_a_member_fails(conn: Conn, ds
             {"kind": "sk-grandchild", "ref": "g", "depends_on": [{"ref": "s"}]},
         ],
     )
-    with listening(dsn) as listener:
-        fail(conn, got[0]["id"])
-        events = listener.drain()
+    fail(conn, got[0]["id"])
     assert bstatus(conn, b)["state"] == "executing"
-    assert st(conn, ids["s"]) == "cancelled" and st(conn, ids["g"]) == "cancelled"  # cascade
-    assert st(conn, ids["f"]) == "waiting" and st(conn, ids["c"]) == "waiting"  # still wait for the settle
-    seen = events_by_id(events)
-    assert seen[ids["s"]] == ["cancelled"] and seen[ids["g"]] == ["cancelled"]
-    # a success dependency added now is resolved at enqueue
+    assert {k: st(conn, ids[k]) for k in "sfcg"} == dict.fromkeys("sfcg", "waiting")
     late = many(conn, [{"kind": "sk-late", "depends_on": [{"batch": b, "on": "success"}]}])[0]["id"]
-    assert st(conn, late) == "cancelled"
-    late_f = many(conn, [{"kind": "sk-late-f", "depends_on": [{"batch": b, "on": "failure"}]}])[0]["id"]
-    assert st(conn, late_f) == "waiting"
+    assert st(conn, late) == "waiting"  # the batch is not settled: nothing to resolve at enqueue yet
     succeed(conn, got[1]["id"])
-    cancel(conn, got[2]["id"])
+    with listening(dsn) as listener:
+        cancel(conn, got[2]["id"])
+        events = listener.drain()
     assert bstatus(conn, b)["state"] == "failed"
-    assert (st(conn, ids["f"]), st(conn, ids["c"]), st(conn, late_f)) == ("pending", "pending", "pending")
+    assert (st(conn, ids["s"]), st(conn, ids["g"]), st(conn, late)) == ("cancelled", "cancelled", "cancelled")
+    assert (st(conn, ids["f"]), st(conn, ids["c"])) == ("pending", "pending")
+    seen = events_by_id(events)
+    assert seen[ids["s"]] == ["cancelled"] and seen[ids["g"]] == ["cancelled"]  # the cascade is streamed
 
 
-def _a_batch_success_child_is_cancelled_as_soon_as_a_member_is_cancelled(conn: Conn) -> None:
+def _a_batch_success_child_waits_for_the_settle_after_a_member_is_cancelled(conn: Conn) -> None:
     got = many(conn, [{"kind": "sc-a"}, {"kind": "sc-b"}], as_batch=True)
     b = got[0]["batch_id"]
     s = many(conn, [{"kind": "sc-s", "depends_on": [{"batch": b, "on": "success"}]}])[0]["id"]
     cancel(conn, got[0]["id"])
-    assert st(conn, s) == "cancelled"
-    assert bstatus(conn, b)["state"] == "executing"
+    assert st(conn, s) == "waiting" and bstatus(conn, b)["state"] == "executing"
+    succeed(conn, got[1]["id"])
+    assert bstatus(conn, b)["state"] == "cancelled" and st(conn, s) == "cancelled"
 
 
-def _retrying_the_failed_member_revives_the_early_cancelled_success_child(conn: Conn) -> None:
+def _retrying_the_failed_member_before_the_settle_lets_the_success_child_run(conn: Conn) -> None:
     got = many(conn, [{"kind": "rv-a"}, {"kind": "rv-b"}], as_batch=True)
     b = got[0]["batch_id"]
     s = many(conn, [{"kind": "rv-s", "depends_on": [{"batch": b, "on": "success"}]}])[0]["id"]
     fail(conn, got[0]["id"])
-    assert st(conn, s) == "cancelled"
-    assert scalar(conn, "SELECT pgjobs.retry(id => %s)", (got[0]["id"],))
     assert st(conn, s) == "waiting"
+    assert scalar(conn, "SELECT pgjobs.retry(id => %s)", (got[0]["id"],))
     succeed(conn, got[0]["id"])
     succeed(conn, got[1]["id"])
     assert bstatus(conn, b)["state"] == "succeeded"
     assert st(conn, s) == "pending"
-
-
-def _retrying_one_of_two_failed_members_keeps_the_success_child_cancelled(conn: Conn) -> None:
-    got = many(conn, [{"kind": "r2-a"}, {"kind": "r2-b"}, {"kind": "r2-c"}], as_batch=True)
-    b = got[0]["batch_id"]
-    s = many(conn, [{"kind": "r2-s", "depends_on": [{"batch": b, "on": "success"}]}])[0]["id"]
-    fail(conn, got[0]["id"])
-    fail(conn, got[1]["id"])
-    scalar(conn, "SELECT pgjobs.retry(id => %s)", (got[0]["id"],))
-    assert st(conn, s) == "cancelled"  # got[1] still failed: the batch still cannot succeed
-    scalar(conn, "SELECT pgjobs.retry(id => %s)", (got[1]["id"],))
-    assert st(conn, s) == "waiting"
 
 
 def _enqueue_time_cancellation_cascades_inside_the_call_and_settles_the_new_batch(conn: Conn, dsn: str) -> None:
@@ -1030,8 +1016,7 @@ def test_add_to_batch(conn: Conn) -> None:
 
 def test_retry_reopens_batches_and_revives_what_it_can(conn: Conn) -> None:
     _retry_of_a_failed_member_reopens_its_batch(conn)
-    _retrying_the_failed_member_revives_the_early_cancelled_success_child(conn)
-    _retrying_one_of_two_failed_members_keeps_the_success_child_cancelled(conn)
+    _retrying_the_failed_member_before_the_settle_lets_the_success_child_run(conn)
 
 
 def test_purge(conn: Conn) -> None:
@@ -1040,6 +1025,6 @@ def test_purge(conn: Conn) -> None:
     _purge_refuses_negative_ages_and_changes_nothing(conn)
 
 
-def test_a_batch_success_child_is_cancelled_as_soon_as_the_batch_cannot_succeed(conn: Conn, dsn: str) -> None:
-    _a_batch_success_child_is_cancelled_as_soon_as_a_member_fails(conn, dsn)
-    _a_batch_success_child_is_cancelled_as_soon_as_a_member_is_cancelled(conn)
+def test_batch_level_continuations_wait_for_the_batch_to_settle(conn: Conn, dsn: str) -> None:
+    _a_batch_success_child_waits_for_the_settle_even_after_a_member_failed(conn, dsn)
+    _a_batch_success_child_waits_for_the_settle_after_a_member_is_cancelled(conn)

@@ -108,13 +108,16 @@ async def sync_code_schedules(client: AsyncClient, app_or_specs: Any, *, now: da
     specs = _specs_of(app_or_specs)
     at = utc_now() if now is None else now
     firsts = [next_fire(s.cron, s.timezone, at) for s in specs]
+    # An App that declares no periodic job at all (say, a worker of another app sharing the database)
+    # prunes nothing: it would otherwise delete every code-defined schedule. An explicit list prunes.
+    prune = bool(specs) or not hasattr(app_or_specs, "periodic_specs")
     async with client.pool.connection() as conn, conn.transaction():
         await conn.execute(_SYNC_LOCK)
         stored = [
             await client._run(spec_call(spec, first, code_defined=True), conn)
             for spec, first in zip(specs, firsts, strict=True)
         ]
-        pruned = await client._run(prune_code_schedules_call([s.name for s in specs]), conn)
+        pruned = await client._run(prune_code_schedules_call([s.name for s in specs]), conn) if prune else 0
     if pruned:
         log.info("pruned %d code-defined schedule(s) no longer declared", pruned)
     return SyncReport(stored, pruned)

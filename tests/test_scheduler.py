@@ -310,6 +310,12 @@ def test_code_defined_schedules_sync_and_win_over_dynamic_ones(dsn: str, conn: p
             await sync_code_schedules(client, app, now=clock())
             taken = await client.get_schedule("user-made")
             assert taken is not None and taken.code_defined and taken.kind == "k2"
+            # a worker of another app, declaring no periodic job, shares the database: it prunes nothing
+            other = await sync_code_schedules(client, FakeApp([]), now=clock())
+            assert other.pruned == 0
+            assert sorted(s.name for s in await client.list_schedules()) == ["cleanup", "user-made"]
+            # an explicit (empty) list of declarations does prune
+            assert (await sync_code_schedules(client, [], now=clock())).pruned == 2
 
     anyio.run(main)
 

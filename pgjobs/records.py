@@ -101,38 +101,9 @@ class Job(_Row):
 
 
 @dataclass(frozen=True, slots=True)
-class JobStatus(_Row):
+class JobStatus(Job):
     """``job_status()``: the job plus ``depends_on`` (``[{"job"|"batch": id, "on": trigger}]``)."""
 
-    id: int
-    kind: str
-    queue: str
-    payload: Any
-    meta: dict[str, Any]
-    state: JobState
-    priority: int
-    run_at: datetime
-    created_at: datetime
-    attempt: int
-    max_attempts: int
-    lease_token: UUID | None
-    leased_by: str | None
-    lease_expires_at: datetime | None
-    first_started_at: datetime | None
-    completed_at: datetime | None
-    last_error: str | None
-    errors: list[dict[str, Any]]
-    checkpoint: Any
-    progress: Any
-    result: Any
-    unique_key: str | None
-    unique_live_only: bool
-    group_key: str | None
-    batch_id: int | None
-    remaining_deps: int
-    failed_deps: int
-    schedule_name: str | None
-    cancel_requested: bool
     depends_on: list[dict[str, Any]]
 
 

@@ -449,7 +449,13 @@ def _stop_one(pgdata: Path, running: _Running, force: bool) -> None:
     else:
         with _pkg_lock(pkg):
             _prune_dead_handles(pgdata)
-    server._cleanup()  # pg_ctl -w stop when this process is the last user of the server
+    if pid is None or not _pid_alive(pid):
+        # The server died on its own (crash, SIGKILL): nothing to stop. The package would try anyway: pg_ctl stop
+        # waits on the unreaped postmaster, then psutil raises NoSuchProcess. Keep only its bookkeeping.
+        with contextlib.suppress(Exception):
+            server._postmaster_info = None
+    with contextlib.suppress(Exception):  # stopping must not raise; the wait below still makes sure it is gone
+        server._cleanup()  # pg_ctl -w stop when this process is the last user of the server
     with contextlib.suppress(Exception):
         type(server)._instances.pop(pgdata, None)
     with contextlib.suppress(Exception):

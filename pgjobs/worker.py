@@ -104,6 +104,10 @@ _SESSION_OPTIONS = "-c jit=off"
 # Reconnect backoff ceiling (before jitter) of the claim, completion and LISTEN connections. Retrying a dead
 # server every ~2 s costs nothing, and bounds how long a worker idles after the server is back.
 _RECONNECT_CAP = 2.0
+# The worker's pool: how long a call waits for a connection (PoolTimeout is retried by _call), and how long the
+# pool retries a failed connect before giving up on it (the next call that needs one tries again, at once).
+_POOL_WAIT = 5.0
+_POOL_RECONNECT = 3.0
 # A claim needs no durable commit: if the server crashes before the claim's WAL reaches disk, the job simply
 # comes back unclaimed (attempt not counted), and this worker's later calls for it fail the token compare-and-set
 # (no-ops). Skipping the flush wait takes ~0.5 ms off every claim, i.e. off the wake-up latency.
@@ -371,6 +375,12 @@ class Worker:
             },
             open=False,
             name=f"pgjobs-worker-{self.name}",
+            # After a long outage psycopg_pool's own reconnect backoff (doubling up to reconnect_timeout, 5 min
+            # by default) left the pool empty for ~30 s after the server was back, and every call waited out
+            # the 30 s default timeout. Short attempts that give up and start again on demand, and a short
+            # wait that _call retries, bring pooled calls back within a second or two of the server.
+            timeout=_POOL_WAIT,
+            reconnect_timeout=_POOL_RECONNECT,
         )
         self._pool = pool
         try:

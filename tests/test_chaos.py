@@ -348,7 +348,8 @@ def test_server_crash_mid_load_loses_no_job_and_applies_each_effect_once(
     n = 2000
     ids = enqueue_many(conn, [{"kind": "effect"}] * n)
     names = ["crash-a", "crash-b"]
-    procs = [start_worker(name=name, queues={"default": 10}) for name in names]
+    # crash-b also runs the recurring-jobs scheduler, as a Worker does by default
+    procs = [start_worker(name=name, queues={"default": 10}, scheduler=name == "crash-b") for name in names]
     wait_for(lambda: conn.one("SELECT count(*) FROM effects") >= n // 4, timeout=30, what="a quarter of the effects")
 
     done_before = conn.one("SELECT count(*) FROM effects")
@@ -612,6 +613,35 @@ def test_a_job_the_same_worker_claims_again_after_its_lease_ran_out(chaos_dsn: s
 
     anyio.run(main)
     assert worker.active == 0 and worker.completed == 1
+
+
+# ------------------------------------------------------------------------------------------------- 8. embedded stop
+
+
+def test_embedded_stop_after_the_server_was_killed_does_not_raise() -> None:
+    """``pgjobs.embedded.stop`` (also run at exit) on a server that died under it: it raised
+    psutil.NoSuchProcess from inside the package before, and must just make sure nothing is left."""
+    from pgjobs import embedded
+
+    if not embedded.is_available():
+        pytest.skip("the embedded PostgreSQL package is not installed")
+    data_dir = Path(tempfile.mkdtemp(prefix="pgjobs-chaos-stop-"))
+    try:
+        embedded.start(data_dir)
+        pid = embedded.server_pid(data_dir)
+        assert pid is not None
+        os.kill(pid, signal.SIGKILL)
+        wait_for(lambda: not _pid_alive(pid), timeout=15, what="the postmaster to die")
+        embedded.stop(data_dir, force=True)
+        assert embedded.server_pid(data_dir) is None
+        wait_for(lambda: not _processes_on(data_dir), timeout=15, what="no process left on the data dir")
+    finally:
+        with contextlib.suppress(Exception):
+            embedded.stop(data_dir, force=True)
+        pid = embedded.server_pid(data_dir)
+        if pid is not None:
+            os.kill(pid, signal.SIGKILL)
+        shutil.rmtree(data_dir, ignore_errors=True)
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -31,7 +31,7 @@ from typing import Any
 
 import psycopg
 
-from .common import Figure, alternate, connect, figure, interleaved, median, percentile
+from .common import Figure, alternate, connect, figure, fresh_database, interleaved, median, percentile
 
 QUEUE = "bench"
 KIND = "bench.email"
@@ -87,6 +87,7 @@ class Plan:
     bulk_chunk: int
     claim_seconds: float  # length of one claim+complete run
     claim_rounds: int
+    claim_rounds_bar: int  # rounds for claim size 100, the size the bar is set at
     claim_conns: tuple[int, ...]
     claim_sizes: tuple[int, ...]
     events_conns: tuple[int, ...]
@@ -101,7 +102,8 @@ FULL = Plan(
     bulk_batches=60,
     bulk_chunk=5,
     claim_seconds=1.5,
-    claim_rounds=4,
+    claim_rounds=3,
+    claim_rounds_bar=6,
     claim_conns=(1, 4, 16),
     claim_sizes=(1, 10, 100),
     events_conns=(1, 4),
@@ -116,6 +118,7 @@ QUICK = Plan(
     bulk_chunk=2,
     claim_seconds=0.5,
     claim_rounds=1,
+    claim_rounds_bar=1,
     claim_conns=(1, 4),
     claim_sizes=(1, 100),
     events_conns=(4,),
@@ -264,57 +267,63 @@ def _claim_pair(
 # claim latency vs depth
 
 
-def _claim_latency(dsn: str, admin: psycopg.Connection[Any], depth: int, claims: int) -> list[float]:
-    """Seconds per ``claim`` of one job with ``depth`` pending jobs; each claimed job is completed
-    right away (outside the timing) so the queue keeps its depth and shape."""
-    conn = connect(dsn)
-    try:
-        samples: list[float] = []
-        for i in range(claims + 20):
-            t0 = time.perf_counter()
+def _claim_latency(
+    small: psycopg.Connection[Any], large: psycopg.Connection[Any], claims: int
+) -> dict[str, list[float]]:
+    """Seconds per ``claim`` of one job, on two queues of different depth (two databases), taking turns
+    claim by claim so both see the same load. Each claimed job is completed right away (outside the
+    timing) so each queue keeps its depth and shape."""
+
+    samples: dict[str, list[float]] = {"small": [], "large": []}
+    clock = time.perf_counter
+    for i in range(claims + 20):
+        for name in ("small", "large") if i % 2 == 0 else ("large", "small"):
+            conn = small if name == "small" else large
+            t0 = clock()
             rows = conn.execute(OURS_CLAIM, ("bench-latency", [QUEUE], 1)).fetchall()
-            dt = time.perf_counter() - t0
+            dt = clock() - t0
             conn.execute(OURS_COMPLETE, (rows[0][0], rows[0][3])).fetchall()
             if i >= 20:  # the first calls prepare statements and warm caches
-                samples.append(dt)
-        return samples
-    finally:
-        conn.close()
+                samples[name].append(dt)
+    return samples
 
 
-def _claim_server_ms(dsn: str, admin: psycopg.Connection[Any], depth: int, claims: int) -> float:
-    """Server-side time of one claim (median, ms), timed with clock_timestamp() in a DO block that
-    commits after each claim + complete: free of the client round trip, so flatness shows even on a
-    noisy machine."""
-    conn = connect(dsn)
-    try:
-        _exec(conn, "CREATE TEMP TABLE IF NOT EXISTS bench_latency (ms float8); TRUNCATE bench_latency")
-        _exec(
-            conn,
-            f"""
-            DO $$
-            DECLARE
-                t0 timestamptz;
-                c  record;
-            BEGIN
-                FOR i IN 1..{int(claims) + 20} LOOP
-                    t0 := clock_timestamp();
-                    SELECT * INTO c FROM pgjobs.claim(worker => 'bench-latency', queues => '{{{QUEUE}}}');
-                    IF i > 20 THEN
-                        INSERT INTO bench_latency VALUES (extract(epoch FROM clock_timestamp() - t0) * 1000);
-                    END IF;
-                    PERFORM pgjobs.complete(c.id, c.lease_token);
-                    COMMIT;
-                END LOOP;
-            END
-            $$""",
-        )
+_SERVER_LOOP = """
+DO $$
+DECLARE
+    t0 timestamptz;
+    c  record;
+BEGIN
+    FOR i IN 1..{n} LOOP
+        t0 := clock_timestamp();
+        SELECT * INTO c FROM pgjobs.claim(worker => 'bench-latency', queues => '{{{queue}}}');
+        INSERT INTO bench_latency VALUES (extract(epoch FROM clock_timestamp() - t0) * 1000);
+        PERFORM pgjobs.complete(c.id, c.lease_token);
+        COMMIT;
+    END LOOP;
+END
+$$"""
+
+
+def _claim_server_ms(small: psycopg.Connection[Any], large: psycopg.Connection[Any], claims: int) -> dict[str, float]:
+    """Server-side time of one claim (median, ms) on each depth, timed with clock_timestamp() in DO
+    blocks that commit after each claim + complete (free of the client round trip and of the commit's
+    flush), the two depths taking turns in blocks of 25 claims."""
+    for conn in (small, large):
+        _exec(conn, "CREATE TEMP TABLE IF NOT EXISTS bench_latency (ms float8)")
+        _exec(conn, _SERVER_LOOP.format(n=20, queue=QUEUE))  # warm up
+        _exec(conn, "TRUNCATE bench_latency")
+    rounds = max(1, claims // 25)
+    for r in range(rounds):
+        for conn in (small, large) if r % 2 == 0 else (large, small):
+            _exec(conn, _SERVER_LOOP.format(n=25, queue=QUEUE))
+    out = {}
+    for name, conn in (("small", small), ("large", large)):
         row = conn.execute(
             "SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY ms) FROM bench_latency", prepare=False
         ).fetchone()
-        return float(row[0]) if row and row[0] is not None else float("nan")
-    finally:
-        conn.close()
+        out[name] = float(row[0]) if row and row[0] is not None else float("nan")
+    return out
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -399,7 +408,8 @@ def run(dsn: str, quick: bool = False) -> dict[str, Any]:
         # -- claim + complete --------------------------------------------------------------------------------
         for size in plan.claim_sizes:
             for nconn in plan.claim_conns:
-                s = alternate(_claim_pair(dsn, admin, size, nconn, plan.claim_seconds), plan.claim_rounds)
+                rounds = plan.claim_rounds_bar if size == 100 else plan.claim_rounds
+                s = alternate(_claim_pair(dsn, admin, size, nconn, plan.claim_seconds), rounds)
                 raw[f"claim_complete_{nconn}x{size}"] = s
                 how = "complete" if size == 1 else "complete_many"
                 figures.append(
@@ -444,16 +454,27 @@ def run(dsn: str, quick: bool = False) -> dict[str, Any]:
                 )
             )
 
-        # -- claim latency: 10k vs 1M pending ---------------------------------------------------------------
+        # -- claim latency: 10k vs 1M pending, side by side -----------------------------------------------
+        # The deep queue lives in a second database of its own, so the two depths can take turns.
+        _fill(admin, plan.latency_small, "ours")
+        with fresh_database(dsn, "core_deep") as deep_dsn:
+            deep_admin = connect(deep_dsn)
+            _exec(deep_admin, BARE_DDL)
+            _fill(deep_admin, plan.latency_large, "ours")
+            small_conn, large_conn = connect(dsn), connect(deep_dsn)
+            try:
+                client = _claim_latency(small_conn, large_conn, plan.latency_claims)
+                server = _claim_server_ms(small_conn, large_conn, plan.latency_claims)
+            finally:
+                small_conn.close()
+                large_conn.close()
+                deep_admin.close()
         lat: dict[str, Any] = {}
-        for depth in (plan.latency_small, plan.latency_large):
-            _fill(admin, depth, "ours")
-            client = _claim_latency(dsn, admin, depth, plan.latency_claims)
-            server = _claim_server_ms(dsn, admin, depth, plan.latency_claims)
+        for name, depth in (("small", plan.latency_small), ("large", plan.latency_large)):
             lat[str(depth)] = {
-                "client_median_ms": median(client) * 1000,
-                "client_p95_ms": percentile(client, 95) * 1000,
-                "server_median_ms": server,
+                "client_median_ms": median(client[name]) * 1000,
+                "client_p95_ms": percentile(client[name], 95) * 1000,
+                "server_median_ms": server[name],
             }
         raw["claim_latency"] = lat
         small, large = lat[str(plan.latency_small)], lat[str(plan.latency_large)]

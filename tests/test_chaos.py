@@ -11,7 +11,14 @@ starts again on the same data dir with the same socket, so clients keep their DS
 3. restart while the worker sleeps on LISTEN (poll fallback far away): the next job is still handled;
 4. crash between claim commit and completion: jobs of a worker that died with the server are claimable after
    their lease (attempt 2, checkpoint kept); jobs of a surviving worker complete on its retried ``complete_many``;
-5. the status stream over known job ids ends, across a restart, with every watched job terminal.
+5. the status stream over known job ids ends, across a restart, with every watched job terminal;
+6. after an outage longer than ``reap_after`` the first worker back does not reap the others (it would take their
+   running jobs and run them again);
+7. a worker that claims its own still-running job again (its lease ran out) keeps its books straight and stops;
+8. ``pgjobs.embedded.stop`` on a server that was SIGKILLed does not raise and leaves nothing behind.
+
+The chaos worker processes (``tests/apps/chaos_app.py``) use the documented idempotent handler pattern. The
+module writes the measured recovery times to stderr (``chaos timings: {...}``; ``pytest -s`` shows them).
 
 Each test gets its own database on the private server. Nothing here waits without a bound, and every server and
 worker process is stopped in a ``finally`` (checked at the end of the module: no process left on the data dir).
@@ -49,7 +56,7 @@ from tests.apps.procs import REPO, wait_for
 pytestmark = pytest.mark.slow
 
 APP = REPO / "tests" / "apps" / "chaos_app.py"
-# Short leases and fast heartbeats so recovery fits in a test; reap_after > the longest outage we cause.
+# Short leases and fast heartbeats so that recovery (lease expiry, reaping) fits in a test.
 FAST = {"lease": 2.0, "heartbeat_interval": 0.5, "reap_after": 6.0, "poll_interval": 1.0, "grace_period": 2.0}
 TIMINGS: dict[str, float] = {}
 
@@ -645,10 +652,10 @@ def test_embedded_stop_after_the_server_was_killed_does_not_raise() -> None:
     data_dir = Path(tempfile.mkdtemp(prefix="pgjobs-chaos-stop-"))
     try:
         embedded.start(data_dir)
-        pid = embedded.server_pid(data_dir)
-        assert pid is not None
-        os.kill(pid, signal.SIGKILL)
-        wait_for(lambda: not _pid_alive(pid), timeout=15, what="the postmaster to die")
+        killed = embedded.server_pid(data_dir)
+        assert killed is not None
+        os.kill(killed, signal.SIGKILL)
+        wait_for(lambda: not _pid_alive(killed), timeout=15, what="the postmaster to die")
         embedded.stop(data_dir, force=True)
         assert embedded.server_pid(data_dir) is None
         wait_for(lambda: not _processes_on(data_dir), timeout=15, what="no process left on the data dir")

@@ -1,9 +1,10 @@
 """The core suite: pgjobs' SQL hot paths against a bare table doing the least a queue can do.
 
 Every figure of ours is measured in the same run, on the same server, as its bare-table baseline, and
-the two alternate (A/B/A/B, the order flipping every round) so the ratio survives the noise of a shared
-machine. The bare table (schema ``bench_bare``) is a realistic minimal queue: an identity key, queue,
-kind, payload, a small state code, run_at, and one partial index for claiming.
+the two take turns so the ratio survives the noise of a shared machine: call by call for enqueue and
+enqueue_many, run by run (A/B/A/B, the order flipping every round) for claim + complete. The bare table
+(schema ``bench_bare``) is a realistic minimal queue: an identity key, queue, kind, payload, a small
+state code, run_at, and one partial index for claiming.
 
 What is measured (all through psycopg with server-side prepared statements, autocommit, one commit per
 call, fsync as the server has it):
@@ -15,8 +16,9 @@ call, fsync as the server has it):
   ``pgjobs.complete`` (size 1) or ``pgjobs.complete_many`` (sizes 10 and 100), vs ``UPDATE ... WHERE id
   IN (SELECT ... FOR UPDATE SKIP LOCKED LIMIT n) RETURNING`` then one ``UPDATE ... WHERE id = ANY``.
   Each run starts from a freshly filled and vacuumed table and lasts a fixed time (or until drained).
-* claim latency with 10,000 vs 1,000,000 pending jobs (one claim of one job per call; the ratio of the
-  medians is the flatness figure).
+* claim latency with 10,000 vs 1,000,000 pending jobs (one claim of one job per call), the deep queue in
+  a second database so the two depths take turns: the ratio of the server-side medians (clock_timestamp
+  around the call, free of the round trip and of the commit's flush) is the flatness figure.
 * throughput with status events on (the default) vs off (``configure_queue(status_events => 'none')``).
 """
 

@@ -370,13 +370,23 @@ def test_server_crash_mid_load_loses_no_job_and_applies_each_effect_once(
     TIMINGS["crash: restart -> all done s"] = time.monotonic() - t0
 
     assert_exactly_once(conn, ids)
-    # The processes never exited by themselves, and both worked after the restart without being restarted.
+    # The processes never exited by themselves, and both came back after the restart without being restarted:
+    # both heartbeat again (which one drained the rest of the load is up to the scheduler of a busy machine).
     assert [p.poll() for p in procs] == [None, None]
     after = dict(
         conn.execute("SELECT worker, count(*) FROM effects WHERE at > %s GROUP BY 1", [restarted_at]).fetchall()
     )
-    assert set(after) == set(names), after
-    assert conn.one("SELECT count(*) FROM pgjobs.workers WHERE id = ANY (%s)", [names]) == 2
+    assert after, "no effect after the restart"
+    wait_for(
+        lambda: (
+            conn.one(
+                "SELECT count(*) FROM pgjobs.workers WHERE id = ANY (%s) AND last_seen > %s", [names, restarted_at]
+            )
+            == 2
+        ),
+        timeout=15,
+        what="both workers heartbeating after the restart",
+    )
     TIMINGS["crash: effects before the crash"] = done_before
     for k, v in rerun_stats(conn).items():
         TIMINGS[f"crash: jobs with {k}"] = v

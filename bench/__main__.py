@@ -184,12 +184,12 @@ def _print_table(results: list[dict[str, Any]]) -> None:
         if not console.is_terminal:
             console = Console(width=160)  # a log or a pipe: no wrapping of the figure names
         console.print(table)
-    for r in results:
-        if r.get("skipped"):
-            print(f"- {r['suite']}: skipped ({r['skipped']})")
-        if r.get("error"):
-            print(f"- {r['suite']}: ERROR {r['error']}")
-        for f in r.get("figures", []):
+    for res in results:
+        if res.get("skipped"):
+            print(f"- {res['suite']}: skipped ({res['skipped']})")
+        if res.get("error"):
+            print(f"- {res['suite']}: ERROR {res['error']}")
+        for f in res.get("figures", []):
             if f.get("baseline_name") or f.get("note"):
                 extra = "; ".join(
                     x
@@ -199,9 +199,9 @@ def _print_table(results: list[dict[str, Any]]) -> None:
                     )
                     if x
                 )
-                print(f"  {r['suite']} / {f['name']}: {extra}")
-        for n in r.get("notes", []) or []:
-            print(f"  {r['suite']}: {n}")
+                print(f"  {res['suite']} / {f['name']}: {extra}")
+        for n in res.get("notes", []) or []:
+            print(f"  {res['suite']}: {n}")
 
 
 def _git_commit() -> str | None:

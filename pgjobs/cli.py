@@ -26,11 +26,8 @@ import re
 import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import asdict, is_dataclass
 from datetime import UTC, datetime, timedelta
-from enum import Enum
 from typing import Any
-from uuid import UUID
 
 import psycopg
 from psycopg.conninfo import conninfo_to_dict
@@ -43,6 +40,7 @@ from . import __version__
 from . import dsn as dsnmod
 from .client import Client
 from .errors import PgJobsError, SchemaMissing
+from .jsonable import to_jsonable
 from .records import JobState, JobStatus
 
 EXIT_OK = 0
@@ -212,22 +210,6 @@ def describe_progress(progress: Any) -> str:
             text += f" ({progress['done']}/{progress['total']})"
         return f"{text} {message}" if message else text
     return json.dumps(progress, default=str)
-
-
-def to_jsonable(value: Any) -> Any:
-    if is_dataclass(value) and not isinstance(value, type):
-        return {k: to_jsonable(v) for k, v in asdict(value).items()}
-    if isinstance(value, dict):
-        return {str(k): to_jsonable(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [to_jsonable(v) for v in value]
-    if isinstance(value, Enum):
-        return value.value
-    if isinstance(value, datetime):
-        return value.isoformat()
-    if isinstance(value, UUID | timedelta):
-        return str(value)
-    return value
 
 
 def print_json(value: Any) -> None:

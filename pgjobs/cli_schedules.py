@@ -20,6 +20,7 @@ from rich.console import Console
 from rich.table import Table
 
 from .client import Client
+from .jsonable import to_jsonable
 from .records import Schedule
 from .scheduler import Scheduler
 
@@ -108,14 +109,6 @@ def _when(value: datetime | None, tz_name: str, now: datetime) -> str:
     return f"{local:%Y-%m-%d %H:%M:%S %Z} ({rel})"
 
 
-def _as_json(s: Schedule) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for name in Schedule.__dataclass_fields__:
-        value = getattr(s, name)
-        out[name] = value.isoformat() if isinstance(value, datetime) else value
-    return out
-
-
 def print_schedules(schedules: list[Schedule], console: Console | None = None) -> None:
     console = console or _console()
     if not schedules:
@@ -145,7 +138,7 @@ def cmd_list(args: argparse.Namespace) -> int:
     with Client(args.dsn, max_size=1) as client:
         schedules = client.list_schedules()
     if getattr(args, "json", False):
-        print(json.dumps([_as_json(s) for s in schedules], indent=2))
+        print(json.dumps(to_jsonable(schedules), indent=2))
     else:
         print_schedules(schedules)
     return 0

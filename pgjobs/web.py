@@ -13,37 +13,22 @@ Endpoints: ``/`` (HTML), ``/api/stats``, ``/api/queues``, ``/api/workers``,
 from __future__ import annotations
 
 import argparse
-import dataclasses
-import enum
 import json
 import threading
-from datetime import datetime
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
-from uuid import UUID
 
 import psycopg
 
 from .client import Client
 from .errors import PgJobsError
-
-
-def _default(value: Any) -> Any:
-    if isinstance(value, datetime):
-        return value.isoformat()
-    if isinstance(value, UUID):
-        return str(value)
-    if isinstance(value, enum.Enum):
-        return value.value
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {f.name: getattr(value, f.name) for f in dataclasses.fields(value)}
-    raise TypeError(f"not JSON serialisable: {type(value).__name__}")
+from .jsonable import to_jsonable
 
 
 def to_json(value: Any) -> bytes:
-    return json.dumps(value, default=_default).encode()
+    return json.dumps(to_jsonable(value)).encode()
 
 
 class Dashboard:

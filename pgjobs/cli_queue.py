@@ -9,13 +9,13 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from dataclasses import asdict
 from typing import Any
 
 from rich.console import Console
 from rich.table import Table
 
 from .client import Client
+from .jsonable import to_jsonable
 from .records import QueueSettings
 
 STATUS_EVENTS = ("all", "terminal", "none")
@@ -212,14 +212,13 @@ def _table(rows: list[QueueSettings], live: dict[str, dict[str, int]], title: st
 
 
 def _as_dict(settings: QueueSettings, counts: dict[str, int] | None) -> dict[str, Any]:
-    out = asdict(settings)
-    out["updated_at"] = settings.updated_at.isoformat() if settings.updated_at else None
+    out: dict[str, Any] = to_jsonable(settings)
     out.update(counts or {})
     return out
 
 
 def _print_json(value: Any) -> None:
-    print(json.dumps(value, indent=2, default=str))
+    print(json.dumps(to_jsonable(value), indent=2))
 
 
 def _console() -> Console:

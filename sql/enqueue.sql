@@ -198,6 +198,14 @@ SET jit = off
 AS $$
 #variable_conflict use_column
 BEGIN
+    -- The common bulk load (no batch, no dependency, no unique key, no bounded queue) takes the
+    -- one-pass path; each of those needs reads or locks the plain insert does not take.
+    IF NOT coalesce(enqueue_many.as_batch, false) AND jsonb_typeof(enqueue_many.jobs) = 'array'
+       AND NOT jsonb_path_exists(enqueue_many.jobs, 'lax $[*] ? (exists(@.depends_on) || @.unique_key.type() == "string")')
+       AND NOT _reaches_bounded_queue(enqueue_many.jobs) THEN
+        RETURN QUERY SELECT * FROM _insert_plain_specs(enqueue_many.jobs);
+        RETURN;
+    END IF;
     PERFORM _check_specs_fast(enqueue_many.jobs, 'jobs');
     IF coalesce(enqueue_many.as_batch, false)
        OR jsonb_path_exists(enqueue_many.jobs, 'lax $[*].depends_on') THEN
@@ -208,6 +216,161 @@ BEGIN
     END IF;
     -- _insert_specs returns its rows in the specs' order (no sort needed here).
     RETURN QUERY SELECT r.ref, r.id, r.created, r.batch_id FROM _insert_specs(enqueue_many.jobs, NULL, NULL) AS r;
+END;
+$$;
+
+-- True when a spec of `jobs` lands in a bounded queue (max_length set), whose capacity must be
+-- reserved under its lock (_insert_specs does). One probe when no queue is bounded (the usual
+-- case), else one scan of the specs per bounded queue.
+CREATE OR REPLACE FUNCTION pgjobs._reaches_bounded_queue(jobs jsonb)
+RETURNS boolean
+LANGUAGE plpgsql
+SET search_path = pgjobs, pg_catalog
+SET plan_cache_mode = force_generic_plan
+SET jit = off
+AS $$
+BEGIN
+    RETURN EXISTS (SELECT 1 FROM queues AS q
+                    WHERE q.max_length IS NOT NULL
+                      AND jsonb_path_exists(jobs, 'lax $[*] ? (@.queue == $q || $d == true && !exists(@.queue))',
+                                            jsonb_build_object('q', q.queue, 'd', q.queue = 'default')));
+END;
+$$;
+
+-- Refuses the specs passed to _insert_plain_specs, whose check flagged `spec`: _check_specs words
+-- the first problem (PJ002). Should it find none (the flag is meant to be exactly its rules), the
+-- error names the flagged spec itself. Raising aborts the statement: nothing was inserted.
+CREATE OR REPLACE FUNCTION pgjobs._refuse_spec(jobs jsonb, spec jsonb)
+RETURNS boolean
+LANGUAGE plpgsql
+SET search_path = pgjobs, pg_catalog
+AS $$
+BEGIN
+    PERFORM _check_specs(jobs, 'jobs');
+    RAISE EXCEPTION USING ERRCODE = 'PJ002',
+        MESSAGE = format('jobs: spec %s is not valid', left(spec::text, 200));
+END;
+$$;
+
+-- enqueue_many's one-pass path, for specs without batch, dependencies, unique keys or bounded
+-- queues: one INSERT ... SELECT reads each spec once and checks it in the same pass (a flagged
+-- spec aborts the statement through _refuse_spec, so the check costs no pass of its own), ids
+-- come from the sequence in the specs' order (so sorting them restores that order for the refs),
+-- and the status events are worded from the rows the insert returns. A timestamp string is the
+-- one thing the pass cannot check without a cast that would fail with the wrong error: when some
+-- spec carries one, a cast-only pass runs first, and _check_specs words its failure.
+-- Rules here mirror _check_specs (keep the two in step).
+CREATE OR REPLACE FUNCTION pgjobs._insert_plain_specs(jobs jsonb)
+RETURNS TABLE (ref text, id bigint, created boolean, batch_id bigint)
+LANGUAGE plpgsql
+SET search_path = pgjobs, pg_catalog
+SET plan_cache_mode = force_generic_plan
+SET jit = off
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_now     timestamptz := now();
+    v_quiet   text[] := ARRAY(SELECT q.queue FROM queues AS q WHERE q.status_events <> 'all');
+    v_ids     bigint[];
+    v_wake    text[];
+    v_sent    bigint;
+BEGIN
+    IF jsonb_path_exists(jobs, 'lax $[*].run_at ? (@.type() == "string")') THEN
+        BEGIN
+            PERFORM (x.e ->> 'run_at')::timestamptz
+               FROM jsonb_array_elements(jobs) AS x(e)
+              WHERE jsonb_typeof(x.e -> 'run_at') = 'string';
+        EXCEPTION WHEN data_exception THEN
+            PERFORM _check_specs(jobs, 'jobs');
+            RAISE;
+        END;
+    END IF;
+
+    WITH ins AS (
+        INSERT INTO jobs AS j (id, kind, queue, payload, meta, state, priority, run_at, max_attempts,
+                               unique_live_only, group_key)
+        SELECT nextval('pgjobs.jobs_id_seq'), x.e ->> 'kind', coalesce(x.e ->> 'queue', 'default'),
+               coalesce(x.e -> 'payload', '{}'), coalesce(x.e -> 'meta', '{}'),
+               CASE WHEN (x.e ->> 'run_at')::timestamptz > v_now THEN 'scheduled'::job_state ELSE 'pending' END,
+               coalesce((x.e ->> 'priority')::numeric::smallint, 0),
+               coalesce((x.e ->> 'run_at')::timestamptz, v_now),
+               coalesce((x.e ->> 'max_attempts')::numeric::int, 20),
+               coalesce((x.e ->> 'unique_live_only')::boolean, false), x.e ->> 'group_key'
+          FROM jsonb_array_elements(jobs) AS x(e)
+         -- CASE, not OR: its branches run in order. A spec of only kind, queue and payload (most of a
+         -- bulk load) pays for four tests; one with more keys is also checked key by key.
+         WHERE CASE WHEN jsonb_typeof(x.e) <> 'object' THEN _refuse_spec(jobs, x.e)
+                    WHEN jsonb_typeof(x.e -> 'kind') IS DISTINCT FROM 'string' OR x.e ->> 'kind' = ''
+                         OR jsonb_typeof(x.e -> 'queue') <> 'string' OR x.e ->> 'queue' = ''
+                         OR jsonb_typeof(x.e -> 'payload') = 'null'
+                      THEN _refuse_spec(jobs, x.e)
+                    WHEN x.e - '{kind,payload,queue}'::text[] = '{}' THEN true
+                    WHEN x.e - '{kind,payload,queue,run_at,priority,max_attempts,unique_key,unique_live_only,group_key,meta,ref}'::text[] <> '{}'
+                         OR jsonb_typeof(x.e -> 'meta') <> 'object'
+                         OR jsonb_typeof(x.e -> 'run_at') NOT IN ('string', 'null')
+                         -- a string key took the other path; any other non-null one is wrong
+                         OR jsonb_typeof(x.e -> 'unique_key') <> 'null'
+                         OR jsonb_typeof(x.e -> 'group_key') NOT IN ('string', 'null')
+                         OR jsonb_typeof(x.e -> 'unique_live_only') NOT IN ('boolean', 'null')
+                         OR jsonb_typeof(x.e -> 'ref') NOT IN ('string', 'number', 'null')
+                         OR CASE jsonb_typeof(x.e -> 'priority')
+                                 WHEN 'number' THEN (x.e -> 'priority')::numeric NOT BETWEEN -32768 AND 32767
+                                                    OR (x.e -> 'priority')::numeric % 1 <> 0
+                                 ELSE x.e ? 'priority' END
+                         OR CASE jsonb_typeof(x.e -> 'max_attempts')
+                                 WHEN 'number' THEN (x.e -> 'max_attempts')::numeric NOT BETWEEN 1 AND 2147483647
+                                                    OR (x.e -> 'max_attempts')::numeric % 1 <> 0
+                                 ELSE x.e ? 'max_attempts' END
+                      THEN _refuse_spec(jobs, x.e)
+                    ELSE true END
+        RETURNING j.id, j.kind, j.queue, j.state
+    ), grp AS (
+        -- Status events grouped by their words: within a group they differ only by id, so one
+        -- array_to_string of the group's ids words a whole notification of them (a bulk load is
+        -- mostly one or a few groups; wording each event alone cost a tenth of the call). Names
+        -- are cut to 200 characters when an event could pass 1000 bytes, as _status_event does.
+        SELECT g.ids, g.queue, g.state, w.tail, 6000 / (octet_length(w.tail) + 29) AS per
+          FROM (SELECT ins.kind, ins.queue, ins.state, array_agg(ins.id ORDER BY ins.id) AS ids
+                  FROM ins
+                 GROUP BY ins.kind, ins.queue, ins.state) AS g
+         CROSS JOIN LATERAL (
+               SELECT ', "kind": ' || to_json(CASE WHEN o.long THEN left(g.kind, 200) ELSE g.kind END)::text
+                      || ', "queue": ' || to_json(CASE WHEN o.long THEN left(g.queue, 200) ELSE g.queue END)::text
+                      || ', "state": "' || g.state::text || '", "attempt": 0, "batch_id": null}'
+                 FROM (SELECT octet_length(to_json(g.kind)::text) + octet_length(to_json(g.queue)::text) > 900) AS o(long)
+               ) AS w(tail)
+    ), chunk AS (
+        -- A group's events in runs of at most `per` (about 6,000 bytes), joined without brackets.
+        SELECT g.ids[c * g.per + 1] AS first_id, least(g.per, cardinality(g.ids) - c * g.per) AS n,
+               '{"id": ' || array_to_string(g.ids[c * g.per + 1 : (c + 1) * g.per], g.tail || ', {"id": ')
+               || g.tail AS body
+          FROM grp AS g
+         CROSS JOIN LATERAL generate_series(0, (cardinality(g.ids) - 1) / g.per) AS c
+         WHERE g.queue <> ALL (v_quiet)
+    ), sent AS (
+        -- Runs under 3,000 bytes (small groups) share notifications, packed in id order by their
+        -- running length (a pack stays under 6,000 bytes); longer runs go alone.
+        SELECT count(pg_notify('pgjobs_status', CASE WHEN p.n = 1 THEN p.body ELSE '[' || p.body || ']' END)) AS n
+          FROM (SELECT string_agg(k.body, ', ' ORDER BY k.first_id) AS body, sum(k.n) AS n
+                  FROM (SELECT k.first_id, k.n, k.body,
+                               CASE WHEN octet_length(k.body) >= 3000 THEN -k.first_id
+                                    ELSE sum(octet_length(k.body) + 2) FILTER (WHERE octet_length(k.body) < 3000)
+                                             OVER (ORDER BY k.first_id) / 3000 END AS pack
+                          FROM chunk AS k) AS k
+                 GROUP BY k.pack) AS p
+    )
+    SELECT (SELECT array_agg(ins.id ORDER BY ins.id) FROM ins),
+           (SELECT array_agg(g.queue) FROM grp AS g WHERE g.state = 'pending'),
+           (SELECT sent.n FROM sent)
+      INTO v_ids, v_wake, v_sent;
+    PERFORM _wake(v_wake);
+
+    IF jsonb_path_exists(jobs, 'lax $[*].ref') THEN
+        RETURN QUERY SELECT r.spec ->> 'ref', r.id, true, NULL::bigint
+                       FROM ROWS FROM (jsonb_array_elements(jobs), unnest(v_ids)) AS r(spec, id);
+    ELSE
+        RETURN QUERY SELECT NULL::text, r.id, true, NULL::bigint FROM unnest(v_ids) AS r(id);
+    END IF;
 END;
 $$;
 

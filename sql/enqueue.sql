@@ -298,9 +298,10 @@ BEGIN
                coalesce((x.e ->> 'unique_live_only')::boolean, false), x.e ->> 'group_key'
           FROM jsonb_array_elements(jobs) AS x(e)
          -- CASE, not OR: its branches run in order. A spec of only kind, queue and payload (most of a
-         -- bulk load) pays for four tests; one with more keys is also checked key by key.
-         WHERE CASE WHEN jsonb_typeof(x.e) <> 'object' THEN _refuse_spec(jobs, x.e)
-                    WHEN jsonb_typeof(x.e -> 'kind') IS DISTINCT FROM 'string' OR x.e ->> 'kind' = ''
+         -- bulk load) pays for four tests; one with more keys is also checked key by key. A spec that
+         -- is not an object has no kind (-> gives NULL), so the first test refuses it before `-`,
+         -- which raises on a scalar, meets it.
+         WHERE CASE WHEN jsonb_typeof(x.e -> 'kind') IS DISTINCT FROM 'string' OR x.e ->> 'kind' = ''
                          OR jsonb_typeof(x.e -> 'queue') <> 'string' OR x.e ->> 'queue' = ''
                          OR jsonb_typeof(x.e -> 'payload') = 'null'
                       THEN _refuse_spec(jobs, x.e)

@@ -2,4 +2,6 @@
 BEGIN;
 SELECT 1 / (count(*) = 0)::int FROM pg_constraint
  WHERE conrelid = 'pgjobs.jobs'::regclass AND conname = 'jobs_batch_id_fkey';
+SELECT 1 / count(*) FROM pg_class
+ WHERE oid = 'pgjobs.jobs_pending_idx'::regclass AND 'deduplicate_items=off' = ANY (reloptions);
 ROLLBACK;

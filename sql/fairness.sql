@@ -194,6 +194,7 @@ DECLARE
     v_npicked1 int := 0;                   -- picks of groups whose cursor the batch stamped
     v_unstamped boolean := false;          -- a group picked whose cursor is not stamped yet
     v_seen    text[];
+    v_unserved boolean;                    -- some cursor has never been served (phase 0 has work)
     -- The walk over the ring: phase 0 reads the never-served cursors (served_seq = 0) in key
     -- order, phase 1 the served ones from ring_from on in served_seq order, phase 2: done.
     v_phase   int := 0;
@@ -282,20 +283,31 @@ DECLARE
     l_hp      int[];
     l_hr      timestamptz[];
     l_hi      bigint[];
-    l_bseq    bigint;
     l_bkey    text;
     l_dead    text[];
 BEGIN
-    SELECT * INTO v_cfg FROM queues AS c WHERE c.queue = v_q;
-
-    -- Active jobs per group, as of now; and the highest job id (see v_quiet below).
-    SELECT coalesce(sum(a.n), 0)::int, array_agg(a.k) FILTER (WHERE a.k IS NOT NULL),
-           array_agg(a.n) FILTER (WHERE a.k IS NOT NULL), (SELECT max(j.id) FROM jobs AS j)
-      INTO v_total, a_key, a_cnt, v_maxid
-      FROM (SELECT j.group_key AS k, count(*)::int AS n
-              FROM jobs AS j
-             WHERE j.state = 'active' AND j.queue = v_q
-             GROUP BY j.group_key) AS a;
+    -- One statement for everything a claim reads before the walk (each statement has a fixed
+    -- cost to start, larger than what most of these reads cost): the queue's settings, its
+    -- fair_queues state, its active jobs per group, as of now; the highest job id (see v_quiet
+    -- below); whether any cursor has never been served (else the walk starts on the served part).
+    SELECT c.max_active, c.max_active_per_group, c.noisy_share, c.noisy_min_active,
+           f.queue, f.ungrouped_seq, f.ungrouped_empty, f.ring_from, f.discover_after, f.discover_found,
+           f.discover_productive, f.seen_max_id, f.quiet_claims,
+           a.total, a.keys, a.cnts, (SELECT max(j.id) FROM jobs AS j),
+           EXISTS (SELECT 1 FROM group_cursors AS g WHERE g.queue = v_q AND g.served_seq = 0)
+      INTO v_cfg.max_active, v_cfg.max_active_per_group, v_cfg.noisy_share, v_cfg.noisy_min_active,
+           v_fq.queue, v_fq.ungrouped_seq, v_fq.ungrouped_empty, v_fq.ring_from, v_fq.discover_after,
+           v_fq.discover_found, v_fq.discover_productive, v_fq.seen_max_id, v_fq.quiet_claims,
+           v_total, a_key, a_cnt, v_maxid, v_unserved
+      FROM queues AS c
+      LEFT JOIN fair_queues AS f ON f.queue = c.queue
+     CROSS JOIN (SELECT coalesce(sum(x.n), 0)::int AS total, array_agg(x.k) FILTER (WHERE x.k IS NOT NULL) AS keys,
+                        array_agg(x.n) FILTER (WHERE x.k IS NOT NULL) AS cnts
+                   FROM (SELECT j.group_key AS k, count(*)::int AS n
+                           FROM jobs AS j
+                          WHERE j.state = 'active' AND j.queue = v_q
+                          GROUP BY j.group_key) AS x) AS a
+     WHERE c.queue = v_q;
     IF v_cfg.max_active IS NOT NULL THEN
         room := least(room, v_cfg.max_active - v_total);
     END IF;
@@ -305,8 +317,7 @@ BEGIN
         RETURN;
     END IF;
 
-    SELECT * INTO v_fq FROM fair_queues AS f WHERE f.queue = v_q;
-    IF NOT FOUND THEN
+    IF v_fq.queue IS NULL THEN
         INSERT INTO fair_queues AS f (queue) VALUES (v_q) ON CONFLICT DO NOTHING;
         SELECT * INTO v_fq FROM fair_queues AS f WHERE f.queue = v_q;
     END IF;
@@ -347,6 +358,7 @@ BEGIN
     IF (NOT v_quiet OR v_found OR v_productive)
        AND (serialized OR pg_try_advisory_xact_lock(hashtextextended('pgjobs.discover:' || v_q, 0))) THEN
         v_disc := _discover_groups(v_q, v_pos, c_discover_steps);
+        v_unserved := v_unserved OR v_disc.added > 0;
         v_found := v_found OR v_disc.added > 0;
         -- a sweep that ran out of groups starts from the first one next time
         v_pos := CASE WHEN v_disc.met < c_discover_steps THEN NULL ELSE v_disc.last_key END;
@@ -354,6 +366,13 @@ BEGIN
             v_productive := v_found;
             v_found := false;
         END IF;
+    END IF;
+
+    IF NOT v_unserved THEN
+        -- no never-served cursor (a new one, added meanwhile, is read by the next claim): the
+        -- walk starts on the served part
+        v_phase := 1;
+        v_bseq := v_fq.ring_from - 1;
     END IF;
 
     <<passes>>
@@ -403,17 +422,19 @@ BEGIN
                              LIMIT 1) AS h ON true
                       LEFT JOIN unnest(a_key, a_cnt) AS a(k, n) ON a.k = c.group_key
                 )
-                SELECT array_agg(r.group_key ORDER BY r.priority, r.run_at, r.id) FILTER (WHERE r.id IS NOT NULL),
-                       array_agg(r.tid ORDER BY r.priority, r.run_at, r.id) FILTER (WHERE r.id IS NOT NULL),
-                       array_agg(r.act ORDER BY r.priority, r.run_at, r.id) FILTER (WHERE r.id IS NOT NULL),
-                       array_agg(r.priority ORDER BY r.priority, r.run_at, r.id) FILTER (WHERE r.id IS NOT NULL),
-                       array_agg(r.run_at ORDER BY r.priority, r.run_at, r.id) FILTER (WHERE r.id IS NOT NULL),
-                       array_agg(r.id ORDER BY r.priority, r.run_at, r.id) FILTER (WHERE r.id IS NOT NULL),
+                -- (aggregates fed by one sorted subquery keep its order: one sort, not one per
+                -- ordered aggregate)
+                SELECT array_agg(r.group_key) FILTER (WHERE r.id IS NOT NULL),
+                       array_agg(r.tid) FILTER (WHERE r.id IS NOT NULL),
+                       array_agg(r.act) FILTER (WHERE r.id IS NOT NULL),
+                       array_agg(r.priority) FILTER (WHERE r.id IS NOT NULL),
+                       array_agg(r.run_at) FILTER (WHERE r.id IS NOT NULL),
+                       array_agg(r.id) FILTER (WHERE r.id IS NOT NULL),
                        array_agg(r.group_key) FILTER (WHERE r.id IS NULL AND r.act = 0),
                        max(r.group_key),
                        count(*)::int
                   INTO l_key, l_ctid, l_act, l_hp, l_hr, l_hi, l_dead, l_bkey, v_k
-                  FROM r;
+                  FROM (SELECT * FROM r ORDER BY r.priority, r.run_at, r.id) AS r;
                 l_seq := array_fill(0::bigint, ARRAY[coalesce(cardinality(l_key), 0)]);
                 v_first := false;
                 IF v_k > 0 THEN
@@ -428,14 +449,11 @@ BEGIN
                 END IF;
             ELSE
                 v_seen := CASE WHEN serialized THEN v_stamped ELSE l1_key END;
-                SELECT array_agg(c.group_key ORDER BY c.served_seq, c.group_key),
-                       array_agg(c.tid ORDER BY c.served_seq, c.group_key),
-                       array_agg(c.served_seq ORDER BY c.served_seq, c.group_key),
-                       array_agg(coalesce(a.n, 0) ORDER BY c.served_seq, c.group_key),
-                       (array_agg(c.served_seq ORDER BY c.served_seq DESC, c.group_key DESC))[1],
-                       (array_agg(c.group_key ORDER BY c.served_seq DESC, c.group_key DESC))[1],
+                -- (in the subquery's order: the aggregates read it as it comes, with no join between)
+                SELECT array_agg(c.group_key), array_agg(c.tid), array_agg(c.served_seq),
+                       array_agg(coalesce(a_cnt[array_position(a_key, c.group_key)], 0)),
                        count(*)::int
-                  INTO l_key, l_ctid, l_seq, l_act, l_bseq, l_bkey, v_k
+                  INTO l_key, l_ctid, l_seq, l_act, v_k
                   FROM (SELECT c.group_key, c.served_seq, c.ctid AS tid
                           FROM group_cursors AS c
                          WHERE c.queue = v_q AND c.served_seq > 0
@@ -444,13 +462,12 @@ BEGIN
                            -- claim lock, maybe by another call that committed meanwhile)
                            AND c.group_key <> ALL (v_seen)
                          ORDER BY c.served_seq, c.group_key
-                         LIMIT v_chunk) AS c
-                  LEFT JOIN unnest(a_key, a_cnt) AS a(k, n) ON a.k = c.group_key;
+                         LIMIT v_chunk) AS c;
                 l_hp := NULL; l_hr := NULL; l_hi := NULL; l_dead := NULL;
                 IF v_k > 0 THEN
                     v_lwm := coalesce(v_lwm, l_seq[1]);
-                    v_bseq := l_bseq;
-                    v_bkey := l_bkey;
+                    v_bseq := l_seq[v_k];
+                    v_bkey := l_key[v_k];
                 END IF;
                 IF v_k < v_chunk THEN
                     v_phase := 2;
@@ -578,11 +595,11 @@ BEGIN
                 -- with the served_seq they get (in ring order); one of them that ends up not
                 -- picked after all gets its old stamp back at the end.
                 v_k := least(cardinality(l1_key), b_i + v_left - 1);
-                SELECT array_agg(nextval('served_seq_seq') ORDER BY g.i) INTO l_seq
-                  FROM generate_series(b_i, v_k) AS g(i);
                 WITH r AS (
                     SELECT x.k, x.seq, x.ord, c.mine, c.at, c.tid, h.id, h.kind, h.jtid
-                      FROM unnest(l1_key[b_i:v_k], l_seq, l1_ctid[b_i:v_k]) WITH ORDINALITY AS x(k, seq, ctid, ord)
+                      -- the served_seq values, drawn in ring order
+                      FROM (SELECT u.k, u.ctid, u.ord, nextval('served_seq_seq') AS seq
+                              FROM unnest(l1_key[b_i:v_k], l1_ctid[b_i:v_k]) WITH ORDINALITY AS u(k, ctid, ord)) AS x
                       LEFT JOIN LATERAL (
                             -- by the ctid read with the ring: a cursor rewritten since (another
                             -- claim served the group meanwhile) is not found, and counts as held
@@ -607,11 +624,10 @@ BEGIN
                        AND c.ctid = ANY (ARRAY(SELECT r2.tid FROM r AS r2 WHERE r2.id IS NOT NULL))
                     RETURNING 1
                 )
-                SELECT array_agg(r.mine IS NULL ORDER BY r.ord), array_agg(r.id ORDER BY r.ord),
-                       array_agg(r.kind ORDER BY r.ord), array_agg(r.at ORDER BY r.ord),
-                       array_agg(r.jtid ORDER BY r.ord), (SELECT count(*) FROM stamp)::int
-                  INTO l_busy, l_hi, l_key, l_at, l_tid, v_per
-                  FROM r;
+                SELECT array_agg(r.mine IS NULL), array_agg(r.id), array_agg(r.kind), array_agg(r.at),
+                       array_agg(r.jtid), array_agg(r.seq), (SELECT count(*) FROM stamp)::int
+                  INTO l_busy, l_hi, l_key, l_at, l_tid, l_seq, v_per
+                  FROM (SELECT * FROM r ORDER BY r.ord) AS r;
                 FOR i IN b_i .. v_k LOOP
                     l1_busy[i] := l_busy[i - b_i + 1];
                     l1_lid[i] := l_hi[i - b_i + 1];
@@ -702,11 +718,9 @@ BEGIN
                      LIMIT v_k
                        FOR UPDATE SKIP LOCKED
                 )
-                SELECT array_agg(l.id ORDER BY l.priority, l.run_at, l.id),
-                       array_agg(l.kind ORDER BY l.priority, l.run_at, l.id),
-                       array_agg(l.jtid ORDER BY l.priority, l.run_at, l.id)
+                SELECT array_agg(l.id), array_agg(l.kind), array_agg(l.jtid)
                   INTO u_buf, u_bufkind, u_buftid
-                  FROM locked AS l;
+                  FROM (SELECT * FROM locked ORDER BY locked.priority, locked.run_at, locked.id) AS l;
                 u_buf := coalesce(u_buf, '{}');
                 u_bufkind := coalesce(u_bufkind, '{}');
                 u_buftid := coalesce(u_buftid, '{}');
@@ -753,21 +767,20 @@ BEGIN
                         l_key := l_key || l2_key[i];
                     END LOOP;
                 END IF;
-                SELECT array_agg(x.k ORDER BY x.ord, h.priority, h.run_at, h.id),
-                       array_agg(h.id ORDER BY x.ord, h.priority, h.run_at, h.id),
-                       array_agg(h.kind ORDER BY x.ord, h.priority, h.run_at, h.id),
-                       array_agg(h.jtid ORDER BY x.ord, h.priority, h.run_at, h.id)
+                SELECT array_agg(y.k), array_agg(y.id), array_agg(y.kind), array_agg(y.jtid)
                   INTO l_dead, l_hi, l_lkind, l_tid
-                  FROM unnest(l_key) WITH ORDINALITY AS x(k, ord)
-                 CROSS JOIN LATERAL (
-                       SELECT j.id, j.kind, j.priority, j.run_at, j.ctid AS jtid
-                         FROM jobs AS j
-                        WHERE j.state = 'pending' AND j.queue = v_q AND j.group_key = x.k
-                          AND (v_open IS NULL OR j.kind = ANY (v_open)) AND j.id <> ALL (v_ids)
-                          AND j.id <> ALL (pf_id)
-                        ORDER BY j.priority, j.run_at, j.id
-                        LIMIT v_per
-                          FOR UPDATE SKIP LOCKED) AS h;
+                  FROM (SELECT x.k, h.id, h.kind, h.jtid
+                          FROM unnest(l_key) WITH ORDINALITY AS x(k, ord)
+                         CROSS JOIN LATERAL (
+                               SELECT j.id, j.kind, j.priority, j.run_at, j.ctid AS jtid
+                                 FROM jobs AS j
+                                WHERE j.state = 'pending' AND j.queue = v_q AND j.group_key = x.k
+                                  AND (v_open IS NULL OR j.kind = ANY (v_open)) AND j.id <> ALL (v_ids)
+                                  AND j.id <> ALL (pf_id)
+                                ORDER BY j.priority, j.run_at, j.id
+                                LIMIT v_per
+                                  FOR UPDATE SKIP LOCKED) AS h
+                         ORDER BY x.ord, h.priority, h.run_at, h.id) AS y;
                 IF l_hi IS NOT NULL THEN
                     pf_key := pf_key || l_dead;
                     pf_id := pf_id || l_hi;
@@ -988,10 +1001,13 @@ SET search_path = pgjobs, pg_catalog
 -- big table can still pass jit_above_cost, and compiling costs far more than running (tens of ms per
 -- claim); and on group_cursors, small and rewritten all the time, the statistics lag, and a plan that
 -- reads the whole table or a bitmap of a key's dead versions looks cheaper than it is (bitmap scans also
--- never mark dead index entries, so every later lookup pays for them again).
+-- never mark dead index entries, so every later lookup pays for them again). Generic plans from the first
+-- call on (inherited by the functions called from here): their shapes are fixed by the indexes above, and
+-- planning each statement per call cost more than running most of them.
 SET jit = off
 SET enable_seqscan = off
 SET enable_bitmapscan = off
+SET plan_cache_mode = force_generic_plan
 AS $$
 #variable_conflict use_column
 DECLARE
@@ -1041,7 +1057,15 @@ BEGIN
         ELSE
             v_fair := v_cfg.fair;
         END IF;
-        PERFORM _promote_due(v_cfg.queue);
+        -- Mostly there is nothing due: two index probes spare the call and its UPDATE, whose
+        -- executor start alone (the indexes of jobs to open) costs more than the probes.
+        IF EXISTS (SELECT 1 FROM jobs AS j
+                    WHERE j.state = 'scheduled' AND j.queue = v_cfg.queue AND j.run_at <= now())
+           OR EXISTS (SELECT 1 FROM jobs AS j
+                       WHERE j.state = 'active' AND j.queue = v_cfg.queue AND j.lease_expires_at < now()
+                         AND j.attempt < j.max_attempts AND NOT j.cancel_requested) THEN
+            PERFORM _promote_due(v_cfg.queue);
+        END IF;
         IF v_fair THEN
             SELECT f.ids, f.tids INTO v_got, v_gottids
               FROM _claim_fair(v_cfg.queue, max_jobs - cardinality(v_ids), v_kinds, v_quotas, v_capped) AS f;

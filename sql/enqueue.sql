@@ -253,13 +253,12 @@ END;
 $$;
 
 -- enqueue_many's one-pass path, for specs without batch, dependencies, unique keys or bounded
--- queues: one INSERT ... SELECT reads each spec once and checks it in the same pass (a flagged
--- spec aborts the statement through _refuse_spec, so the check costs no pass of its own), ids
--- come from the sequence in the specs' order (so sorting them restores that order for the refs),
--- and the status events are worded from the rows the insert returns. A timestamp string is the
--- one thing the pass cannot check without a cast that would fail with the wrong error: when some
--- spec carries one, a cast-only pass runs first, and _check_specs words its failure.
--- Rules here mirror _check_specs (keep the two in step).
+-- queues: one statement reads each spec once, checks it in the same pass (a flagged spec aborts
+-- the statement through _refuse_spec, so the check costs no pass of its own), takes its id from
+-- the sequence, inserts, words the status events and returns the rows in the specs' order.
+-- A timestamp string is the one thing the pass cannot check without a cast that would fail with
+-- the wrong error: when some spec carries one, a cast-only pass runs first, and _check_specs
+-- words its failure. Rules here mirror _check_specs (keep the two in step).
 CREATE OR REPLACE FUNCTION pgjobs._insert_plain_specs(jobs jsonb)
 RETURNS TABLE (ref text, id bigint, created boolean, batch_id bigint)
 LANGUAGE plpgsql
@@ -269,11 +268,8 @@ SET jit = off
 AS $$
 #variable_conflict use_column
 DECLARE
-    v_now     timestamptz := now();
-    v_quiet   text[] := ARRAY(SELECT q.queue FROM queues AS q WHERE q.status_events <> 'all');
-    v_ids     bigint[];
-    v_wake    text[];
-    v_sent    bigint;
+    v_now   timestamptz := now();
+    v_quiet text[] := ARRAY(SELECT q.queue FROM queues AS q WHERE q.status_events <> 'all');
 BEGIN
     IF jsonb_path_exists(jobs, 'lax $[*].run_at ? (@.type() == "string")') THEN
         BEGIN
@@ -286,26 +282,23 @@ BEGIN
         END;
     END IF;
 
-    WITH ins AS (
-        INSERT INTO jobs AS j (id, kind, queue, payload, meta, state, priority, run_at, max_attempts,
-                               unique_live_only, group_key)
-        SELECT nextval('pgjobs.jobs_id_seq'), x.e ->> 'kind', coalesce(x.e ->> 'queue', 'default'),
-               coalesce(x.e -> 'payload', '{}'), coalesce(x.e -> 'meta', '{}'),
-               CASE WHEN (x.e ->> 'run_at')::timestamptz > v_now THEN 'scheduled'::job_state ELSE 'pending' END,
-               coalesce((x.e ->> 'priority')::numeric::smallint, 0),
-               coalesce((x.e ->> 'run_at')::timestamptz, v_now),
-               coalesce((x.e ->> 'max_attempts')::numeric::int, 20),
-               coalesce((x.e ->> 'unique_live_only')::boolean, false), x.e ->> 'group_key'
-          FROM jsonb_array_elements(jobs) AS x(e)
-         -- CASE, not OR: its branches run in order. A spec of only kind, queue and payload (most of a
-         -- bulk load) pays for four tests; one with more keys is also checked key by key. A spec that
-         -- is not an object has no kind (-> gives NULL), so the first test refuses it before `-`,
-         -- which raises on a scalar, meets it.
-         WHERE CASE WHEN jsonb_typeof(x.e -> 'kind') IS DISTINCT FROM 'string' OR x.e ->> 'kind' = ''
+    RETURN QUERY
+    WITH spec AS (
+        -- Each spec, checked, with its id. `lean`: nothing but kind, queue and payload (most of a
+        -- bulk load), so the other columns take their defaults without a lookup each.
+        SELECT x.e, x.lean, nextval('pgjobs.jobs_id_seq') AS id
+          FROM (SELECT a.e, a.e - '{kind,payload,queue}'::text[] = '{}' AS lean
+                  FROM jsonb_array_elements(jobs) AS a(e)
+                 -- A spec that is not an object has no kind (-> gives NULL): refused here, before
+                 -- `-`, which raises on a scalar, meets it.
+                 WHERE CASE WHEN jsonb_typeof(a.e -> 'kind') = 'string' THEN true ELSE _refuse_spec(jobs, a.e) END
+                OFFSET 0) AS x   -- `lean` is computed once per spec, not once per use
+         -- CASE, not OR: its branches run in order.
+         WHERE CASE WHEN x.e ->> 'kind' = ''
                          OR jsonb_typeof(x.e -> 'queue') <> 'string' OR x.e ->> 'queue' = ''
                          OR jsonb_typeof(x.e -> 'payload') = 'null'
                       THEN _refuse_spec(jobs, x.e)
-                    WHEN x.e - '{kind,payload,queue}'::text[] = '{}' THEN true
+                    WHEN x.lean THEN true
                     WHEN x.e - '{kind,payload,queue,run_at,priority,max_attempts,unique_key,unique_live_only,group_key,meta,ref}'::text[] <> '{}'
                          OR jsonb_typeof(x.e -> 'meta') <> 'object'
                          OR jsonb_typeof(x.e -> 'run_at') NOT IN ('string', 'null')
@@ -324,6 +317,19 @@ BEGIN
                                  ELSE x.e ? 'max_attempts' END
                       THEN _refuse_spec(jobs, x.e)
                     ELSE true END
+    ), ins AS (
+        INSERT INTO jobs AS j (id, kind, queue, payload, meta, state, priority, run_at, max_attempts,
+                               unique_live_only, group_key)
+        SELECT s.id, s.e ->> 'kind', coalesce(s.e ->> 'queue', 'default'), coalesce(s.e -> 'payload', '{}'),
+               CASE WHEN s.lean THEN '{}' ELSE coalesce(s.e -> 'meta', '{}') END,
+               CASE WHEN s.lean THEN 'pending'::job_state
+                    WHEN (s.e ->> 'run_at')::timestamptz > v_now THEN 'scheduled' ELSE 'pending' END,
+               CASE WHEN s.lean THEN 0 ELSE coalesce((s.e ->> 'priority')::numeric::smallint, 0) END,
+               CASE WHEN s.lean THEN v_now ELSE coalesce((s.e ->> 'run_at')::timestamptz, v_now) END,
+               CASE WHEN s.lean THEN 20 ELSE coalesce((s.e ->> 'max_attempts')::numeric::int, 20) END,
+               CASE WHEN s.lean THEN false ELSE coalesce((s.e ->> 'unique_live_only')::boolean, false) END,
+               CASE WHEN s.lean THEN NULL ELSE s.e ->> 'group_key' END
+          FROM spec AS s
         RETURNING j.id, j.kind, j.queue, j.state
     ), grp AS (
         -- Status events grouped by their words: within a group they differ only by id, so one
@@ -331,7 +337,7 @@ BEGIN
         -- mostly one or a few groups; wording each event alone cost a tenth of the call). Names
         -- are cut to 200 characters when an event could pass 1000 bytes, as _status_event does.
         SELECT g.ids, g.queue, g.state, w.tail, 6000 / (octet_length(w.tail) + 29) AS per
-          FROM (SELECT ins.kind, ins.queue, ins.state, array_agg(ins.id ORDER BY ins.id) AS ids
+          FROM (SELECT ins.kind, ins.queue, ins.state, array_agg(ins.id) AS ids
                   FROM ins
                  GROUP BY ins.kind, ins.queue, ins.state) AS g
          CROSS JOIN LATERAL (
@@ -349,8 +355,8 @@ BEGIN
          CROSS JOIN LATERAL generate_series(0, (cardinality(g.ids) - 1) / g.per) AS c
          WHERE g.queue <> ALL (v_quiet)
     ), sent AS (
-        -- Runs under 3,000 bytes (small groups) share notifications, packed in id order by their
-        -- running length (a pack stays under 6,000 bytes); longer runs go alone.
+        -- Runs under 3,000 bytes (small groups) share notifications, packed by their running
+        -- length (a pack stays under 6,000 bytes); longer runs go alone.
         SELECT count(pg_notify('pgjobs_status', CASE WHEN p.n = 1 THEN p.body ELSE '[' || p.body || ']' END)) AS n
           FROM (SELECT string_agg(k.body, ', ' ORDER BY k.first_id) AS body, sum(k.n) AS n
                   FROM (SELECT k.first_id, k.n, k.body,
@@ -359,19 +365,14 @@ BEGIN
                                              OVER (ORDER BY k.first_id) / 3000 END AS pack
                           FROM chunk AS k) AS k
                  GROUP BY k.pack) AS p
+    ), woke AS (
+        SELECT _wake(array_agg(g.queue)) FROM grp AS g WHERE g.state = 'pending'
     )
-    SELECT (SELECT array_agg(ins.id ORDER BY ins.id) FROM ins),
-           (SELECT array_agg(g.queue) FROM grp AS g WHERE g.state = 'pending'),
-           (SELECT sent.n FROM sent)
-      INTO v_ids, v_wake, v_sent;
-    PERFORM _wake(v_wake);
-
-    IF jsonb_path_exists(jobs, 'lax $[*].ref') THEN
-        RETURN QUERY SELECT r.spec ->> 'ref', r.id, true, NULL::bigint
-                       FROM ROWS FROM (jsonb_array_elements(jobs), unnest(v_ids)) AS r(spec, id);
-    ELSE
-        RETURN QUERY SELECT NULL::text, r.id, true, NULL::bigint FROM unnest(v_ids) AS r(id);
-    END IF;
+    -- The specs' rows, in their order (spec is materialized: read by the insert and here). The
+    -- two subqueries make the statement send the notifications (each runs once; neither is NULL).
+    SELECT s.e ->> 'ref', s.id, true, NULL::bigint
+      FROM spec AS s
+     WHERE (SELECT sent.n FROM sent) IS NOT NULL AND (SELECT count(*) FROM woke) IS NOT NULL;
 END;
 $$;
 

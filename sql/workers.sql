@@ -43,6 +43,7 @@ BEGIN
     IF v_gone IS NULL THEN
         RETURN 0;
     END IF;
+    -- The gone workers' jobs, found among the active ones (jobs_active_idx holds exactly those).
     WITH freed AS (
         UPDATE jobs AS j SET lease_expires_at = least(j.lease_expires_at, now() - interval '1 microsecond')
          WHERE j.state = 'active' AND j.leased_by = ANY (v_gone)
@@ -59,8 +60,10 @@ LANGUAGE sql
 STABLE
 SET search_path = pgjobs, pg_catalog
 AS $$
-    SELECT w.id, w.last_seen, w.meta, w.started_at,
-           (SELECT count(*) FROM jobs AS j WHERE j.state = 'active' AND j.leased_by = w.id)
+    -- One pass over the active jobs (jobs_active_idx), not one per worker.
+    SELECT w.id, w.last_seen, w.meta, w.started_at, coalesce(a.n, 0)
       FROM workers AS w
+      LEFT JOIN (SELECT j.leased_by, count(*) AS n FROM jobs AS j WHERE j.state = 'active' GROUP BY j.leased_by) AS a
+        ON a.leased_by = w.id
      ORDER BY w.id;
 $$;

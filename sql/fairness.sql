@@ -195,6 +195,15 @@ DECLARE
     v_unstamped boolean := false;          -- a group picked whose cursor is not stamped yet
     v_seen    text[];
     v_unserved boolean;                    -- some cursor has never been served (phase 0 has work)
+    v_top     int;                         -- the most active jobs of one group at the start
+    f_ids     bigint[];                    -- the fast path's picks (see below)
+    f_tids    tid[];
+    f_ctids   tid[];
+    f_seqs    bigint[];
+    f_n       int;
+    f_heads   int;
+    f_last    bigint;
+    f_first   bigint;
     -- The walk over the ring: phase 0 reads the never-served cursors (served_seq = 0) in key
     -- order, phase 1 the served ones from ring_from on in served_seq order, phase 2: done.
     v_phase   int := 0;
@@ -225,7 +234,8 @@ DECLARE
     l1_oldat  timestamptz[] := '{}';       -- the cursor's last_served_at before that
     l1_picked boolean[] := '{}';
     l_at      timestamptz[];
-    l_busy    boolean[];
+    l_ord     bigint[];
+    v_j       int;
     p1        int := 1;
     -- rows locked ahead for groups picked again: pf_key is NULLed once a row is used
     pf_key    text[] := '{}';
@@ -289,20 +299,20 @@ BEGIN
     -- One statement for everything a claim reads before the walk (each statement has a fixed
     -- cost to start, larger than what most of these reads cost): the queue's settings, its
     -- fair_queues state, its active jobs per group, as of now; the highest job id (see v_quiet
-    -- below); whether any cursor has never been served (else the walk starts on the served part).
+    -- below).
     SELECT c.max_active, c.max_active_per_group, c.noisy_share, c.noisy_min_active,
            f.queue, f.ungrouped_seq, f.ungrouped_empty, f.ring_from, f.discover_after, f.discover_found,
            f.discover_productive, f.seen_max_id, f.quiet_claims,
-           a.total, a.keys, a.cnts, (SELECT max(j.id) FROM jobs AS j),
-           EXISTS (SELECT 1 FROM group_cursors AS g WHERE g.queue = v_q AND g.served_seq = 0)
+           a.total, a.keys, a.cnts, a.top, (SELECT max(j.id) FROM jobs AS j)
       INTO v_cfg.max_active, v_cfg.max_active_per_group, v_cfg.noisy_share, v_cfg.noisy_min_active,
            v_fq.queue, v_fq.ungrouped_seq, v_fq.ungrouped_empty, v_fq.ring_from, v_fq.discover_after,
            v_fq.discover_found, v_fq.discover_productive, v_fq.seen_max_id, v_fq.quiet_claims,
-           v_total, a_key, a_cnt, v_maxid, v_unserved
+           v_total, a_key, a_cnt, v_top, v_maxid
       FROM queues AS c
       LEFT JOIN fair_queues AS f ON f.queue = c.queue
      CROSS JOIN (SELECT coalesce(sum(x.n), 0)::int AS total, array_agg(x.k) FILTER (WHERE x.k IS NOT NULL) AS keys,
-                        array_agg(x.n) FILTER (WHERE x.k IS NOT NULL) AS cnts
+                        array_agg(x.n) FILTER (WHERE x.k IS NOT NULL) AS cnts,
+                        coalesce(max(x.n) FILTER (WHERE x.k IS NOT NULL), 0) AS top
                    FROM (SELECT j.group_key AS k, count(*)::int AS n
                            FROM jobs AS j
                           WHERE j.state = 'active' AND j.queue = v_q
@@ -358,7 +368,6 @@ BEGIN
     IF (NOT v_quiet OR v_found OR v_productive)
        AND (serialized OR pg_try_advisory_xact_lock(hashtextextended('pgjobs.discover:' || v_q, 0))) THEN
         v_disc := _discover_groups(v_q, v_pos, c_discover_steps);
-        v_unserved := v_unserved OR v_disc.added > 0;
         v_found := v_found OR v_disc.added > 0;
         -- a sweep that ran out of groups starts from the first one next time
         v_pos := CASE WHEN v_disc.met < c_discover_steps THEN NULL ELSE v_disc.last_key END;
@@ -368,11 +377,85 @@ BEGIN
         END IF;
     END IF;
 
+    -- Read now, not with the state above: cursors a concurrent discovery committed meanwhile are
+    -- new groups, and go before every served one (as the walk's first read would find them).
+    v_unserved := EXISTS (SELECT 1 FROM group_cursors AS g WHERE g.queue = v_q AND g.served_seq = 0);
     IF NOT v_unserved THEN
-        -- no never-served cursor (a new one, added meanwhile, is read by the next claim): the
-        -- walk starts on the served part
+        -- no never-served cursor: the walk starts on the served part
         v_phase := 1;
         v_bseq := v_fq.ring_from - 1;
+    END IF;
+
+    -- The usual claim, in three statements instead of the walk below: a queue without caps, no
+    -- group noisy (so none can turn noisy in this call: the threshold only rises as it leases, and
+    -- a group is picked at most once here), no never-served cursor, no kind quota that could run
+    -- out. Then the picks are the first `room` groups of the ring whose cursor no other claim
+    -- holds, one head each, in ring order: what the walk picks too, as long as each of those
+    -- groups has a head and the ungrouped jobs' turn (U) does not come before the last of them.
+    -- If not so, the walk below takes over; what was locked here is this claim's own and is found
+    -- again (the served_seq values drawn are skipped: harmless).
+    v_k := NULL;
+    IF v_open IS NOT NULL THEN
+        SELECT min(q) INTO v_k FROM unnest(v_quota) AS q;
+    END IF;
+    IF NOT serialized AND NOT v_unserved AND v_cfg.max_active IS NULL AND v_cfg.max_active_per_group IS NULL
+       AND NOT (v_top >= v_cfg.noisy_min_active AND v_top > v_cfg.noisy_share * v_total)
+       AND (v_open IS NULL OR v_k >= room)
+       -- (a session can turn the fast path off: the tests compare it with the walk)
+       AND current_setting('pgjobs.fair_walk_only', true) IS DISTINCT FROM 'on' THEN
+        WITH ring AS (
+            SELECT c.group_key, c.served_seq, c.ctid AS tid
+              FROM group_cursors AS c
+             WHERE c.queue = v_q AND c.served_seq > 0 AND (c.served_seq, c.group_key) > (v_fq.ring_from - 1, '')
+             ORDER BY c.served_seq, c.group_key
+             LIMIT least(2 * room + 16, v_limit)
+        ), r AS (
+            SELECT x.served_seq, x.seq, c.tid, h.id, h.jtid
+              -- the served_seq values, drawn in ring order
+              FROM (SELECT ring.group_key, ring.served_seq, ring.tid, nextval('served_seq_seq') AS seq
+                      FROM ring) AS x
+             CROSS JOIN LATERAL (
+                    -- a cursor another claim holds (or rewrote since the read) is passed over
+                    SELECT c.ctid AS tid
+                      FROM group_cursors AS c
+                     WHERE c.ctid = x.tid AND c.queue = v_q AND c.group_key = x.group_key
+                       FOR UPDATE SKIP LOCKED) AS c
+              LEFT JOIN LATERAL (
+                    SELECT j.id, j.ctid AS jtid
+                      FROM jobs AS j
+                     WHERE j.state = 'pending' AND j.queue = v_q AND j.group_key = x.group_key
+                       AND (v_open IS NULL OR j.kind = ANY (v_open))
+                     ORDER BY j.priority, j.run_at, j.id
+                     LIMIT 1
+                       FOR UPDATE SKIP LOCKED) AS h ON true
+             LIMIT room
+        )
+        SELECT array_agg(r.id), array_agg(r.jtid), array_agg(r.tid), array_agg(r.seq), count(*)::int,
+               count(r.id)::int, max(r.served_seq), (SELECT min(ring.served_seq) FROM ring)
+          INTO f_ids, f_tids, f_ctids, f_seqs, f_n, f_heads, f_last, f_first
+          FROM r;
+        IF f_n = room AND f_heads = room AND (u_out OR u_seq > f_last) THEN
+            WITH stamp AS (
+                UPDATE group_cursors AS c
+                   SET served_seq = s.seq, last_served_at = now()
+                  FROM unnest(f_ctids, f_seqs) AS s(tid, seq)
+                 WHERE c.ctid = s.tid AND c.ctid = ANY (f_ctids)
+            )
+            UPDATE fair_queues AS f
+               SET ring_from = greatest(f.ring_from, coalesce(f_first, f.ring_from)),
+                   discover_after = v_pos,
+                   discover_found = v_found,
+                   discover_productive = v_productive,
+                   ungrouped_empty = coalesce(u_empty, f.ungrouped_empty),
+                   seen_max_id = coalesce(v_maxid, 0),
+                   quiet_claims = CASE WHEN v_quiet THEN f.quiet_claims + 1 ELSE 0 END,
+                   updated_at = now()
+             WHERE f.queue = v_q
+               AND f.ctid = (SELECT x.ctid FROM fair_queues AS x WHERE x.queue = v_q FOR UPDATE SKIP LOCKED);
+            ids := f_ids;
+            tids := f_tids;
+            RETURN;
+        END IF;
     END IF;
 
     <<passes>>
@@ -594,27 +677,32 @@ BEGIN
                 -- The cursors of the groups whose head is taken are stamped in the same statement
                 -- with the served_seq they get (in ring order); one of them that ends up not
                 -- picked after all gets its old stamp back at the end.
-                v_k := least(cardinality(l1_key), b_i + v_left - 1);
+                -- A cursor found held is passed over within the statement (the batch goes on down
+                -- L1 until it holds as many cursors as picks are left): under concurrent claimers,
+                -- who all read the same front of the ring, one statement instead of one per run
+                -- of held cursors.
+                v_k := cardinality(l1_key);
                 WITH r AS (
-                    SELECT x.k, x.seq, x.ord, c.mine, c.at, c.tid, h.id, h.kind, h.jtid
+                    SELECT x.k, x.seq, x.ord, c.at, c.tid, h.id, h.kind, h.jtid
                       -- the served_seq values, drawn in ring order
                       FROM (SELECT u.k, u.ctid, u.ord, nextval('served_seq_seq') AS seq
                               FROM unnest(l1_key[b_i:v_k], l1_ctid[b_i:v_k]) WITH ORDINALITY AS u(k, ctid, ord)) AS x
-                      LEFT JOIN LATERAL (
+                     CROSS JOIN LATERAL (
                             -- by the ctid read with the ring: a cursor rewritten since (another
                             -- claim served the group meanwhile) is not found, and counts as held
-                            SELECT true AS mine, c.last_served_at AS at, c.ctid AS tid
+                            SELECT c.last_served_at AS at, c.ctid AS tid
                               FROM group_cursors AS c
                              WHERE c.ctid = x.ctid AND c.queue = v_q AND c.group_key = x.k
-                               FOR UPDATE SKIP LOCKED) AS c ON true
+                               FOR UPDATE SKIP LOCKED) AS c
                       LEFT JOIN LATERAL (
                             SELECT j.id, j.kind, j.ctid AS jtid
                               FROM jobs AS j
-                             WHERE c.mine AND j.state = 'pending' AND j.queue = v_q AND j.group_key = x.k
+                             WHERE j.state = 'pending' AND j.queue = v_q AND j.group_key = x.k
                                AND (v_open IS NULL OR j.kind = ANY (v_open)) AND j.id <> ALL (v_ids)
                              ORDER BY j.priority, j.run_at, j.id
                              LIMIT 1
                                FOR UPDATE SKIP LOCKED) AS h ON true
+                     LIMIT v_left
                 ), stamp AS (
                     -- by ctid: the version just locked (no second walk of the key's index entries)
                     UPDATE group_cursors AS c
@@ -624,20 +712,30 @@ BEGIN
                        AND c.ctid = ANY (ARRAY(SELECT r2.tid FROM r AS r2 WHERE r2.id IS NOT NULL))
                     RETURNING 1
                 )
-                SELECT array_agg(r.mine IS NULL), array_agg(r.id), array_agg(r.kind), array_agg(r.at),
+                SELECT array_agg(r.ord), array_agg(r.id), array_agg(r.kind), array_agg(r.at),
                        array_agg(r.jtid), array_agg(r.seq), (SELECT count(*) FROM stamp)::int
-                  INTO l_busy, l_hi, l_key, l_at, l_tid, l_seq, v_per
+                  INTO l_ord, l_hi, l_key, l_at, l_tid, l_seq, v_per
                   FROM (SELECT * FROM r ORDER BY r.ord) AS r;
+                -- the entries up to the last one held were looked at (all of them when the batch
+                -- came up short); those among them not held are held by another claim
+                IF coalesce(cardinality(l_ord), 0) >= v_left THEN
+                    v_k := b_i - 1 + l_ord[cardinality(l_ord)]::int;
+                END IF;
+                v_j := 1;
                 FOR i IN b_i .. v_k LOOP
-                    l1_busy[i] := l_busy[i - b_i + 1];
-                    l1_lid[i] := l_hi[i - b_i + 1];
-                    l1_ltid[i] := l_tid[i - b_i + 1];
-                    l1_lkind[i] := l_key[i - b_i + 1];
                     l1_done[i] := true;
-                    IF l1_lid[i] IS NOT NULL THEN
-                        l1_nseq[i] := l_seq[i - b_i + 1];
-                        l1_oldat[i] := l_at[i - b_i + 1];
-                        v_stamped := v_stamped || l1_key[i];
+                    IF v_j <= coalesce(cardinality(l_ord), 0) AND l_ord[v_j] = i - b_i + 1 THEN
+                        l1_lid[i] := l_hi[v_j];
+                        l1_ltid[i] := l_tid[v_j];
+                        l1_lkind[i] := l_key[v_j];
+                        IF l_hi[v_j] IS NOT NULL THEN
+                            l1_nseq[i] := l_seq[v_j];
+                            l1_oldat[i] := l_at[v_j];
+                            v_stamped := v_stamped || l1_key[i];
+                        END IF;
+                        v_j := v_j + 1;
+                    ELSE
+                        l1_busy[i] := true;
                     END IF;
                 END LOOP;
             END IF;

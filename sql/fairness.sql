@@ -41,6 +41,9 @@
 --     it looks for ungrouped work on the same terms once none was found;
 --   * the queue's active jobs are counted once per claim (jobs_active_idx), for max_active, the
 --     per-group caps and the noisy threshold.
+--   * the usual claim (no caps, no noisy group, no never-served cursor, no kind quota that can run
+--     out) skips the pick-by-pick walk: one statement reads the ring, locks the first free cursors
+--     and their heads, one stamps them; the walk takes over from there when that falls short.
 -- Cursors of groups without live work are deleted when the walk meets them (they drift to the
 -- front of the ring as live groups are served), so the table stays the size of the live groups.
 
@@ -203,7 +206,6 @@ DECLARE
     f_n       int;
     f_heads   int;
     f_last    bigint;
-    f_first   bigint;
     -- The walk over the ring: phase 0 reads the never-served cursors (served_seq = 0) in key
     -- order, phase 1 the served ones from ring_from on in served_seq order, phase 2: done.
     v_phase   int := 0;
@@ -409,8 +411,8 @@ BEGIN
              WHERE c.queue = v_q AND c.served_seq > 0 AND (c.served_seq, c.group_key) > (v_fq.ring_from - 1, '')
              ORDER BY c.served_seq, c.group_key
              LIMIT least(2 * room + 16, v_limit)
-        ), r AS (
-            SELECT x.served_seq, x.seq, c.tid, h.id, h.jtid
+        ), lk AS (
+            SELECT x.group_key, x.served_seq, x.seq, c.tid
               -- the served_seq values, drawn in ring order
               FROM (SELECT ring.group_key, ring.served_seq, ring.tid, nextval('served_seq_seq') AS seq
                       FROM ring) AS x
@@ -420,19 +422,29 @@ BEGIN
                       FROM group_cursors AS c
                      WHERE c.ctid = x.tid AND c.queue = v_q AND c.group_key = x.group_key
                        FOR UPDATE SKIP LOCKED) AS c
+             LIMIT room
+        ), r AS (
+            SELECT lk.served_seq, lk.seq, lk.tid, h.id, h.jtid
+              FROM lk
               LEFT JOIN LATERAL (
                     SELECT j.id, j.ctid AS jtid
                       FROM jobs AS j
-                     WHERE j.state = 'pending' AND j.queue = v_q AND j.group_key = x.group_key
+                     WHERE j.state = 'pending' AND j.queue = v_q AND j.group_key = lk.group_key
                        AND (v_open IS NULL OR j.kind = ANY (v_open))
                      ORDER BY j.priority, j.run_at, j.id
                      LIMIT 1
                        FOR UPDATE SKIP LOCKED) AS h ON true
-             LIMIT room
+             -- too few groups free (concurrent claims hold the rest): no heads locked for nothing
+             WHERE (SELECT count(*) FROM lk) = room
         )
         SELECT array_agg(r.id), array_agg(r.jtid), array_agg(r.tid), array_agg(r.seq), count(*)::int,
-               count(r.id)::int, max(r.served_seq), (SELECT min(ring.served_seq) FROM ring)
-          INTO f_ids, f_tids, f_ctids, f_seqs, f_n, f_heads, f_last, f_first
+               count(r.id)::int, max(r.served_seq),
+               -- for the walk, if it takes over: the ring as read, and the cursors locked
+               (SELECT array_agg(ring.group_key) FROM ring), (SELECT array_agg(ring.tid) FROM ring),
+               (SELECT array_agg(ring.served_seq) FROM ring),
+               (SELECT array_agg(coalesce(a_cnt[array_position(a_key, ring.group_key)], 0)) FROM ring),
+               (SELECT array_agg(lk.group_key) FROM lk)
+          INTO f_ids, f_tids, f_ctids, f_seqs, f_n, f_heads, f_last, l_key, l_ctid, l_seq, l_act, l_dead
           FROM r;
         IF f_n = room AND f_heads = room AND (u_out OR u_seq > f_last) THEN
             WITH stamp AS (
@@ -442,7 +454,7 @@ BEGIN
                  WHERE c.ctid = s.tid AND c.ctid = ANY (f_ctids)
             )
             UPDATE fair_queues AS f
-               SET ring_from = greatest(f.ring_from, coalesce(f_first, f.ring_from)),
+               SET ring_from = greatest(f.ring_from, l_seq[1]),
                    discover_after = v_pos,
                    discover_found = v_found,
                    discover_productive = v_productive,
@@ -455,6 +467,43 @@ BEGIN
             ids := f_ids;
             tids := f_tids;
             RETURN;
+        END IF;
+        -- The walk takes over from the ring as read here (its first chunk), every cursor tried
+        -- and not locked already known as held by another claim.
+        IF l_key IS NOT NULL THEN
+            v_k := cardinality(l_key);
+            l1_key := l_key;
+            l1_ctid := l_ctid;
+            l1_seq := l_seq;
+            l1_act := l_act;
+            l1_hp := array_fill(NULL::int, ARRAY[v_k]);
+            l1_hr := array_fill(NULL::timestamptz, ARRAY[v_k]);
+            l1_hi := array_fill(NULL::bigint, ARRAY[v_k]);
+            l1_lid := array_fill(NULL::bigint, ARRAY[v_k]);
+            l1_ltid := array_fill(NULL::tid, ARRAY[v_k]);
+            l1_lkind := array_fill(NULL::text, ARRAY[v_k]);
+            l1_done := array_fill(false, ARRAY[v_k]);
+            l1_busy := array_fill(false, ARRAY[v_k]);
+            l1_nseq := array_fill(NULL::bigint, ARRAY[v_k]);
+            l1_oldat := array_fill(NULL::timestamptz, ARRAY[v_k]);
+            l1_picked := array_fill(false, ARRAY[v_k]);
+            -- tried: all of the ring when fewer than `room` were locked, else up to the last locked
+            v_j := CASE WHEN coalesce(cardinality(l_dead), 0) < room THEN v_k
+                        ELSE array_position(l_key, l_dead[cardinality(l_dead)]) END;
+            FOR i IN 1 .. v_j LOOP
+                IF NOT l1_key[i] = ANY (coalesce(l_dead, '{}')) THEN
+                    l1_done[i] := true;
+                    l1_busy[i] := true;
+                END IF;
+            END LOOP;
+            v_lwm := l1_seq[1];
+            v_walked := v_k;
+            IF v_k < least(2 * room + 16, v_limit) THEN
+                v_phase := 2;   -- the whole ring was read
+            ELSE
+                v_bseq := l1_seq[v_k];
+                v_bkey := l1_key[v_k];
+            END IF;
         END IF;
     END IF;
 

@@ -101,13 +101,23 @@ AS $$
 #variable_conflict use_column
 BEGIN
     WITH RECURSIVE s (k, n) AS (
-        (SELECT j.group_key, 1
-           FROM jobs AS j
-          WHERE j.state = 'pending' AND j.queue = _discover_groups.queue AND j.group_key IS NOT NULL
-            -- '' is a valid key and the smallest text: >= '' starts from the very first group
-            AND j.group_key >= coalesce(after_key, '') AND j.group_key IS DISTINCT FROM after_key
-          ORDER BY j.group_key
-          LIMIT 1)
+        -- From the first group, or from the first after after_key. Two branches, each one index
+        -- descent (a bound of ">= after_key" plus a filter would read all of after_key's backlog).
+        SELECT a.k, 1
+          FROM ((SELECT j.group_key AS k
+                   FROM jobs AS j
+                  WHERE j.state = 'pending' AND j.queue = _discover_groups.queue AND j.group_key IS NOT NULL
+                    -- '' is a valid key and the smallest text: >= '' starts from the very first group
+                    AND after_key IS NULL AND j.group_key >= ''
+                  ORDER BY j.group_key
+                  LIMIT 1)
+                UNION ALL
+                (SELECT j.group_key
+                   FROM jobs AS j
+                  WHERE j.state = 'pending' AND j.queue = _discover_groups.queue AND j.group_key IS NOT NULL
+                    AND j.group_key > after_key
+                  ORDER BY j.group_key
+                  LIMIT 1)) AS a
         UNION ALL
         SELECT (SELECT j.group_key
                   FROM jobs AS j

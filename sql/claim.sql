@@ -553,17 +553,22 @@ $$;
 -- the worker's poll fallback sleeps until then instead of polling on a fixed beat.
 CREATE OR REPLACE FUNCTION pgjobs.next_due_at(queues text[] DEFAULT '{default}')
 RETURNS timestamptz
-LANGUAGE sql
+LANGUAGE plpgsql
 STABLE
 SET search_path = pgjobs, pg_catalog
 SET plan_cache_mode = force_generic_plan
 SET jit = off
 AS $$
-    SELECT min(t) FROM (
-        SELECT (SELECT min(j.run_at) FROM jobs AS j WHERE j.state = 'scheduled' AND j.queue = q) AS t
-          FROM unnest(queues) AS q
-        UNION ALL
-        SELECT (SELECT min(j.lease_expires_at) FROM jobs AS j WHERE j.state = 'active' AND j.queue = q)
-          FROM unnest(queues) AS q
-    ) AS s;
+BEGIN
+    -- PL/pgSQL, not SQL: a SQL function with SET clauses is planned again on every call (0.3 ms,
+    -- ten times its run), a PL/pgSQL one keeps its plan.
+    RETURN (
+        SELECT min(s.t) FROM (
+            SELECT (SELECT min(j.run_at) FROM jobs AS j WHERE j.state = 'scheduled' AND j.queue = q.name) AS t
+              FROM unnest(next_due_at.queues) AS q(name)
+            UNION ALL
+            SELECT (SELECT min(j.lease_expires_at) FROM jobs AS j WHERE j.state = 'active' AND j.queue = q.name)
+              FROM unnest(next_due_at.queues) AS q(name)
+        ) AS s);
+END;
 $$;

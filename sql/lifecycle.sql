@@ -20,16 +20,17 @@
 
 -- Retry delay after `attempt` failed: exponential (1 s, 2 s, 4 s ...) with +/-25 % jitter so a
 -- burst of failures does not come back as a burst, capped at one hour.
+-- (PL/pgSQL: a SQL function with SET clauses is planned again on every call.)
 CREATE OR REPLACE FUNCTION pgjobs.retry_backoff(attempt int)
 RETURNS interval
-LANGUAGE sql
+LANGUAGE plpgsql
 VOLATILE
 SET search_path = pgjobs, pg_catalog
-SET plan_cache_mode = force_generic_plan
-SET jit = off
 AS $$
-    SELECT make_interval(secs => least(3600.0,
+BEGIN
+    RETURN make_interval(secs => least(3600.0,
                                        power(2, least(greatest(attempt, 1) - 1, 30)) * (0.75 + random() * 0.5)));
+END;
 $$;
 
 CREATE OR REPLACE FUNCTION pgjobs._check_lease(lease interval)

@@ -2,10 +2,15 @@
 
 CREATE OR REPLACE FUNCTION pgjobs.job_status(id bigint)
 RETURNS SETOF pgjobs.job_status
-LANGUAGE sql
+LANGUAGE plpgsql
 STABLE
 SET search_path = pgjobs, pg_catalog
 AS $$
+#variable_conflict use_column
+BEGIN
+    -- (PL/pgSQL: a SQL function with SET clauses is planned again on every call; subscribers
+    -- re-read statuses often.)
+    RETURN QUERY
     SELECT j.id, j.kind, j.queue, j.payload, j.meta, j.state, j.priority, j.run_at, j.created_at, j.attempt,
            j.max_attempts, j.lease_token, j.leased_by, j.lease_expires_at, j.first_started_at, j.completed_at,
            j.last_error, j.errors, j.checkpoint, j.progress, j.result, j.unique_key, j.unique_live_only,
@@ -18,6 +23,7 @@ AS $$
                        FROM edges AS e WHERE e.child_id = j.id), '[]'::jsonb)
       FROM jobs AS j
      WHERE j.id = job_status.id;
+END;
 $$;
 
 CREATE OR REPLACE FUNCTION pgjobs.stats()

@@ -72,7 +72,6 @@ DECLARE
     v_rows       claimed_job[];
     v_more       claimed_job[];
     v_limits     jsonb;
-    v_batched    boolean;
     v_expired    boolean;
     v_due        boolean;
     v_quiet      text[];   -- queues that hear nothing of a claim (status_events 'none' or 'terminal')
@@ -240,14 +239,17 @@ BEGIN
         RETURN;
     END IF;
 
-    PERFORM _notify_status_rows(array_agg(r.id), array_agg('active'::job_state), array_agg(r.queue),
-                                array_agg(r.kind), array_agg(r.attempt), array_agg(r.batch_id))
-       FROM unnest(v_rows) AS r;
-    SELECT bool_or(r.batch_id IS NOT NULL) INTO v_batched FROM unnest(v_rows) AS r;
-    IF v_batched THEN
-        PERFORM _start_batches(ARRAY(SELECT r.batch_id FROM unnest(v_rows) AS r WHERE r.batch_id IS NOT NULL));
-    END IF;
-    RETURN QUERY SELECT * FROM unnest(v_rows);
+    -- One statement: the status events, the start of any batch whose first member this is, and
+    -- the rows (the subquery runs once, before them, and is never NULL).
+    RETURN QUERY
+    WITH told AS (
+        SELECT _notify_status_rows(array_agg(r.id), array_agg('active'::job_state), array_agg(r.queue),
+                                   array_agg(r.kind), array_agg(r.attempt), array_agg(r.batch_id)) AS sent,
+               CASE WHEN bool_or(r.batch_id IS NOT NULL)
+                    THEN _start_batches(array_agg(r.batch_id) FILTER (WHERE r.batch_id IS NOT NULL)) END AS started
+          FROM unnest(v_rows) AS r
+    )
+    SELECT * FROM unnest(v_rows) WHERE (SELECT count(*) FROM told) IS NOT NULL;
 END;
 $$;
 

@@ -505,7 +505,7 @@ DECLARE
     v_follow bigint[];
 BEGIN
     -- Almost always there is nothing to settle: one index probe then spares the UPDATE below,
-    -- whose executor start alone (nine indexes to open) costs more than the probe. A job that
+    -- whose executor start alone (eight indexes to open) costs more than the probe. A job that
     -- expires just after the probe is settled by the next claim.
     IF NOT EXISTS (SELECT 1 FROM jobs AS j
                     WHERE j.state = 'active' AND j.queue = ANY (_settle_expired.queues)

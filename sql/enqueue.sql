@@ -506,10 +506,12 @@ $$;
 -- Inserts validated specs in one statement. Ids are reserved with nextval() first so a spec
 -- can be matched to its row (and, in graph.sql, so edges can point at rows of the same call):
 -- `ids` optionally passes ids reserved by the caller (parallel to the array). `batch` sets
--- batch_id; `waiting` (parallel array) puts a spec in state 'waiting'. A spec whose unique key
--- is held returns the holder with created = false.
+-- batch_id; `waiting` (parallel array) puts a spec in state 'waiting'; `parents` (parallel
+-- array) marks a spec that other specs of the call depend on (has_dependents, set here so the
+-- row is not written twice). A spec whose unique key is held returns the holder with
+-- created = false.
 CREATE OR REPLACE FUNCTION pgjobs._insert_specs(jobs jsonb, batch bigint, ids bigint[],
-                                                waiting boolean[] DEFAULT NULL)
+                                                waiting boolean[] DEFAULT NULL, parents boolean[] DEFAULT NULL)
 RETURNS TABLE (n bigint, ref text, id bigint, created boolean, batch_id bigint, state pgjobs.job_state,
                queue text, kind text)
 LANGUAGE plpgsql
@@ -576,14 +578,15 @@ BEGIN
     IF jsonb_path_exists(jobs, 'lax $[*].unique_key ? (@.type() == "string")') THEN
         WITH ins AS (
             INSERT INTO jobs AS j (id, kind, queue, payload, meta, state, priority, run_at, max_attempts,
-                                   unique_key, unique_live_only, group_key, batch_id)
+                                   unique_key, unique_live_only, group_key, batch_id, has_dependents)
             SELECT v_ids[r.n], r.kind, coalesce(r.queue, 'default'), coalesce(r.payload, '{}'),
                    coalesce(r.meta, '{}'),
                    CASE WHEN coalesce(waiting[r.n], false) THEN 'waiting'::job_state
                         WHEN r.run_at > v_now THEN 'scheduled'
                         ELSE 'pending' END,
                    coalesce(r.priority::smallint, 0), coalesce(r.run_at, v_now), coalesce(r.max_attempts::int, 20),
-                   r.unique_key, coalesce(r.unique_live_only, false), r.group_key, batch
+                   r.unique_key, coalesce(r.unique_live_only, false), r.group_key, batch,
+                   coalesce(parents[r.n], false)
               FROM ROWS FROM (jsonb_to_recordset(jobs)
                        AS (kind text, queue text, payload jsonb, meta jsonb, run_at timestamptz, priority numeric,
                            max_attempts numeric, unique_key text, unique_live_only boolean, group_key text))
@@ -608,14 +611,15 @@ BEGIN
     ELSE
         WITH ins AS (
             INSERT INTO jobs AS j (id, kind, queue, payload, meta, state, priority, run_at, max_attempts,
-                                   unique_key, unique_live_only, group_key, batch_id)
+                                   unique_key, unique_live_only, group_key, batch_id, has_dependents)
             SELECT v_ids[r.n], r.kind, coalesce(r.queue, 'default'), coalesce(r.payload, '{}'),
                    coalesce(r.meta, '{}'),
                    CASE WHEN coalesce(waiting[r.n], false) THEN 'waiting'::job_state
                         WHEN r.run_at > v_now THEN 'scheduled'
                         ELSE 'pending' END,
                    coalesce(r.priority::smallint, 0), coalesce(r.run_at, v_now), coalesce(r.max_attempts::int, 20),
-                   r.unique_key, coalesce(r.unique_live_only, false), r.group_key, batch
+                   r.unique_key, coalesce(r.unique_live_only, false), r.group_key, batch,
+                   coalesce(parents[r.n], false)
               FROM ROWS FROM (jsonb_to_recordset(jobs)
                        AS (kind text, queue text, payload jsonb, meta jsonb, run_at timestamptz, priority numeric,
                            max_attempts numeric, unique_key text, unique_live_only boolean, group_key text))

@@ -113,6 +113,22 @@ def test_batch_members_can_depend_on_each_other_and_the_graph_shows_it(conn: Con
     }
 
 
+def test_members_created_with_their_children_are_flagged_as_parents_and_release_them(conn: Conn) -> None:
+    """has_dependents is set at insert on a member that other specs of the call depend on (and only on
+    it): _propagate settles edges for flagged jobs only, so an unflagged parent would strand its child."""
+    out = enqueue_rows(
+        conn,
+        [{"kind": "a", "ref": "a"}, {"kind": "b", "ref": "b"}, {"kind": "c", "ref": "c", "depends_on": [{"ref": "a"}]}],
+        as_batch=True,
+    )
+    ids = {r["ref"]: r["id"] for r in out}
+    flags = dict(conn.execute("SELECT id, has_dependents FROM pgjobs.jobs").fetchall())
+    assert flags == {ids["a"]: True, ids["b"]: False, ids["c"]: False}
+    assert state(conn, ids["c"]) == "waiting"
+    succeed(conn, ids["a"])
+    assert state(conn, ids["c"]) == "pending"  # released through the flagged parent's edge
+
+
 @pytest.mark.parametrize(
     ("member_outcome", "expected"),
     [

@@ -13,7 +13,12 @@
 --   expression anew, and a single-row enqueue paid that four times.
 -- * The claim indexes end in id, so no two entries are equal and deduplication never merges any:
 --   turned off, a leaf page split no longer first scans the page for duplicates.
+-- * has_dependents now holds on every job with a job-level dependent (batch members created with
+--   their children were left unflagged, and every member's edges were looked up at completion):
+--   existing parents get it here.
 BEGIN;
+UPDATE pgjobs.jobs AS j SET has_dependents = true
+ WHERE NOT j.has_dependents AND EXISTS (SELECT 1 FROM pgjobs.edges AS e WHERE e.parent_job_id = j.id);
 ALTER TABLE pgjobs.jobs DROP CONSTRAINT jobs_batch_id_fkey;
 DROP INDEX pgjobs.jobs_leased_by_idx;
 ALTER TABLE pgjobs.jobs

@@ -525,6 +525,7 @@ AS $$
 DECLARE
     v_jobs    bigint[] := ids;
     v_parents bigint[];
+    v_pstates job_state[];
     b_ids     bigint[];
     b_n       int[];
     b_s       int[];
@@ -556,10 +557,11 @@ BEGIN
         -- added one). A batch member without it has no edge to settle: batch-level edges are
         -- settled with the batch below.
         SELECT (SELECT array_agg(t.id) FROM t WHERE t.has_dependents),
+               (SELECT array_agg(t.state) FROM t WHERE t.has_dependents),
                array_agg(g.batch_id ORDER BY g.batch_id), array_agg(g.n ORDER BY g.batch_id),
                array_agg(g.s ORDER BY g.batch_id), array_agg(g.f ORDER BY g.batch_id),
                array_agg(g.c ORDER BY g.batch_id)
-          INTO v_parents, b_ids, b_n, b_s, b_f, b_c
+          INTO v_parents, v_pstates, b_ids, b_n, b_s, b_f, b_c
           FROM g;
 
         -- Batch counters: one UPDATE for all members settled in this call. The last member to
@@ -592,14 +594,15 @@ BEGIN
         c_ids := NULL;
         IF v_parents IS NOT NULL OR v_settled IS NOT NULL THEN
             -- Both sides filtered by the id arrays (= ANY on edges too), so the plan probes the
-            -- parent indexes instead of hashing a scan of all edges.
+            -- parent indexes instead of hashing a scan of all edges. The parents' states are the
+            -- ones read above (each parent's row was locked by its settling statement).
             WITH ej AS (
                 UPDATE edges AS e
                    SET satisfied = CASE WHEN e.trigger = 'complete' THEN true
                                         WHEN e.trigger = 'success' THEN p.state = 'succeeded'
                                         ELSE p.state = 'failed' END
-                  FROM jobs AS p
-                 WHERE e.parent_job_id = ANY (v_parents) AND p.id = ANY (v_parents)
+                  FROM unnest(v_parents, v_pstates) AS p(id, state)
+                 WHERE e.parent_job_id = ANY (v_parents)
                    AND e.parent_job_id = p.id AND e.satisfied IS NULL
                 RETURNING e.child_id, e.satisfied
             ), eb AS (

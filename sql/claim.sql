@@ -122,8 +122,9 @@ BEGIN
 
     -- Jobs whose lease expired on their last allowed attempt, or whose cancellation was
     -- requested, are settled here instead of being handed out again; due scheduled jobs of
-    -- plain queues become pending. Both are usually absent: one statement probes for both (the
-    -- two functions' own probes, through a call each, cost a tenth of a claim of 10).
+    -- plain queues become pending. Both are usually absent: one statement probes for both, and
+    -- only what it finds costs a call (two calls per claim were a tenth of a claim of 10). A job
+    -- that expires or falls due just after the probe is handled by the next claim.
     SELECT EXISTS (SELECT 1 FROM jobs AS j
                     WHERE j.state = 'active' AND j.queue = ANY (coalesce(v_plain, '{}') || coalesce(v_controlled, '{}'))
                       AND j.lease_expires_at < now()
@@ -468,12 +469,8 @@ SET jit = off
 AS $$
 #variable_conflict use_column
 BEGIN
-    -- Usually nothing is due: one index probe.
-    IF NOT EXISTS (SELECT 1 FROM jobs AS j
-                    WHERE j.state = 'scheduled' AND j.queue = ANY (_promote_scheduled.queues)
-                      AND j.run_at <= now()) THEN
-        RETURN;
-    END IF;
+    -- (Called only when claim()'s probe found a due job: usually none is, and the UPDATE's
+    -- executor start alone costs more than the probe.)
     WITH due AS (
         SELECT d.id
           FROM unnest(queues) AS q(name)
@@ -504,15 +501,8 @@ DECLARE
     v_events jsonb;
     v_follow bigint[];
 BEGIN
-    -- Almost always there is nothing to settle: one index probe then spares the UPDATE below,
-    -- whose executor start alone (eight indexes to open) costs more than the probe. A job that
-    -- expires just after the probe is settled by the next claim.
-    IF NOT EXISTS (SELECT 1 FROM jobs AS j
-                    WHERE j.state = 'active' AND j.queue = ANY (_settle_expired.queues)
-                      AND j.lease_expires_at < now()
-                      AND (j.attempt >= j.max_attempts OR j.cancel_requested)) THEN
-        RETURN;
-    END IF;
+    -- (Called only when claim()'s probe found such a job: almost always there is none, and the
+    -- UPDATE's executor start alone, eight indexes to open, costs more than the probe.)
     WITH dead AS (
         SELECT d.id
           FROM unnest(queues) AS q(name)

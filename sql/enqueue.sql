@@ -258,7 +258,7 @@ $$;
 -- the sequence, inserts, words the status events and returns the rows in the specs' order.
 -- A timestamp string is the one thing the pass cannot check without a cast that would fail with
 -- the wrong error: when some spec carries one, a cast-only pass runs first, and _check_specs
--- words its failure. Rules here mirror _check_specs (keep the two in step).
+-- words its failure. Rules here mirror _check_specs (keep the three in step: see _check_specs_fast).
 CREATE OR REPLACE FUNCTION pgjobs._insert_plain_specs(jobs jsonb)
 RETURNS TABLE (ref text, id bigint, created boolean, batch_id bigint)
 LANGUAGE plpgsql
@@ -334,8 +334,10 @@ BEGIN
     ), grp AS (
         -- Status events grouped by their words: within a group they differ only by id, so one
         -- array_to_string of the group's ids words a whole notification of them (a bulk load is
-        -- mostly one or a few groups; wording each event alone cost a tenth of the call). Names
-        -- are cut to 200 characters when an event could pass 1000 bytes, as _status_event does.
+        -- mostly one or a few groups; wording each event alone cost a tenth of the call). The
+        -- words are _status_event's; its names are cut to 200 characters when an event passes
+        -- 1000 bytes, these when the names alone pass 900 (the id's length is not known per
+        -- group), so an event near that size may keep its names here and not there.
         SELECT g.ids, g.queue, g.state, w.tail, 6000 / (octet_length(w.tail) + 29) AS per
           FROM (SELECT ins.kind, ins.queue, ins.state, array_agg(ins.id) AS ids
                   FROM ins
@@ -381,7 +383,9 @@ $$;
 -- absent key) and tests its JSON type, and only when some spec is not plainly valid does
 -- _check_specs run, to find and word the problem. The test flags a superset of what _check_specs
 -- refuses (any run_at that is not null, too: only a cast can tell a valid one), so a spec it lets
--- through is one _check_specs accepts. Keep the two in step: a new rule there needs a flag here.
+-- through is one _check_specs accepts. Keep the three in step (this, _check_specs and the check
+-- inside _insert_plain_specs): a new rule there needs a flag here and there.
+-- tests/test_enqueue_many_paths.py holds the one-pass path to _check_specs' answers.
 CREATE OR REPLACE FUNCTION pgjobs._check_specs_fast(jobs jsonb, label text)
 RETURNS void
 LANGUAGE plpgsql

@@ -240,3 +240,29 @@ def test_a_broken_function_body_fails_the_install_and_leaves_the_old_functions(
     assert routine_oids(dsn) == oids and catalog(dsn) == before
     monkeypatch.undo()
     assert m.migrate(dsn).functions_installed is False
+
+
+def test_lean_jobs_flags_parents_that_existing_edges_point_at(blank_dsn: str) -> None:
+    """Before lean_jobs, batch members created with their children were left without has_dependents
+    (and _propagate looked at every member); since, _propagate reads only flagged parents, so the
+    migration must flag every job an edge points at, or its children would never be released."""
+    m.migrate(blank_dsn)
+    m.rollback(blank_dsn, to="fairness")
+    with psycopg.connect(blank_dsn, autocommit=True) as conn:
+        parent, _lone = (
+            conn.execute("INSERT INTO pgjobs.jobs (kind) VALUES ('parent') RETURNING id").fetchone()[0],
+            conn.execute("INSERT INTO pgjobs.jobs (kind) VALUES ('lone') RETURNING id").fetchone()[0],
+        )
+        child = conn.execute(
+            "INSERT INTO pgjobs.jobs (kind, state, remaining_deps) VALUES ('child', 'waiting', 1) RETURNING id"
+        ).fetchone()[0]
+        conn.execute("INSERT INTO pgjobs.edges (child_id, parent_job_id) VALUES (%s, %s)", (child, parent))
+    assert m.migrate(blank_dsn).applied == PLAN[PLAN.index("fairness") + 1 :]
+    with psycopg.connect(blank_dsn, autocommit=True) as conn:
+        flags = dict(conn.execute("SELECT kind, has_dependents FROM pgjobs.jobs").fetchall())
+        assert flags == {"parent": True, "lone": False, "child": False}
+        # and the parent, settled by the new functions, releases its child
+        claimed = conn.execute("SELECT id, lease_token FROM pgjobs.claim('w', '{default}', 2)").fetchall()
+        for job_id, token in claimed:
+            assert conn.execute("SELECT pgjobs.complete(id => %s, lease_token => %s)", (job_id, token)).fetchone()[0]
+        assert conn.execute("SELECT state::text FROM pgjobs.jobs WHERE id = %s", (child,)).fetchone()[0] == "pending"

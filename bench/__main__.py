@@ -61,7 +61,7 @@ def _server(dsn: str | None) -> Iterator[tuple[str, str]]:
     if env := os.environ.get("PGJOBS_DSN"):
         yield env, "PGJOBS_DSN"
         return
-    from pgjobs import embedded
+    from pgjobs.ops import embedded
 
     started = embedded.start()
     try:

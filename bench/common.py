@@ -140,7 +140,7 @@ def fresh_database(server_dsn: str, suite: str, migrate: bool = True) -> Iterato
     dsn = make_conninfo(server_dsn, dbname=name)
     try:
         if migrate:
-            from pgjobs.migrate import migrate as do_migrate
+            from pgjobs.ops.migrate import migrate as do_migrate
 
             do_migrate(dsn)
         yield dsn

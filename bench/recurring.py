@@ -3,7 +3,7 @@
 The bar (issue 6): 10,000 due schedules materialise within one minute of wall time with 3 schedulers
 racing, each run exactly once. The schedules use three time zones (UTC, Europe/Paris, America/New_York)
 and yearly crons, so each has exactly one due run. Every scheduler process runs the real
-:class:`pgjobs.scheduler.Scheduler` pass (``SKIP LOCKED`` batches of 500, croniter in Python,
+:class:`pgjobs.runtime.scheduler.Scheduler` pass (``SKIP LOCKED`` batches of 500, croniter in Python,
 ``materialize_schedules`` in SQL) until nothing is due; the clock starts when all three are ready.
 
 Exactly once is checked three ways: jobs per (schedule, run time) (duplicates), schedules with no job
@@ -32,7 +32,7 @@ CRONS = ("0 0 1 1 *", "30 2 1 7 *", "15 4 2 3 *")
 def _scheduler_process(dsn: str, start: Any, out: Any, batch_size: int) -> None:
     import anyio
 
-    from pgjobs.scheduler import Scheduler
+    from pgjobs.runtime.scheduler import Scheduler
 
     async def main() -> tuple[int, int, int]:
         created = advanced = passes = 0
@@ -61,7 +61,7 @@ def _cleanup(conn: psycopg.Connection[Any]) -> None:
 
 def run(dsn: str, n: int = 10_000, quick: bool = False, batch_size: int = 500) -> dict[str, Any]:
     """Materialises ``n`` due schedules with 3 racing scheduler processes; returns the figures."""
-    from pgjobs.migrate import migrate
+    from pgjobs.ops.migrate import migrate
 
     if quick:
         n = min(n, 2_000)

@@ -1,8 +1,10 @@
 """pgjobs: durable background jobs that live inside PostgreSQL."""
 
-from .app import App, CancelFlag, JobCancelled, JobContext, JobHandler, Retry, Snooze, SyncJobContext
-from .client import AsyncClient, Client
-from .errors import (
+from pgjobs.client import AsyncClient, Client
+from pgjobs.client.graph import Dep, JobRef, after_batch, on_complete, on_failure, on_success
+from pgjobs.client.recurring import PeriodicSpec
+from pgjobs.client.stream import StatusEvent
+from pgjobs.errors import (
     GraphError,
     InvalidArgument,
     InvalidState,
@@ -11,8 +13,7 @@ from .errors import (
     QueueFull,
     SchemaMissing,
 )
-from .graph import Dep, JobRef, after_batch, on_complete, on_failure, on_success
-from .records import (
+from pgjobs.records import (
     BatchState,
     BatchStatus,
     ClaimedJob,
@@ -27,9 +28,8 @@ from .records import (
     Schedule,
     WorkerInfo,
 )
-from .recurring import PeriodicSpec
-from .stream import StatusEvent
-from .worker import Worker
+from pgjobs.runtime.app import App, CancelFlag, JobCancelled, JobContext, JobHandler, Retry, Snooze, SyncJobContext
+from pgjobs.runtime.worker import Worker
 
 __all__ = [
     "AsyncClient",

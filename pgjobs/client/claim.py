@@ -1,0 +1,71 @@
+"""Claiming work: ``pgjobs.claim`` and ``pgjobs.next_due_at`` (sql/claim.sql)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from datetime import datetime, timedelta
+
+from pgjobs.client._call import AsyncConn, AsyncRunner, Call, SyncConn, SyncRunner, interval, jsonb, scalar
+from pgjobs.records import ClaimedJob
+
+
+def claim_call(
+    worker: str,
+    queues: Sequence[str] = ("default",),
+    max_jobs: int = 1,
+    lease: float | timedelta = 30.0,
+    kind_limits: Mapping[str, int] | None = None,
+) -> Call[list[ClaimedJob]]:
+    return Call(
+        "SELECT * FROM pgjobs.claim(worker => %(worker)s, queues => %(queues)s::text[], max_jobs => %(max_jobs)s,"
+        " lease => %(lease)s, kind_limits => %(kind_limits)s)",
+        {
+            "worker": worker,
+            "queues": list(queues),
+            "max_jobs": max_jobs,
+            "lease": interval(lease),
+            "kind_limits": jsonb(dict(kind_limits) if kind_limits is not None else None),
+        },
+        lambda rows: [ClaimedJob.from_row(r) for r in rows],
+    )
+
+
+def next_due_at_call(queues: Sequence[str]) -> Call[datetime | None]:
+    return Call("SELECT pgjobs.next_due_at(%(queues)s::text[])", {"queues": list(queues)}, scalar)
+
+
+class ClaimOps(SyncRunner):
+    def claim(
+        self,
+        worker: str,
+        queues: Sequence[str] = ("default",),
+        max_jobs: int = 1,
+        lease: float | timedelta = 30.0,
+        kind_limits: Mapping[str, int] | None = None,
+        *,
+        conn: SyncConn | None = None,
+    ) -> list[ClaimedJob]:
+        """Leases up to ``max_jobs`` due jobs to ``worker`` (``kind_limits``: only these kinds, at most n each)."""
+        return self._run(claim_call(worker, queues, max_jobs, lease, kind_limits), conn)
+
+    def next_due_at(self, queues: Sequence[str] = ("default",), *, conn: SyncConn | None = None) -> datetime | None:
+        return self._run(next_due_at_call(queues), conn)
+
+
+class AsyncClaimOps(AsyncRunner):
+    async def claim(
+        self,
+        worker: str,
+        queues: Sequence[str] = ("default",),
+        max_jobs: int = 1,
+        lease: float | timedelta = 30.0,
+        kind_limits: Mapping[str, int] | None = None,
+        *,
+        conn: AsyncConn | None = None,
+    ) -> list[ClaimedJob]:
+        return await self._run(claim_call(worker, queues, max_jobs, lease, kind_limits), conn)
+
+    async def next_due_at(
+        self, queues: Sequence[str] = ("default",), *, conn: AsyncConn | None = None
+    ) -> datetime | None:
+        return await self._run(next_due_at_call(queues), conn)

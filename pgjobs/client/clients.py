@@ -1,0 +1,114 @@
+"""``Client`` and ``AsyncClient``: typed wrappers of the SQL functions over a psycopg-pool pool.
+
+Each method is one SQL call, one round trip. Pass ``conn=`` to run it on your own connection,
+inside your own transaction (the job then exists only if your transaction commits).
+The methods come from one mixin per concern, each beside the SQL file it calls.
+"""
+
+from __future__ import annotations
+
+from types import TracebackType
+from typing import Any, Self
+
+from psycopg_pool import AsyncConnectionPool, ConnectionPool
+
+from pgjobs.client.admin import AdminOps, AsyncAdminOps
+from pgjobs.client.claim import AsyncClaimOps, ClaimOps
+from pgjobs.client.enqueue import AsyncEnqueueOps, EnqueueOps
+from pgjobs.client.graph import AsyncGraphOps, GraphOps
+from pgjobs.client.lifecycle import AsyncLifecycleOps, LifecycleOps
+from pgjobs.client.recurring import AsyncRecurringOps, RecurringOps
+from pgjobs.client.status import AsyncStatusOps, StatusOps
+from pgjobs.client.stream import StreamOps
+from pgjobs.client.workers import AsyncWorkerOps, WorkerOps
+
+
+class Client(EnqueueOps, ClaimOps, LifecycleOps, AdminOps, StatusOps, WorkerOps, RecurringOps, GraphOps):
+    """Synchronous client. ``Client(dsn)`` opens its own pool; ``Client(pool=...)`` shares yours."""
+
+    def __init__(
+        self,
+        dsn: str | None = None,
+        *,
+        pool: ConnectionPool[Any] | None = None,
+        min_size: int = 1,
+        max_size: int = 10,
+    ) -> None:
+        if pool is None:
+            if dsn is None:
+                raise ValueError("Client needs a dsn or a pool")
+            pool = ConnectionPool(
+                dsn, min_size=min_size, max_size=max_size, kwargs={"autocommit": True}, open=True, name="pgjobs"
+            )
+            self._owns_pool = True
+        else:
+            self._owns_pool = False
+        self._pool = pool
+        self.dsn = dsn
+
+    @property
+    def pool(self) -> ConnectionPool[Any]:
+        return self._pool
+
+    def close(self) -> None:
+        if self._owns_pool:
+            self._pool.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None) -> None:
+        self.close()
+
+
+class AsyncClient(
+    AsyncEnqueueOps,
+    AsyncClaimOps,
+    AsyncLifecycleOps,
+    AsyncAdminOps,
+    AsyncStatusOps,
+    AsyncWorkerOps,
+    AsyncRecurringOps,
+    AsyncGraphOps,
+    StreamOps,
+):
+    """Asynchronous client. Use ``async with AsyncClient(dsn) as client:`` (or ``await client.open()``)."""
+
+    def __init__(
+        self,
+        dsn: str | None = None,
+        *,
+        pool: AsyncConnectionPool[Any] | None = None,
+        min_size: int = 1,
+        max_size: int = 10,
+    ) -> None:
+        if pool is None:
+            if dsn is None:
+                raise ValueError("AsyncClient needs a dsn or a pool")
+            pool = AsyncConnectionPool(
+                dsn, min_size=min_size, max_size=max_size, kwargs={"autocommit": True}, open=False, name="pgjobs"
+            )
+            self._owns_pool = True
+        else:
+            self._owns_pool = False
+        self._pool = pool
+        self.dsn = dsn
+
+    @property
+    def pool(self) -> AsyncConnectionPool[Any]:
+        return self._pool
+
+    async def open(self) -> None:
+        if self._owns_pool:
+            await self._pool.open()
+
+    async def close(self) -> None:
+        if self._owns_pool:
+            await self._pool.close()
+
+    async def __aenter__(self) -> Self:
+        await self.open()
+        return self
+
+    async def __aexit__(self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None) -> None:
+        await self.close()

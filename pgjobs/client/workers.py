@@ -1,0 +1,52 @@
+"""Worker presence: heartbeat, reaping silent workers, listing (sql/workers.sql)."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from typing import Any
+
+from pgjobs.client._call import AsyncConn, AsyncRunner, Call, SyncConn, SyncRunner, interval, jsonb, scalar
+from pgjobs.records import WorkerInfo
+
+
+def worker_heartbeat_call(worker: str, meta: dict[str, Any] | None = None) -> Call[datetime]:
+    return Call(
+        "SELECT pgjobs.worker_heartbeat(worker => %(worker)s, meta => %(meta)s)",
+        {"worker": worker, "meta": jsonb(meta or {})},
+        scalar,
+    )
+
+
+def reap_workers_call(stale_after: float | timedelta) -> Call[int]:
+    return Call("SELECT pgjobs.reap_workers(stale_after => %(s)s)", {"s": interval(stale_after)}, scalar)
+
+
+def list_workers_call() -> Call[list[WorkerInfo]]:
+    return Call("SELECT * FROM pgjobs.list_workers()", {}, lambda rows: [WorkerInfo.from_row(r) for r in rows])
+
+
+class WorkerOps(SyncRunner):
+    def worker_heartbeat(
+        self, worker: str, meta: dict[str, Any] | None = None, *, conn: SyncConn | None = None
+    ) -> datetime:
+        return self._run(worker_heartbeat_call(worker, meta), conn)
+
+    def reap_workers(self, stale_after: float | timedelta = 60.0, *, conn: SyncConn | None = None) -> int:
+        """Forgets workers silent for ``stale_after`` and frees their jobs at once; returns how many."""
+        return self._run(reap_workers_call(stale_after), conn)
+
+    def list_workers(self, *, conn: SyncConn | None = None) -> list[WorkerInfo]:
+        return self._run(list_workers_call(), conn)
+
+
+class AsyncWorkerOps(AsyncRunner):
+    async def worker_heartbeat(
+        self, worker: str, meta: dict[str, Any] | None = None, *, conn: AsyncConn | None = None
+    ) -> datetime:
+        return await self._run(worker_heartbeat_call(worker, meta), conn)
+
+    async def reap_workers(self, stale_after: float | timedelta = 60.0, *, conn: AsyncConn | None = None) -> int:
+        return await self._run(reap_workers_call(stale_after), conn)
+
+    async def list_workers(self, *, conn: AsyncConn | None = None) -> list[WorkerInfo]:
+        return await self._run(list_workers_call(), conn)

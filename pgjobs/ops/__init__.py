@@ -1,0 +1,1 @@
+"""Operations: migrations, DSN resolution, the embedded PostgreSQL."""

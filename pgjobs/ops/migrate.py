@@ -1,0 +1,250 @@
+"""Schema migrations and the installation of the SQL functions.
+
+One source of SQL, two tools: ``migrations/`` is a sqitch project (``sqitch.plan`` with
+``deploy/``, ``revert/`` and ``verify/`` scripts), and this module feeds those very scripts to
+yoyo-migrations, which records what is applied in its own tables. After the versioned
+migrations, every file of ``sql/`` (functions only, ``CREATE OR REPLACE``) is installed in one
+transaction, unless the installed revision already matches (so a second run changes nothing).
+
+Concurrent ``migrate`` calls are safe: the whole run holds a session advisory lock.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlencode
+
+import psycopg
+from psycopg import sql as pgsql
+from psycopg.conninfo import conninfo_to_dict
+from yoyo import get_backend
+from yoyo.migrations import Migration, MigrationList, StepCollector
+
+ROOT = Path(__file__).resolve().parent.parent.parent
+
+
+def _locate(dirname: str, packaged: str) -> Path:
+    """The repo's top-level directory in a checkout; the copy packaged inside pgjobs/ in a wheel."""
+    in_repo = ROOT / dirname
+    if in_repo.is_dir():
+        return in_repo
+    return Path(__file__).resolve().parent.parent / packaged
+
+
+MIGRATIONS_DIR = _locate("migrations", "_migrations")
+SQL_DIR = _locate("sql", "_sql")
+# Any constant works; it only has to be the same for every migrating process.
+_LOCK_KEY = 0x70676A6F6273  # "pgjobs"
+_TXN_LINE = re.compile(r"^\s*(BEGIN|COMMIT)\s*;\s*$", re.IGNORECASE | re.MULTILINE)
+
+
+@dataclass(frozen=True)
+class Change:
+    """One line of ``sqitch.plan``."""
+
+    name: str
+    requires: tuple[str, ...]
+    note: str
+
+    def script(self, kind: str) -> str:
+        return (MIGRATIONS_DIR / kind / f"{self.name}.sql").read_text()
+
+
+def plan() -> list[Change]:
+    """The changes of ``migrations/sqitch.plan``, in deployment order."""
+    changes: list[Change] = []
+    for raw in (MIGRATIONS_DIR / "sqitch.plan").read_text().splitlines():
+        line = raw.strip()
+        if not line or line.startswith(("%", "#", "@")):
+            continue
+        m = re.match(r"^(\S+)\s*(?:\[([^\]]*)\])?.*?(?:#\s*(.*))?$", line)
+        if not m:
+            continue
+        requires = tuple(r for r in (m.group(2) or "").split() if not r.startswith("!"))
+        changes.append(Change(m.group(1), requires, (m.group(3) or "").strip()))
+    return changes
+
+
+def _strip_transaction(script: str) -> str:
+    # sqitch scripts carry their own BEGIN/COMMIT; under yoyo the transaction is yoyo's.
+    return _TXN_LINE.sub("", script)
+
+
+class _SqitchMigration(Migration):  # type: ignore[misc]
+    """A yoyo migration whose steps are a sqitch change's deploy and revert scripts."""
+
+    def __init__(self, change: Change, previous: list[Migration]) -> None:
+        super().__init__(change.name, str(MIGRATIONS_DIR / "deploy" / f"{change.name}.sql"), str(MIGRATIONS_DIR))
+        self.change = change
+        self._previous = previous
+
+    def load(self) -> None:
+        if self.loaded:
+            return
+        deploy = _strip_transaction(self.change.script("deploy"))
+        revert = _strip_transaction(self.change.script("revert"))
+        collector = StepCollector(migration=self)
+        collector.add_step(lambda conn: conn.execute(deploy), lambda conn: conn.execute(revert))
+        by_name = {m.id: m for m in self._previous}
+        self._depends = {by_name[r] for r in self.change.requires if r in by_name}
+        self.use_transactions = True
+        self.source = deploy
+        self.steps = collector.create_steps(True)
+
+
+def _yoyo_migrations() -> MigrationList:
+    built: list[Migration] = []
+    for change in plan():
+        built.append(_SqitchMigration(change, list(built)))
+    return MigrationList(built)
+
+
+def yoyo_uri(dsn: str) -> str:
+    """A yoyo URI (psycopg 3 driver) for any libpq DSN, URI or key=value, sockets included."""
+    params: dict[str, Any] = {k: v for k, v in conninfo_to_dict(dsn).items() if v is not None}
+    dbname = params.pop("dbname", "postgres")
+    return f"postgresql+psycopg:///{dbname}?{urlencode(params)}"
+
+
+def sql_files() -> list[Path]:
+    return sorted(SQL_DIR.glob("*.sql"))
+
+
+def sql_digest() -> str:
+    h = hashlib.sha256()
+    for f in sql_files():
+        h.update(f.name.encode())
+        h.update(f.read_bytes())
+    return h.hexdigest()
+
+
+@contextmanager
+def _migration_lock(dsn: str) -> Iterator[psycopg.Connection[Any]]:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("SELECT pg_advisory_lock(%s)", (_LOCK_KEY,))
+        try:
+            yield conn
+        finally:
+            conn.execute("SELECT pg_advisory_unlock(%s)", (_LOCK_KEY,))
+
+
+def _validate_routines(conn: psycopg.Connection[Any]) -> None:
+    """Checks every pgjobs routine body with its language's validator, inside the installing transaction.
+
+    The files are installed with ``check_function_bodies = off`` (a function may call one that a later file
+    defines); checking afterwards makes a broken body fail the migration, not the first call that reaches
+    it. Validators do not apply a routine's own ``SET search_path``, so the one every pgjobs routine pins
+    is set here.
+    """
+    conn.execute("SET LOCAL check_function_bodies = on")
+    conn.execute("SET LOCAL search_path = pgjobs, pg_catalog")
+    rows = conn.execute(
+        "SELECT p.oid, l.lanvalidator::regproc::text FROM pg_proc AS p JOIN pg_language AS l ON l.oid = p.prolang"
+        " WHERE p.pronamespace = 'pgjobs'::regnamespace AND l.lanvalidator <> 0 ORDER BY p.oid"
+    ).fetchall()
+    for oid, validator in rows:
+        conn.execute(pgsql.SQL("SELECT pg_catalog.{}(%s)").format(pgsql.Identifier(validator)), (oid,))
+    # (both settings are LOCAL: the transaction's end restores the session's own)
+
+
+def install_functions(conn: psycopg.Connection[Any], force: bool = False) -> bool:
+    """Installs ``sql/`` unless the installed revision matches. Returns whether it installed."""
+    digest = sql_digest()
+    with conn.transaction():
+        current = conn.execute("SELECT digest FROM pgjobs.sql_revision").fetchone()
+        if current and current[0] == digest and not force:
+            return False
+        # Drop every routine first, so a function whose signature changed leaves no stale
+        # overload behind; the whole swap is one transaction, invisible until commit.
+        rows = conn.execute(
+            "SELECT p.oid::regprocedure::text FROM pg_proc p WHERE p.pronamespace = 'pgjobs'::regnamespace"
+        ).fetchall()
+        for (signature,) in rows:
+            conn.execute(pgsql.SQL("DROP ROUTINE IF EXISTS {} CASCADE").format(pgsql.SQL(signature)))
+        conn.execute("SET LOCAL check_function_bodies = off")
+        for f in sql_files():
+            conn.execute(f.read_text())
+        _validate_routines(conn)
+        conn.execute(
+            "INSERT INTO pgjobs.sql_revision (digest) VALUES (%s) "
+            "ON CONFLICT (singleton) DO UPDATE SET digest = EXCLUDED.digest, applied_at = now()",
+            (digest,),
+        )
+    return True
+
+
+@dataclass(frozen=True)
+class MigrateResult:
+    applied: list[str]
+    functions_installed: bool
+
+
+def migrate(dsn: str) -> MigrateResult:
+    """Applies pending migrations, then installs the SQL functions. Idempotent and concurrency-safe."""
+    with _migration_lock(dsn) as conn:
+        backend = get_backend(yoyo_uri(dsn))
+        try:
+            migrations = _yoyo_migrations()
+            to_apply = backend.to_apply(migrations)
+            if to_apply:
+                with backend.lock():
+                    backend.apply_migrations(to_apply)
+        finally:
+            backend.connection.close()
+        installed = install_functions(conn)
+    return MigrateResult([m.id for m in to_apply], installed)
+
+
+def rollback(dsn: str, to: str | None = None) -> list[str]:
+    """Reverts deployed changes, newest first, down to (not including) ``to``; all when None."""
+    with _migration_lock(dsn):
+        backend = get_backend(yoyo_uri(dsn))
+        try:
+            migrations = _yoyo_migrations()
+            to_rollback = backend.to_rollback(migrations)
+            if to is not None:
+                names = [m.id for m in to_rollback]
+                if to not in [c.name for c in plan()]:
+                    raise ValueError(f"unknown change {to!r}; the plan has {[c.name for c in plan()]}")
+                to_rollback = MigrationList(to_rollback[: names.index(to)] if to in names else to_rollback)
+            if to_rollback:
+                with backend.lock():
+                    backend.rollback_migrations(to_rollback)
+        finally:
+            backend.connection.close()
+    return [m.id for m in to_rollback]
+
+
+def verify(dsn: str) -> list[str]:
+    """Runs the verify script of every deployed change; raises on the first that fails."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        deployed = {
+            r[0]
+            for r in conn.execute(
+                "SELECT migration_id FROM _yoyo_migration"
+                if conn.execute("SELECT to_regclass('_yoyo_migration')").fetchone() != (None,)
+                else "SELECT NULL WHERE false"
+            ).fetchall()
+        }
+        checked = []
+        for change in plan():
+            if change.name in deployed:
+                conn.execute(change.script("verify"))
+                checked.append(change.name)
+    return checked
+
+
+def status(dsn: str) -> dict[str, bool]:
+    """Each change of the plan, and whether it is deployed."""
+    backend = get_backend(yoyo_uri(dsn))
+    try:
+        pending = {m.id for m in backend.to_apply(_yoyo_migrations())}
+    finally:
+        backend.connection.close()
+    return {c.name: c.name not in pending for c in plan()}

@@ -1,0 +1,368 @@
+"""Handlers: ``App`` (the registry a worker runs), ``JobContext`` (what a handler gets), ``Retry`` / ``Snooze``.
+
+A handler is an ``async def`` or a plain ``def`` taking ``(payload, ctx)``. What it returns becomes the
+job's result (``complete(result=...)``); what it raises decides the next run:
+
+* ``raise Retry(after=5)``: ``fail(..., retry_at=now + 5 s)`` (spends the attempt; out of attempts -> failed);
+* ``raise Snooze(until=...)``: ``release(..., run_at=...)``, the attempt is given back;
+* anything else: ``fail(id, token, <traceback>)``, and the handler's ``retry`` policy or else the SQL backoff
+  (exponential with jitter) decides when it runs again.
+
+Async handlers get a :class:`JobContext` whose calls are coroutines (``await ctx.save_checkpoint(v)``).
+Sync handlers run in worker threads and get a :class:`SyncJobContext`: the same attributes, the same method
+names, called without ``await`` from that thread.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import threading
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING, Any, TypeVar
+from uuid import UUID
+
+import anyio
+
+if TYPE_CHECKING:
+    from pgjobs.runtime.worker import Worker
+
+F = TypeVar("F", bound=Callable[..., Any])
+When = float | int | timedelta | datetime
+RetryPolicy = Callable[[int], "float | timedelta | datetime | None"] | Sequence[float]
+
+
+def when_to_datetime(value: When, now: datetime | None = None) -> datetime:
+    """Seconds from now, a timedelta from now, or an absolute datetime (naive means UTC)."""
+    now = now or datetime.now(UTC)
+    if isinstance(value, datetime):
+        return value if value.tzinfo is not None else value.replace(tzinfo=UTC)
+    if isinstance(value, timedelta):
+        return now + value
+    if isinstance(value, int | float):
+        return now + timedelta(seconds=float(value))
+    raise TypeError(f"expected seconds, a timedelta or a datetime, got {value!r}")
+
+
+class Retry(Exception):
+    """Raise from a handler to end this attempt and run the job again ``after`` (seconds, a timedelta or
+    an absolute datetime; ``None`` lets the SQL backoff decide). It spends the attempt: on the last one the
+    job ends ``failed``."""
+
+    def __init__(self, after: When | None = None, reason: str | None = None) -> None:
+        self.after = after
+        self.reason = reason
+        super().__init__(reason or (f"retry requested (after {after!r})" if after is not None else "retry requested"))
+
+
+class Snooze(Exception):
+    """Raise from a handler to give the job back unfinished until ``until`` (seconds, a timedelta or a
+    datetime), without spending an attempt (``release(..., run_at)``)."""
+
+    def __init__(self, until: When = 0) -> None:
+        self.until = until
+        super().__init__(f"snoozed until {until!r}")
+
+
+class JobCancelled(Exception):
+    """Raised by ``ctx.raise_if_cancelled()``. A handler that ends (however) after the job's cancellation
+    was requested ends the job ``cancelled`` (``ack_cancel``)."""
+
+
+class CancelFlag:
+    """Set when the job's cancellation was requested (``pgjobs_cancel``, or seen at lease renewal), when its
+    timeout fired, its lease was lost, or the worker is shutting down. ``is_set()`` works from any thread;
+    ``await wait()`` from async handlers; ``wait_blocking(timeout)`` from sync handlers."""
+
+    __slots__ = ("_async", "_set", "_thread", "reason")
+
+    def __init__(self, *, threaded: bool = False) -> None:
+        self._set = False
+        self._async: anyio.Event | None = None
+        # Created up front for sync handlers: creating it lazily from the handler's thread would race set().
+        self._thread: threading.Event | None = threading.Event() if threaded else None
+        self.reason: str | None = None
+
+    def is_set(self) -> bool:
+        return self._set
+
+    def __bool__(self) -> bool:
+        return self._set
+
+    def set(self, reason: str = "cancel requested") -> None:
+        """Called on the worker's event loop thread."""
+        if self._set:
+            return
+        self._set = True
+        self.reason = reason
+        if self._async is not None:
+            self._async.set()
+        if self._thread is not None:
+            self._thread.set()
+
+    async def wait(self) -> None:
+        if self._set:
+            return
+        if self._async is None:
+            self._async = anyio.Event()
+        await self._async.wait()
+
+    def wait_blocking(self, timeout: float | None = None) -> bool:
+        """For sync handlers (in their worker thread): block until set or ``timeout``; returns is_set()."""
+        if self._thread is None:
+            raise RuntimeError("wait_blocking() is for sync handlers; async handlers use `await ctx.cancelled.wait()`")
+        return self._thread.wait(timeout)
+
+
+class _ContextBase:
+    """What every handler context carries (read-only by convention)."""
+
+    __slots__ = (
+        "_meta",
+        "_worker",
+        "attempt",
+        "batch_id",
+        "cancelled",
+        "checkpoint",
+        "id",
+        "kind",
+        "lease_token",
+        "max_attempts",
+        "parent_results",
+        "queue",
+        "worker_name",
+    )
+
+    def __init__(
+        self,
+        worker: Worker,
+        id: int,
+        kind: str,
+        queue: str,
+        attempt: int,
+        max_attempts: int,
+        lease_token: str,
+        checkpoint: Any,
+        batch_id: int | None,
+        meta: dict[str, Any] | str,
+        cancelled: CancelFlag,
+    ) -> None:
+        self._worker = worker
+        self.worker_name: str = worker.name
+        self.id = id
+        self.kind = kind
+        self.queue = queue
+        self.attempt = attempt
+        self.max_attempts = max_attempts
+        self.lease_token = lease_token
+        self.checkpoint = checkpoint  # from the previous attempt (None on the first)
+        self.batch_id = batch_id
+        self._meta = meta  # the job's meta JSON, parsed on first read
+        self.cancelled = cancelled
+        # {parent job id: its result} for kinds registered with parent_results=True; None otherwise
+        self.parent_results: dict[int, Any] | None = None
+
+    @property
+    def meta(self) -> dict[str, Any]:
+        """The job's ``meta`` (trace context, caller tags)."""
+        if isinstance(self._meta, str):
+            self._meta = json.loads(self._meta)
+        assert isinstance(self._meta, dict)
+        return self._meta
+
+    @property
+    def last_attempt(self) -> bool:
+        return self.attempt >= self.max_attempts
+
+    def raise_if_cancelled(self) -> None:
+        """Raises :class:`JobCancelled` when the job's cancellation was requested."""
+        if self.cancelled.is_set():
+            raise JobCancelled(self.cancelled.reason or "cancel requested")
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} id={self.id} kind={self.kind!r} queue={self.queue!r} attempt={self.attempt}>"
+
+
+class JobContext(_ContextBase):
+    """The context of an async handler. Every call is one SQL round trip guarded by the lease token: it
+    returns False (changes nothing) once the job is no longer this attempt's."""
+
+    __slots__ = ()
+
+    async def save_checkpoint(self, value: Any) -> bool:
+        """Stores ``value`` (JSON) for the next attempt: ``ctx.checkpoint`` there."""
+        return bool(await self._worker._ctx_call("checkpoint", self, value))
+
+    async def report_progress(self, value: Any) -> bool:
+        """Stores ``value`` (JSON) as the job's progress and pushes a status event to subscribers."""
+        return bool(await self._worker._ctx_call("progress", self, value))
+
+    async def add_to_batch(self, spec: Mapping[str, Any], before_continuations: bool = False) -> int | None:
+        """Adds a sibling job (an ``enqueue_many`` spec) to this job's batch; returns its id, or None when the
+        job is no longer this attempt's (the lease token no longer holds it)."""
+        added = await self._worker._ctx_call("add_to_batch", self, (dict(spec), before_continuations))
+        return None if added is None else int(added)
+
+
+class SyncJobContext(_ContextBase):
+    """The context of a sync handler: the same calls as :class:`JobContext`, blocking, from the handler's
+    worker thread."""
+
+    __slots__ = ()
+
+    def save_checkpoint(self, value: Any) -> bool:
+        return bool(anyio.from_thread.run(self._worker._ctx_call, "checkpoint", self, value))
+
+    def report_progress(self, value: Any) -> bool:
+        return bool(anyio.from_thread.run(self._worker._ctx_call, "progress", self, value))
+
+    def add_to_batch(self, spec: Mapping[str, Any], before_continuations: bool = False) -> int | None:
+        added = anyio.from_thread.run(self._worker._ctx_call, "add_to_batch", self, (dict(spec), before_continuations))
+        return None if added is None else int(added)
+
+
+@dataclass(frozen=True, slots=True)
+class JobHandler:
+    """One registered kind."""
+
+    kind: str
+    func: Callable[..., Any]
+    queue: str = "default"
+    timeout: float | None = None
+    max_attempts: int | None = None
+    retry: RetryPolicy | None = None
+    is_async: bool = True
+    parent_results: bool = False
+
+    def retry_at(self, attempt: int, now: datetime | None = None) -> datetime | None:
+        """When the handler's own ``retry`` policy wants attempt ``attempt`` retried (None: the SQL backoff)."""
+        if self.retry is None:
+            return None
+        if callable(self.retry):
+            value = self.retry(attempt)
+        else:
+            delays = list(self.retry)
+            if not delays:
+                return None
+            value = delays[min(attempt, len(delays)) - 1]
+        return None if value is None else when_to_datetime(value, now)
+
+    def enqueue_defaults(self) -> dict[str, Any]:
+        """``queue`` and ``max_attempts`` as keyword arguments for ``enqueue``/``enqueue_many`` specs."""
+        out: dict[str, Any] = {"queue": self.queue}
+        if self.max_attempts is not None:
+            out["max_attempts"] = self.max_attempts
+        return out
+
+
+def _is_async(func: Callable[..., Any]) -> bool:
+    target = func
+    while hasattr(target, "__wrapped__"):
+        if inspect.iscoroutinefunction(target):
+            return True
+        target = target.__wrapped__
+    return inspect.iscoroutinefunction(target) or inspect.iscoroutinefunction(getattr(target, "__call__", None))  # noqa: B004
+
+
+@dataclass
+class App:
+    """The registry of handlers (and code-defined periodic jobs) that a :class:`pgjobs.Worker` runs."""
+
+    name: str = "pgjobs"
+    handlers: dict[str, JobHandler] = field(default_factory=dict)
+    periodic_specs: list[Any] = field(default_factory=list)
+
+    def job(
+        self,
+        kind: str,
+        *,
+        queue: str = "default",
+        timeout: float | timedelta | None = None,
+        max_attempts: int | None = None,
+        retry: RetryPolicy | None = None,
+        parent_results: bool = False,
+    ) -> Callable[[F], F]:
+        """Registers the decorated function as the handler of ``kind``.
+
+        ``queue`` and ``max_attempts`` are the defaults for enqueueing this kind (``enqueue_defaults``); a
+        worker runs the kind from any queue it serves. ``timeout`` (seconds) bounds one attempt: the handler
+        is cancelled and the job fails with ``TimeoutError``. ``retry``: ``None`` (the SQL backoff), a list of
+        delays in seconds by attempt (the last repeats), or ``f(attempt) -> seconds | timedelta | datetime``.
+        ``parent_results=True``: the worker fills ``ctx.parent_results`` ({parent job id: result}, batch parents
+        meaning every member) before the handler starts, one round trip per claim that took such jobs.
+        """
+        if not kind:
+            raise ValueError("kind must be a non-empty string")
+        if not queue:
+            raise ValueError("queue must be a non-empty string")
+        if max_attempts is not None and max_attempts < 1:
+            raise ValueError(f"max_attempts must be >= 1, got {max_attempts}")
+        seconds = timeout.total_seconds() if isinstance(timeout, timedelta) else timeout
+        if seconds is not None and seconds <= 0:
+            raise ValueError(f"timeout must be positive, got {timeout!r}")
+
+        def register(func: F) -> F:
+            if kind in self.handlers:
+                raise ValueError(f"kind {kind!r} already has a handler: {self.handlers[kind].func!r}")
+            self.handlers[kind] = JobHandler(
+                kind=kind,
+                func=func,
+                queue=queue,
+                timeout=None if seconds is None else float(seconds),
+                max_attempts=max_attempts,
+                retry=retry,
+                is_async=_is_async(func),
+                parent_results=parent_results,
+            )
+            return func
+
+        return register
+
+    def periodic(
+        self,
+        *,
+        cron: str,
+        name: str,
+        timezone: str = "UTC",
+        payload: Any = None,
+        queue: str = "default",
+        timeout: float | timedelta | None = None,
+        max_attempts: int | None = None,
+        retry: RetryPolicy | None = None,
+        **options: Any,
+    ) -> Callable[[F], F]:
+        """Registers the decorated function as the handler of kind ``name`` and declares a code-defined
+        schedule ``name`` that enqueues it on ``cron`` (in ``timezone``). The worker's scheduler syncs the
+        declared schedules to the database. Extra ``options`` go to :class:`pgjobs.recurring.PeriodicSpec`."""
+        from pgjobs.client.recurring import PeriodicSpec  # the recurring module owns the spec
+
+        job_decorator = self.job(name, queue=queue, timeout=timeout, max_attempts=max_attempts, retry=retry)
+
+        def register(func: F) -> F:
+            spec_kwargs: dict[str, Any] = dict(
+                name=name, cron=cron, timezone=timezone, payload=payload, queue=queue, kind=name, **options
+            )
+            if max_attempts is not None:
+                spec_kwargs.setdefault("max_attempts", max_attempts)
+            spec = PeriodicSpec(**spec_kwargs)
+            job_decorator(func)
+            self.periodic_specs.append(spec)
+            return func
+
+        return register
+
+    @property
+    def kinds(self) -> list[str]:
+        return sorted(self.handlers)
+
+    def handler(self, kind: str) -> JobHandler | None:
+        return self.handlers.get(kind)
+
+
+HandlerResult = Awaitable[Any] | Any
+
+
+def token_uuid(token: str | UUID) -> UUID:
+    return token if isinstance(token, UUID) else UUID(token)

@@ -1,0 +1,1 @@
+"""The ``pgjobs web`` dashboard."""

@@ -1,0 +1,203 @@
+"""The status stream: ``AsyncClient.subscribe`` over pgjobs_status, across processes, with durable re-reads
+that heal missed notifications, reconnects, filters, and the end of a stream over explicit job ids."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import anyio
+import psycopg
+import pytest
+from psycopg.types.json import Jsonb
+
+from pgjobs import AsyncClient, JobState, StatusEvent
+from tests.helpers.apps.procs import StartWorker, wait_for, worker_processes
+
+
+@pytest.fixture
+def start_worker(dsn: str, tmp_path: Path) -> Iterator[StartWorker]:
+    with worker_processes(dsn, tmp_path) as start:
+        yield start
+
+
+def enqueue(conn: psycopg.Connection[Any], kind: str, queue: str = "default", payload: Any = None) -> int:
+    row = conn.execute(
+        "SELECT id FROM pgjobs.enqueue(kind => %s, payload => %s, queue => %s)", [kind, Jsonb(payload or {}), queue]
+    ).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def claim_one(conn: psycopg.Connection[Any], queue: str = "default") -> tuple[int, Any]:
+    row = conn.execute("SELECT id, lease_token FROM pgjobs.claim('tester', ARRAY[%s], 1)", [queue]).fetchone()
+    assert row is not None
+    return int(row[0]), row[1]
+
+
+def shape(events: list[StatusEvent]) -> list[tuple[str, int, Any]]:
+    return [(e.state.value, e.attempt, e.progress) for e in events]
+
+
+@pytest.mark.smoke
+def test_a_subscriber_sees_every_transition_of_a_worker_in_another_process(
+    dsn: str, conn: psycopg.Connection[Any], start_worker: StartWorker
+) -> None:
+    job = enqueue(conn, "steps")
+    events: list[StatusEvent] = []
+
+    async def main() -> None:
+        async with AsyncClient(dsn) as client:
+            stream = client.subscribe(job_ids=[job])
+            with anyio.fail_after(60):
+                async for ev in stream:
+                    events.append(ev)
+                    if len(events) == 1:  # subscribed (the first event is the durable re-read): start work
+                        start_worker(name="streamed", poll_interval=0.5)
+
+    anyio.run(main)  # ends by itself: the only watched job became terminal
+    assert shape(events) == [
+        ("pending", 0, None),
+        ("active", 1, None),
+        ("active", 1, {"attempt": 1, "pct": 50}),
+        ("scheduled", 1, None),  # Retry(after=0.2)
+        ("active", 2, None),
+        ("active", 2, {"attempt": 2, "pct": 50}),
+        ("succeeded", 2, None),
+    ]
+    assert events[0].resync and not any(e.resync for e in events[1:])
+    assert all((e.id, e.kind, e.queue, e.batch_id) == (job, "steps", "default", None) for e in events)
+
+
+def test_durable_reread_heals_missing_notifications(dsn: str, conn: psycopg.Connection[Any]) -> None:
+    """A queue with status_events='none' sends no notification at all: a subscriber watching its jobs still
+    sees where they end, through the periodic re-read of durable status."""
+    conn.execute("SELECT pgjobs.configure_queue('silent', status_events => 'none')")
+    a = enqueue(conn, "x", queue="silent")
+    b = enqueue(conn, "x", queue="silent")
+    events: list[StatusEvent] = []
+
+    async def main() -> None:
+        async with AsyncClient(dsn) as client:
+            with anyio.fail_after(30):
+                async for ev in client.subscribe(job_ids=[a, b], resync_interval=0.1):
+                    events.append(ev)
+                    if len(events) == 2:
+                        i, tok = claim_one(conn, "silent")
+                        conn.execute("SELECT pgjobs.complete(%s, %s, '\"ok\"')", [i, tok])
+                        i, tok = claim_one(conn, "silent")
+                        conn.execute("SELECT pgjobs.fail(%s, %s, 'bad', now())", [i, tok])
+                        i, tok = claim_one(conn, "silent")
+                        conn.execute("SELECT pgjobs.dead_letter(%s, %s, 'worse')", [i, tok])
+
+    anyio.run(main)
+    assert {e.id: e.state for e in events if e.terminal} == {a: JobState.SUCCEEDED, b: JobState.FAILED}
+    assert all(e.resync for e in events)
+
+
+def test_stream_survives_a_terminated_connection(dsn: str, conn: psycopg.Connection[Any]) -> None:
+    job = enqueue(conn, "x")
+    events: list[StatusEvent] = []
+
+    def listen_pid() -> int | None:
+        row = conn.execute(
+            "SELECT pid FROM pg_stat_activity WHERE application_name = 'pgjobs-subscribe'"
+            " AND datname = current_database()"
+        ).fetchone()
+        return None if row is None else int(row[0])
+
+    async def main() -> None:
+        async with AsyncClient(dsn) as client:
+            with anyio.fail_after(30):
+                async for ev in client.subscribe(job_ids=[job], resync_interval=30):
+                    events.append(ev)
+                    if len(events) == 1:
+                        old = wait_for(listen_pid, what="the subscriber's connection")
+                        conn.execute("SELECT pg_terminate_backend(%s)", [old])
+                        # While it reconnects, the job runs: whatever notification is lost, the re-read on
+                        # reconnect reports the current state.
+                        i, tok = claim_one(conn)
+                        conn.execute("SELECT pgjobs.complete(%s, %s)", [i, tok])
+
+    anyio.run(main)
+    assert events[0].state == JobState.PENDING
+    assert events[-1].state == JobState.SUCCEEDED and events[-1].resync
+
+
+def test_filters_by_queue_kind_and_batch(dsn: str, conn: psycopg.Connection[Any]) -> None:
+    by_queue: list[StatusEvent] = []
+    by_kind: list[StatusEvent] = []
+    by_batch: list[StatusEvent] = []
+    rows = conn.execute(
+        "SELECT id, batch_id FROM pgjobs.enqueue_many(%s, as_batch => true)",
+        [Jsonb([{"kind": "member", "queue": "bq"}, {"kind": "member", "queue": "bq"}])],
+    ).fetchall()
+    batch = rows[0][1]
+    members = {r[0] for r in rows}
+
+    async def collect(client: AsyncClient, out: list[StatusEvent], n: int, filters: dict[str, Any]) -> None:
+        async for ev in client.subscribe(**filters):
+            out.append(ev)
+            if len(out) >= n:
+                return
+
+    async def main() -> None:
+        async with AsyncClient(dsn) as client:
+            with anyio.fail_after(30):
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(collect, client, by_queue, 3, {"queue": "q1"})
+                    tg.start_soon(collect, client, by_kind, 3, {"kinds": ["k2"]})
+                    tg.start_soon(collect, client, by_batch, 6, {"batch_id": batch})
+                    await anyio.sleep(0.5)  # all three LISTENing
+                    for q, k in (("q1", "k1"), ("q2", "k2"), ("q3", "k3")):
+                        enqueue(conn, k, queue=q)
+                        i, tok = claim_one(conn, q)
+                        conn.execute("SELECT pgjobs.complete(%s, %s)", [i, tok])
+                    for _ in members:
+                        i, tok = claim_one(conn, "bq")
+                        conn.execute("SELECT pgjobs.complete(%s, %s)", [i, tok])
+
+    anyio.run(main)
+
+    assert [(e.queue, e.state.value) for e in by_queue] == [("q1", "pending"), ("q1", "active"), ("q1", "succeeded")]
+    assert [(e.kind, e.state.value) for e in by_kind] == [("k2", "pending"), ("k2", "active"), ("k2", "succeeded")]
+    # the batch stream starts with a durable read of its members, then follows them
+    assert [e.state.value for e in by_batch[:2]] == ["pending", "pending"] and by_batch[0].resync
+    assert {e.id for e in by_batch} == members and all(e.batch_id == batch for e in by_batch)
+    assert sorted(e.state.value for e in by_batch[2:]) == ["active", "active", "succeeded", "succeeded"]
+
+
+def test_stream_of_finished_or_unknown_jobs_ends_at_once(dsn: str, conn: psycopg.Connection[Any]) -> None:
+    job = enqueue(conn, "x")
+    i, tok = claim_one(conn)
+    conn.execute("SELECT pgjobs.complete(%s, %s, '42')", [i, tok])
+    events: list[StatusEvent] = []
+
+    async def main() -> None:
+        async with AsyncClient(dsn) as client:
+            with anyio.fail_after(10):
+                async for ev in client.subscribe(job_ids=[job, 10_000_000]):
+                    events.append(ev)
+                async for ev in client.subscribe(job_ids=[]):
+                    events.append(ev)
+
+    anyio.run(main)
+    assert shape(events) == [("succeeded", 1, None)]
+
+
+def test_watched_job_outside_the_queue_filter_does_not_hold_the_stream(dsn: str, conn: psycopg.Connection[Any]) -> None:
+    inside = enqueue(conn, "x", queue="a")
+    outside = enqueue(conn, "x", queue="b")
+    i, tok = claim_one(conn, "a")
+    conn.execute("SELECT pgjobs.complete(%s, %s)", [i, tok])
+    events: list[StatusEvent] = []
+
+    async def main() -> None:
+        async with AsyncClient(dsn) as client:
+            with anyio.fail_after(10):
+                async for ev in client.subscribe(job_ids=[inside, outside], queue="a"):
+                    events.append(ev)
+
+    anyio.run(main)
+    assert [(e.id, e.state.value) for e in events] == [(inside, "succeeded")]

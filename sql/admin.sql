@@ -3,7 +3,7 @@
 CREATE OR REPLACE FUNCTION pgjobs._not_found(what text, id bigint)
 RETURNS void
 LANGUAGE plpgsql
-SET search_path = pgjobs, pg_catalog
+SET search_path = pg_catalog, pgjobs, pg_temp
 AS $$
 BEGIN
     RAISE EXCEPTION USING ERRCODE = 'PJ003', MESSAGE = format('%s %s not found', what, coalesce(id::text, 'NULL'));
@@ -16,7 +16,7 @@ $$;
 CREATE OR REPLACE FUNCTION pgjobs.cancel(id bigint)
 RETURNS boolean
 LANGUAGE plpgsql
-SET search_path = pgjobs, pg_catalog
+SET search_path = pg_catalog, pgjobs, pg_temp
 AS $$
 #variable_conflict use_column
 DECLARE
@@ -52,7 +52,7 @@ $$;
 CREATE OR REPLACE FUNCTION pgjobs.retry(id bigint)
 RETURNS boolean
 LANGUAGE plpgsql
-SET search_path = pgjobs, pg_catalog
+SET search_path = pg_catalog, pgjobs, pg_temp
 AS $$
 #variable_conflict use_column
 DECLARE
@@ -93,7 +93,7 @@ $$;
 CREATE OR REPLACE FUNCTION pgjobs.delete(id bigint)
 RETURNS boolean
 LANGUAGE plpgsql
-SET search_path = pgjobs, pg_catalog
+SET search_path = pg_catalog, pgjobs, pg_temp
 AS $$
 #variable_conflict use_column
 DECLARE
@@ -128,7 +128,7 @@ $$;
 CREATE OR REPLACE FUNCTION pgjobs.purge(succeeded_before interval DEFAULT NULL, failed_before interval DEFAULT NULL)
 RETURNS bigint
 LANGUAGE plpgsql
-SET search_path = pgjobs, pg_catalog
+SET search_path = pg_catalog, pgjobs, pg_temp
 AS $$
 #variable_conflict use_column
 DECLARE
@@ -165,7 +165,7 @@ CREATE OR REPLACE FUNCTION pgjobs.configure_queue(
     status_events        text DEFAULT NULL)
 RETURNS pgjobs.queues
 LANGUAGE plpgsql
-SET search_path = pgjobs, pg_catalog
+SET search_path = pg_catalog, pgjobs, pg_temp
 AS $$
 #variable_conflict use_column
 DECLARE

@@ -14,7 +14,7 @@
 CREATE OR REPLACE FUNCTION pgjobs._recount_batches(ids bigint[])
 RETURNS TABLE (id bigint, reopened boolean)
 LANGUAGE plpgsql
-SET search_path = pgjobs, pg_catalog
+SET search_path = pg_catalog, pgjobs, pg_temp
 AS $$
 #variable_conflict use_column
 DECLARE
@@ -57,7 +57,7 @@ RETURNS TABLE (id bigint, state pgjobs.batch_state, total int, pending int, succ
                started_at timestamptz, completed_at timestamptz)
 LANGUAGE sql
 STABLE
-SET search_path = pgjobs, pg_catalog
+SET search_path = pg_catalog, pgjobs, pg_temp
 AS $$
     SELECT b.id, b.state, b.total, b.pending, b.succeeded, b.failed, b.cancelled,
            CASE WHEN b.total = 0 THEN 1.0 ELSE (b.total - b.pending)::double precision / b.total END,
@@ -74,7 +74,7 @@ CREATE OR REPLACE FUNCTION pgjobs.batch_graph(batch_id bigint)
 RETURNS jsonb
 LANGUAGE sql
 STABLE
-SET search_path = pgjobs, pg_catalog
+SET search_path = pg_catalog, pgjobs, pg_temp
 AS $$
     WITH b AS (
         SELECT * FROM batch_status(batch_graph.batch_id)
@@ -120,7 +120,7 @@ $$;
 CREATE OR REPLACE FUNCTION pgjobs.cancel_batch(batch_id bigint)
 RETURNS int
 LANGUAGE plpgsql
-SET search_path = pgjobs, pg_catalog
+SET search_path = pg_catalog, pgjobs, pg_temp
 AS $$
 #variable_conflict use_column
 DECLARE
@@ -190,7 +190,7 @@ CREATE OR REPLACE FUNCTION pgjobs.add_to_batch(id bigint, lease_token uuid, job 
                                                before_continuations boolean DEFAULT false)
 RETURNS bigint
 LANGUAGE plpgsql
-SET search_path = pgjobs, pg_catalog
+SET search_path = pg_catalog, pgjobs, pg_temp
 AS $$
 #variable_conflict use_column
 DECLARE
@@ -261,7 +261,7 @@ $$;
 CREATE OR REPLACE FUNCTION pgjobs.delete_batch(batch_id bigint)
 RETURNS bigint
 LANGUAGE plpgsql
-SET search_path = pgjobs, pg_catalog
+SET search_path = pg_catalog, pgjobs, pg_temp
 AS $$
 #variable_conflict use_column
 DECLARE
@@ -289,7 +289,7 @@ $$;
 CREATE OR REPLACE FUNCTION pgjobs._purge_batches(succeeded_before interval, failed_before interval)
 RETURNS bigint
 LANGUAGE plpgsql
-SET search_path = pgjobs, pg_catalog
+SET search_path = pg_catalog, pgjobs, pg_temp
 AS $$
 DECLARE
     v_ids     bigint[];

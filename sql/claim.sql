@@ -15,7 +15,7 @@ CREATE OR REPLACE FUNCTION pgjobs._check_claim_args(worker text, queues text[], 
                                                     kind_limits jsonb)
 RETURNS void
 LANGUAGE plpgsql
-SET search_path = pgjobs, pg_catalog
+SET search_path = pg_catalog, pgjobs, pg_temp
 SET plan_cache_mode = force_generic_plan
 SET jit = off
 AS $$
@@ -61,7 +61,7 @@ CREATE OR REPLACE FUNCTION pgjobs.claim(
     kind_limits jsonb DEFAULT NULL)
 RETURNS SETOF pgjobs.claimed_job
 LANGUAGE plpgsql
-SET search_path = pgjobs, pg_catalog
+SET search_path = pg_catalog, pgjobs, pg_temp
 SET plan_cache_mode = force_generic_plan
 SET jit = off
 AS $$
@@ -258,7 +258,7 @@ $$;
 CREATE OR REPLACE FUNCTION pgjobs._start_batches(ids bigint[])
 RETURNS boolean
 LANGUAGE plpgsql
-SET search_path = pgjobs, pg_catalog
+SET search_path = pg_catalog, pgjobs, pg_temp
 SET plan_cache_mode = force_generic_plan
 SET jit = off
 AS $$
@@ -276,7 +276,7 @@ CREATE OR REPLACE FUNCTION pgjobs._claim_plain(worker text, queues text[], max_j
                                                kind_limits jsonb)
 RETURNS pgjobs.claimed_job[]
 LANGUAGE plpgsql
-SET search_path = pgjobs, pg_catalog
+SET search_path = pg_catalog, pgjobs, pg_temp
 SET plan_cache_mode = force_generic_plan
 SET jit = off
 AS $$
@@ -463,7 +463,7 @@ $$;
 CREATE OR REPLACE FUNCTION pgjobs._promote_scheduled(queues text[], how_many int)
 RETURNS void
 LANGUAGE plpgsql
-SET search_path = pgjobs, pg_catalog
+SET search_path = pg_catalog, pgjobs, pg_temp
 SET plan_cache_mode = force_generic_plan
 SET jit = off
 AS $$
@@ -492,7 +492,7 @@ $$;
 CREATE OR REPLACE FUNCTION pgjobs._settle_expired(queues text[])
 RETURNS void
 LANGUAGE plpgsql
-SET search_path = pgjobs, pg_catalog
+SET search_path = pg_catalog, pgjobs, pg_temp
 SET plan_cache_mode = force_generic_plan
 SET jit = off
 AS $$
@@ -547,7 +547,7 @@ CREATE OR REPLACE FUNCTION pgjobs.next_due_at(queues text[] DEFAULT '{default}')
 RETURNS timestamptz
 LANGUAGE plpgsql
 STABLE
-SET search_path = pgjobs, pg_catalog
+SET search_path = pg_catalog, pgjobs, pg_temp
 SET plan_cache_mode = force_generic_plan
 SET jit = off
 AS $$

@@ -15,7 +15,7 @@ CREATE OR REPLACE FUNCTION pgjobs._check_job_args(kind text, queue text, payload
                                                   max_attempts int, label text DEFAULT 'job')
 RETURNS void
 LANGUAGE plpgsql
-SET search_path = pgjobs, pg_catalog
+SET search_path = pg_catalog, pgjobs, pg_temp
 SET plan_cache_mode = force_generic_plan
 SET jit = off
 AS $$
@@ -44,7 +44,7 @@ $$;
 CREATE OR REPLACE FUNCTION pgjobs._reserve_capacity(queue text, adding int)
 RETURNS void
 LANGUAGE plpgsql
-SET search_path = pgjobs, pg_catalog
+SET search_path = pg_catalog, pgjobs, pg_temp
 SET plan_cache_mode = force_custom_plan
 AS $$
 #variable_conflict use_column
@@ -92,7 +92,7 @@ CREATE OR REPLACE FUNCTION pgjobs.enqueue(
 RETURNS TABLE (id bigint, created boolean, state pgjobs.job_state)
 LANGUAGE plpgsql
 -- (No plan_cache_mode: its statements plan the same either way, and a SET clause costs every call.)
-SET search_path = pgjobs, pg_catalog
+SET search_path = pg_catalog, pgjobs, pg_temp
 SET jit = off
 AS $$
 #variable_conflict use_column
@@ -192,7 +192,7 @@ $$;
 CREATE OR REPLACE FUNCTION pgjobs.enqueue_many(jobs jsonb, as_batch boolean DEFAULT false)
 RETURNS TABLE (ref text, id bigint, created boolean, batch_id bigint)
 LANGUAGE plpgsql
-SET search_path = pgjobs, pg_catalog
+SET search_path = pg_catalog, pgjobs, pg_temp
 SET plan_cache_mode = force_generic_plan
 SET jit = off
 AS $$
@@ -225,7 +225,7 @@ $$;
 CREATE OR REPLACE FUNCTION pgjobs._reaches_bounded_queue(jobs jsonb)
 RETURNS boolean
 LANGUAGE plpgsql
-SET search_path = pgjobs, pg_catalog
+SET search_path = pg_catalog, pgjobs, pg_temp
 SET plan_cache_mode = force_generic_plan
 SET jit = off
 AS $$
@@ -243,7 +243,7 @@ $$;
 CREATE OR REPLACE FUNCTION pgjobs._refuse_spec(jobs jsonb, spec jsonb)
 RETURNS boolean
 LANGUAGE plpgsql
-SET search_path = pgjobs, pg_catalog
+SET search_path = pg_catalog, pgjobs, pg_temp
 AS $$
 BEGIN
     PERFORM _check_specs(jobs, 'jobs');
@@ -262,7 +262,7 @@ $$;
 CREATE OR REPLACE FUNCTION pgjobs._insert_plain_specs(jobs jsonb)
 RETURNS TABLE (ref text, id bigint, created boolean, batch_id bigint)
 LANGUAGE plpgsql
-SET search_path = pgjobs, pg_catalog
+SET search_path = pg_catalog, pgjobs, pg_temp
 SET plan_cache_mode = force_generic_plan
 SET jit = off
 AS $$
@@ -389,7 +389,7 @@ $$;
 CREATE OR REPLACE FUNCTION pgjobs._check_specs_fast(jobs jsonb, label text)
 RETURNS void
 LANGUAGE plpgsql
-SET search_path = pgjobs, pg_catalog
+SET search_path = pg_catalog, pgjobs, pg_temp
 SET plan_cache_mode = force_generic_plan
 SET jit = off
 AS $$
@@ -431,7 +431,7 @@ CREATE OR REPLACE FUNCTION pgjobs._is_timestamp(value text)
 RETURNS boolean
 LANGUAGE plpgsql
 STABLE
-SET search_path = pgjobs, pg_catalog
+SET search_path = pg_catalog, pgjobs, pg_temp
 SET plan_cache_mode = force_generic_plan
 SET jit = off
 AS $$
@@ -447,7 +447,7 @@ $$;
 CREATE OR REPLACE FUNCTION pgjobs._check_specs(jobs jsonb, label text)
 RETURNS void
 LANGUAGE plpgsql
-SET search_path = pgjobs, pg_catalog
+SET search_path = pg_catalog, pgjobs, pg_temp
 SET plan_cache_mode = force_generic_plan
 SET jit = off
 AS $$
@@ -519,7 +519,7 @@ CREATE OR REPLACE FUNCTION pgjobs._insert_specs(jobs jsonb, batch bigint, ids bi
 RETURNS TABLE (n bigint, ref text, id bigint, created boolean, batch_id bigint, state pgjobs.job_state,
                queue text, kind text)
 LANGUAGE plpgsql
-SET search_path = pgjobs, pg_catalog
+SET search_path = pg_catalog, pgjobs, pg_temp
 SET plan_cache_mode = force_generic_plan
 SET jit = off
 AS $$

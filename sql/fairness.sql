@@ -56,7 +56,7 @@
 CREATE OR REPLACE FUNCTION pgjobs._promote_due(queue text)
 RETURNS void
 LANGUAGE plpgsql
-SET search_path = pgjobs, pg_catalog
+SET search_path = pg_catalog, pgjobs, pg_temp
 AS $$
 #variable_conflict use_column
 BEGIN
@@ -96,7 +96,7 @@ $$;
 CREATE OR REPLACE FUNCTION pgjobs._discover_groups(queue text, after_key text, steps int,
                                                    OUT met int, OUT last_key text, OUT added int)
 LANGUAGE plpgsql
-SET search_path = pgjobs, pg_catalog
+SET search_path = pg_catalog, pgjobs, pg_temp
 AS $$
 #variable_conflict use_column
 BEGIN
@@ -152,7 +152,7 @@ $$;
 CREATE OR REPLACE FUNCTION pgjobs._forget_group(queue text, group_key text)
 RETURNS void
 LANGUAGE sql
-SET search_path = pgjobs, pg_catalog
+SET search_path = pg_catalog, pgjobs, pg_temp
 AS $$
     DELETE FROM pgjobs.group_cursors AS c
      WHERE c.queue = _forget_group.queue AND c.group_key = _forget_group.group_key
@@ -180,7 +180,7 @@ $$;
 CREATE OR REPLACE FUNCTION pgjobs._claim_fair(queue text, room int, kinds text[], quotas int[], serialized boolean,
                                               OUT ids bigint[], OUT tids tid[])
 LANGUAGE plpgsql
-SET search_path = pgjobs, pg_catalog
+SET search_path = pg_catalog, pgjobs, pg_temp
 AS $$
 #variable_conflict use_column
 DECLARE
@@ -1060,7 +1060,7 @@ $$;
 CREATE OR REPLACE FUNCTION pgjobs._claim_capped(queue text, room int, kinds text[], quotas int[],
                                                 OUT ids bigint[], OUT tids tid[])
 LANGUAGE plpgsql
-SET search_path = pgjobs, pg_catalog
+SET search_path = pg_catalog, pgjobs, pg_temp
 AS $$
 #variable_conflict use_column
 DECLARE
@@ -1153,7 +1153,7 @@ CREATE OR REPLACE FUNCTION pgjobs._claim_controlled(worker text, queues text[], 
                                                     kind_limits jsonb)
 RETURNS pgjobs.claimed_job[]
 LANGUAGE plpgsql
-SET search_path = pgjobs, pg_catalog
+SET search_path = pg_catalog, pgjobs, pg_temp
 -- Every statement below reads a handful of index entries or rows by ctid. A generic plan's estimate on a
 -- big table can still pass jit_above_cost, and compiling costs far more than running (tens of ms per
 -- claim); and on group_cursors, small and rewritten all the time, the statistics lag, and a plan that

@@ -30,7 +30,7 @@
 CREATE OR REPLACE FUNCTION pgjobs._enqueue_graph(jobs jsonb, as_batch boolean, parent bigint)
 RETURNS TABLE (ref text, id bigint, created boolean, batch_id bigint)
 LANGUAGE plpgsql
-SET search_path = pgjobs, pg_catalog
+SET search_path = pg_catalog, pgjobs, pg_temp
 AS $$
 #variable_conflict use_column
 BEGIN
@@ -53,7 +53,7 @@ CREATE OR REPLACE FUNCTION pgjobs._graph_insert(jobs jsonb, batch bigint, new_ba
                                                 label text)
 RETURNS TABLE (n bigint, ref text, id bigint, created boolean, batch_id bigint)
 LANGUAGE plpgsql
-SET search_path = pgjobs, pg_catalog
+SET search_path = pg_catalog, pgjobs, pg_temp
 AS $$
 #variable_conflict use_column
 DECLARE
@@ -412,7 +412,7 @@ $$;
 CREATE OR REPLACE FUNCTION pgjobs._check_acyclic(jobs jsonb, d_child int[], d_pidx int[], label text)
 RETURNS void
 LANGUAGE plpgsql
-SET search_path = pgjobs, pg_catalog
+SET search_path = pg_catalog, pgjobs, pg_temp
 AS $$
 DECLARE
     v_count  int := jsonb_array_length(jobs);
@@ -492,7 +492,7 @@ CREATE OR REPLACE FUNCTION pgjobs._cycle_parent(node int, radj int[], rstart int
 RETURNS int
 LANGUAGE plpgsql
 IMMUTABLE
-SET search_path = pgjobs, pg_catalog
+SET search_path = pg_catalog, pgjobs, pg_temp
 AS $$
 BEGIN
     FOR e IN rstart[node] .. rstart[node + 1] - 1 LOOP
@@ -518,7 +518,7 @@ $$;
 CREATE OR REPLACE FUNCTION pgjobs._propagate(ids bigint[])
 RETURNS void
 LANGUAGE plpgsql
-SET search_path = pgjobs, pg_catalog
+SET search_path = pg_catalog, pgjobs, pg_temp
 SET enable_seqscan = off
 SET plan_cache_mode = force_generic_plan
 AS $$
@@ -673,7 +673,7 @@ $$;
 CREATE OR REPLACE FUNCTION pgjobs._add_continuations(parent bigint, specs jsonb)
 RETURNS void
 LANGUAGE plpgsql
-SET search_path = pgjobs, pg_catalog
+SET search_path = pg_catalog, pgjobs, pg_temp
 AS $$
 BEGIN
     PERFORM _check_specs(specs, 'continuations');
@@ -690,7 +690,7 @@ $$;
 CREATE OR REPLACE FUNCTION pgjobs._reopen(ids bigint[])
 RETURNS void
 LANGUAGE plpgsql
-SET search_path = pgjobs, pg_catalog
+SET search_path = pg_catalog, pgjobs, pg_temp
 AS $$
 DECLARE
     v_jobs     bigint[] := ids;
@@ -757,7 +757,7 @@ CREATE OR REPLACE FUNCTION pgjobs.parent_results(id bigint)
 RETURNS jsonb
 LANGUAGE sql
 STABLE
-SET search_path = pgjobs, pg_catalog
+SET search_path = pg_catalog, pgjobs, pg_temp
 AS $$
     SELECT CASE WHEN NOT EXISTS (SELECT 1 FROM jobs AS c WHERE c.id = parent_results.id) THEN NULL
                 ELSE coalesce((SELECT jsonb_object_agg(p.id::text, p.result ORDER BY p.id)
@@ -776,7 +776,7 @@ CREATE OR REPLACE FUNCTION pgjobs.parent_results_many(ids bigint[])
 RETURNS TABLE (id bigint, results jsonb)
 LANGUAGE sql
 STABLE
-SET search_path = pgjobs, pg_catalog
+SET search_path = pg_catalog, pgjobs, pg_temp
 AS $$
     SELECT c.id, parent_results(c.id)
       FROM (SELECT DISTINCT u.id FROM unnest(parent_results_many.ids) AS u(id)) AS c

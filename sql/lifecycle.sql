@@ -25,7 +25,7 @@ CREATE OR REPLACE FUNCTION pgjobs.retry_backoff(attempt int)
 RETURNS interval
 LANGUAGE plpgsql
 VOLATILE
-SET search_path = pgjobs, pg_catalog
+SET search_path = pg_catalog, pgjobs, pg_temp
 AS $$
 BEGIN
     RETURN make_interval(secs => least(3600.0,
@@ -36,7 +36,7 @@ $$;
 CREATE OR REPLACE FUNCTION pgjobs._check_lease(lease interval)
 RETURNS void
 LANGUAGE plpgsql
-SET search_path = pgjobs, pg_catalog
+SET search_path = pg_catalog, pgjobs, pg_temp
 SET plan_cache_mode = force_generic_plan
 SET jit = off
 AS $$
@@ -51,7 +51,7 @@ $$;
 CREATE OR REPLACE FUNCTION pgjobs.renew_lease(id bigint, lease_token uuid, lease interval DEFAULT '30 seconds')
 RETURNS boolean
 LANGUAGE plpgsql
-SET search_path = pgjobs, pg_catalog
+SET search_path = pg_catalog, pgjobs, pg_temp
 SET plan_cache_mode = force_generic_plan
 SET jit = off
 AS $$
@@ -69,7 +69,7 @@ $$;
 CREATE OR REPLACE FUNCTION pgjobs.renew_leases(ids bigint[], lease_tokens uuid[], lease interval DEFAULT '30 seconds')
 RETURNS TABLE (id bigint, cancel_requested boolean)
 LANGUAGE plpgsql
-SET search_path = pgjobs, pg_catalog
+SET search_path = pg_catalog, pgjobs, pg_temp
 SET plan_cache_mode = force_generic_plan
 SET jit = off
 AS $$
@@ -88,7 +88,7 @@ $$;
 CREATE OR REPLACE FUNCTION pgjobs._check_pairs(ids bigint[], lease_tokens uuid[])
 RETURNS void
 LANGUAGE plpgsql
-SET search_path = pgjobs, pg_catalog
+SET search_path = pg_catalog, pgjobs, pg_temp
 SET plan_cache_mode = force_generic_plan
 SET jit = off
 AS $$
@@ -106,7 +106,7 @@ $$;
 CREATE OR REPLACE FUNCTION pgjobs.checkpoint(id bigint, lease_token uuid, checkpoint jsonb)
 RETURNS boolean
 LANGUAGE plpgsql
-SET search_path = pgjobs, pg_catalog
+SET search_path = pg_catalog, pgjobs, pg_temp
 SET plan_cache_mode = force_generic_plan
 SET jit = off
 AS $$
@@ -124,7 +124,7 @@ $$;
 CREATE OR REPLACE FUNCTION pgjobs.progress(id bigint, lease_token uuid, progress jsonb)
 RETURNS boolean
 LANGUAGE plpgsql
-SET search_path = pgjobs, pg_catalog
+SET search_path = pg_catalog, pgjobs, pg_temp
 SET plan_cache_mode = force_generic_plan
 SET jit = off
 AS $$
@@ -149,7 +149,7 @@ CREATE OR REPLACE FUNCTION pgjobs.complete(id bigint, lease_token uuid, result j
                                            continuations jsonb DEFAULT NULL)
 RETURNS boolean
 LANGUAGE plpgsql
-SET search_path = pgjobs, pg_catalog
+SET search_path = pg_catalog, pgjobs, pg_temp
 SET plan_cache_mode = force_generic_plan
 SET jit = off
 AS $$
@@ -186,7 +186,7 @@ $$;
 CREATE OR REPLACE FUNCTION pgjobs.complete_many(ids bigint[], lease_tokens uuid[], results jsonb[] DEFAULT NULL)
 RETURNS int
 LANGUAGE plpgsql
-SET search_path = pgjobs, pg_catalog
+SET search_path = pg_catalog, pgjobs, pg_temp
 SET plan_cache_mode = force_generic_plan
 SET jit = off
 AS $$
@@ -250,7 +250,7 @@ $$;
 CREATE OR REPLACE FUNCTION pgjobs.fail(id bigint, lease_token uuid, error text, retry_at timestamptz DEFAULT NULL)
 RETURNS pgjobs.job_state
 LANGUAGE plpgsql
-SET search_path = pgjobs, pg_catalog
+SET search_path = pg_catalog, pgjobs, pg_temp
 SET plan_cache_mode = force_generic_plan
 SET jit = off
 AS $$
@@ -264,7 +264,7 @@ $$;
 CREATE OR REPLACE FUNCTION pgjobs.dead_letter(id bigint, lease_token uuid, error text)
 RETURNS boolean
 LANGUAGE plpgsql
-SET search_path = pgjobs, pg_catalog
+SET search_path = pg_catalog, pgjobs, pg_temp
 SET plan_cache_mode = force_generic_plan
 SET jit = off
 AS $$
@@ -278,7 +278,7 @@ CREATE OR REPLACE FUNCTION pgjobs._end_attempt(id bigint, lease_token uuid, erro
                                                final boolean)
 RETURNS pgjobs.job_state
 LANGUAGE plpgsql
-SET search_path = pgjobs, pg_catalog
+SET search_path = pg_catalog, pgjobs, pg_temp
 SET plan_cache_mode = force_generic_plan
 SET jit = off
 AS $$
@@ -325,7 +325,7 @@ $$;
 CREATE OR REPLACE FUNCTION pgjobs.release(id bigint, lease_token uuid, run_at timestamptz DEFAULT NULL)
 RETURNS boolean
 LANGUAGE plpgsql
-SET search_path = pgjobs, pg_catalog
+SET search_path = pg_catalog, pgjobs, pg_temp
 SET plan_cache_mode = force_generic_plan
 SET jit = off
 AS $$
@@ -364,7 +364,7 @@ $$;
 CREATE OR REPLACE FUNCTION pgjobs.ack_cancel(id bigint, lease_token uuid)
 RETURNS boolean
 LANGUAGE plpgsql
-SET search_path = pgjobs, pg_catalog
+SET search_path = pg_catalog, pgjobs, pg_temp
 SET plan_cache_mode = force_generic_plan
 SET jit = off
 AS $$

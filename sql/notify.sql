@@ -10,7 +10,7 @@
 CREATE OR REPLACE FUNCTION pgjobs._wake(queues text[])
 RETURNS void
 LANGUAGE plpgsql
-SET search_path = pgjobs, pg_catalog
+SET search_path = pg_catalog, pgjobs, pg_temp
 SET plan_cache_mode = force_generic_plan
 SET jit = off
 AS $$
@@ -35,7 +35,7 @@ $$;
 CREATE OR REPLACE FUNCTION pgjobs._notify_status(events jsonb)
 RETURNS void
 LANGUAGE plpgsql
-SET search_path = pgjobs, pg_catalog
+SET search_path = pg_catalog, pgjobs, pg_temp
 SET plan_cache_mode = force_generic_plan
 SET jit = off
 AS $$
@@ -73,7 +73,7 @@ CREATE OR REPLACE FUNCTION pgjobs._notify_status_rows(ids bigint[], states pgjob
                                                       kinds text[], attempts int[], batch_ids bigint[])
 RETURNS void
 LANGUAGE plpgsql
-SET search_path = pgjobs, pg_catalog
+SET search_path = pg_catalog, pgjobs, pg_temp
 SET plan_cache_mode = force_generic_plan
 SET jit = off
 AS $$
@@ -150,7 +150,7 @@ CREATE OR REPLACE FUNCTION pgjobs._status_event(id bigint, state pgjobs.job_stat
 RETURNS text
 LANGUAGE plpgsql
 IMMUTABLE
-SET search_path = pgjobs, pg_catalog
+SET search_path = pg_catalog, pgjobs, pg_temp
 SET plan_cache_mode = force_generic_plan
 SET jit = off
 AS $$
@@ -173,7 +173,7 @@ $$;
 CREATE OR REPLACE FUNCTION pgjobs._notify_status_texts(events text[], longest int)
 RETURNS void
 LANGUAGE plpgsql
-SET search_path = pgjobs, pg_catalog
+SET search_path = pg_catalog, pgjobs, pg_temp
 SET plan_cache_mode = force_generic_plan
 SET jit = off
 AS $$

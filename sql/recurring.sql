@@ -20,7 +20,7 @@ CREATE OR REPLACE FUNCTION pgjobs._schedule_run_key(name text, run_at timestampt
 RETURNS text
 LANGUAGE sql
 IMMUTABLE
-SET search_path = pgjobs, pg_catalog
+SET search_path = pg_catalog, pgjobs, pg_temp
 AS $$
     SELECT 'schedule:' || name || '@' || to_char(run_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"');
 $$;
@@ -28,7 +28,7 @@ $$;
 CREATE OR REPLACE FUNCTION pgjobs._schedule_not_found(name text)
 RETURNS void
 LANGUAGE plpgsql
-SET search_path = pgjobs, pg_catalog
+SET search_path = pg_catalog, pgjobs, pg_temp
 AS $$
 BEGIN
     RAISE EXCEPTION USING ERRCODE = 'PJ003', MESSAGE = format('schedule %s not found', coalesce(quote_literal(name), 'NULL'));
@@ -38,7 +38,7 @@ $$;
 CREATE OR REPLACE FUNCTION pgjobs._check_schedule_name(name text)
 RETURNS void
 LANGUAGE plpgsql
-SET search_path = pgjobs, pg_catalog
+SET search_path = pg_catalog, pgjobs, pg_temp
 AS $$
 BEGIN
     IF name IS NULL OR name = '' THEN
@@ -58,7 +58,7 @@ CREATE OR REPLACE FUNCTION pgjobs._check_cron(name text, cron text)
 RETURNS void
 LANGUAGE plpgsql
 IMMUTABLE
-SET search_path = pgjobs, pg_catalog
+SET search_path = pg_catalog, pgjobs, pg_temp
 AS $$
 DECLARE
     v_fields text[] := regexp_split_to_array(btrim(cron, E' \t\n\r'), E'\\s+');
@@ -103,7 +103,7 @@ CREATE OR REPLACE FUNCTION pgjobs.upsert_schedule(
     keep_next_run_at boolean DEFAULT false)
 RETURNS pgjobs.schedules
 LANGUAGE plpgsql
-SET search_path = pgjobs, pg_catalog
+SET search_path = pg_catalog, pgjobs, pg_temp
 AS $$
 #variable_conflict use_column
 DECLARE
@@ -180,7 +180,7 @@ $$;
 CREATE OR REPLACE FUNCTION pgjobs.pause_schedule(name text)
 RETURNS boolean
 LANGUAGE plpgsql
-SET search_path = pgjobs, pg_catalog
+SET search_path = pg_catalog, pgjobs, pg_temp
 AS $$
 #variable_conflict use_column
 DECLARE
@@ -209,7 +209,7 @@ $$;
 CREATE OR REPLACE FUNCTION pgjobs.resume_schedule(name text, next_run_at timestamptz DEFAULT NULL)
 RETURNS boolean
 LANGUAGE plpgsql
-SET search_path = pgjobs, pg_catalog
+SET search_path = pg_catalog, pgjobs, pg_temp
 AS $$
 #variable_conflict use_column
 DECLARE
@@ -241,7 +241,7 @@ $$;
 CREATE OR REPLACE FUNCTION pgjobs.remove_schedule(name text, force boolean DEFAULT false)
 RETURNS boolean
 LANGUAGE plpgsql
-SET search_path = pgjobs, pg_catalog
+SET search_path = pg_catalog, pgjobs, pg_temp
 AS $$
 #variable_conflict use_column
 DECLARE
@@ -268,7 +268,7 @@ $$;
 CREATE OR REPLACE FUNCTION pgjobs.prune_code_schedules(keep text[])
 RETURNS int
 LANGUAGE plpgsql
-SET search_path = pgjobs, pg_catalog
+SET search_path = pg_catalog, pgjobs, pg_temp
 AS $$
 #variable_conflict use_column
 DECLARE
@@ -296,7 +296,7 @@ CREATE OR REPLACE FUNCTION pgjobs.due_schedules(now timestamptz DEFAULT now(), m
                                                 skip_locked boolean DEFAULT false)
 RETURNS SETOF pgjobs.schedules
 LANGUAGE plpgsql
-SET search_path = pgjobs, pg_catalog
+SET search_path = pg_catalog, pgjobs, pg_temp
 AS $$
 #variable_conflict use_column
 BEGIN
@@ -329,7 +329,7 @@ CREATE OR REPLACE FUNCTION pgjobs.next_schedule_at(except_names text[] DEFAULT N
 RETURNS timestamptz
 LANGUAGE sql
 STABLE
-SET search_path = pgjobs, pg_catalog
+SET search_path = pg_catalog, pgjobs, pg_temp
 AS $$
     SELECT min(s.next_run_at) FROM schedules AS s
      WHERE NOT s.paused AND (except_names IS NULL OR s.name <> ALL (except_names));
@@ -340,7 +340,7 @@ CREATE OR REPLACE FUNCTION pgjobs.get_schedule(name text)
 RETURNS SETOF pgjobs.schedules
 LANGUAGE sql
 STABLE
-SET search_path = pgjobs, pg_catalog
+SET search_path = pg_catalog, pgjobs, pg_temp
 AS $$
     SELECT s.* FROM schedules AS s WHERE s.name = get_schedule.name;
 $$;
@@ -349,7 +349,7 @@ CREATE OR REPLACE FUNCTION pgjobs.list_schedules()
 RETURNS SETOF pgjobs.schedules
 LANGUAGE sql
 STABLE
-SET search_path = pgjobs, pg_catalog
+SET search_path = pg_catalog, pgjobs, pg_temp
 AS $$
     SELECT s.* FROM schedules AS s ORDER BY s.name;
 $$;
@@ -361,7 +361,7 @@ $$;
 CREATE OR REPLACE FUNCTION pgjobs._enqueue_runs(names text[], run_ats timestamptz[], ids bigint[])
 RETURNS TABLE (name text, run_at timestamptz, job_id bigint, created boolean)
 LANGUAGE plpgsql
-SET search_path = pgjobs, pg_catalog
+SET search_path = pg_catalog, pgjobs, pg_temp
 AS $$
 #variable_conflict use_column
 DECLARE
@@ -408,7 +408,7 @@ $$;
 CREATE OR REPLACE FUNCTION pgjobs.materialize_schedule(name text, expected_run_at timestamptz, next_run_at timestamptz)
 RETURNS bigint
 LANGUAGE plpgsql
-SET search_path = pgjobs, pg_catalog
+SET search_path = pg_catalog, pgjobs, pg_temp
 AS $$
 #variable_conflict use_column
 DECLARE
@@ -441,7 +441,7 @@ $$;
 CREATE OR REPLACE FUNCTION pgjobs._check_run_times(expected_run_at timestamptz, next_run_at timestamptz, label text)
 RETURNS void
 LANGUAGE plpgsql
-SET search_path = pgjobs, pg_catalog
+SET search_path = pg_catalog, pgjobs, pg_temp
 AS $$
 BEGIN
     IF expected_run_at IS NULL OR NOT isfinite(expected_run_at) THEN
@@ -467,7 +467,7 @@ CREATE OR REPLACE FUNCTION pgjobs.materialize_schedules(names text[], expected_r
                                                         next_run_ats timestamptz[], skip_runs boolean[] DEFAULT NULL)
 RETURNS TABLE (name text, expected_run_at timestamptz, next_run_at timestamptz, job_id bigint, created boolean)
 LANGUAGE plpgsql
-SET search_path = pgjobs, pg_catalog
+SET search_path = pg_catalog, pgjobs, pg_temp
 AS $$
 #variable_conflict use_column
 DECLARE

@@ -4,7 +4,7 @@ CREATE OR REPLACE FUNCTION pgjobs.job_status(id bigint)
 RETURNS SETOF pgjobs.job_status
 LANGUAGE plpgsql
 STABLE
-SET search_path = pgjobs, pg_catalog
+SET search_path = pg_catalog, pgjobs, pg_temp
 AS $$
 #variable_conflict use_column
 BEGIN
@@ -30,7 +30,7 @@ CREATE OR REPLACE FUNCTION pgjobs.stats()
 RETURNS TABLE (queue text, state pgjobs.job_state, jobs bigint)
 LANGUAGE sql
 STABLE
-SET search_path = pgjobs, pg_catalog
+SET search_path = pg_catalog, pgjobs, pg_temp
 AS $$
     SELECT j.queue, j.state, count(*) FROM jobs AS j GROUP BY j.queue, j.state ORDER BY j.queue, j.state;
 $$;
@@ -46,7 +46,7 @@ CREATE OR REPLACE FUNCTION pgjobs.list_jobs(
 RETURNS SETOF pgjobs.jobs
 LANGUAGE plpgsql
 STABLE
-SET search_path = pgjobs, pg_catalog
+SET search_path = pg_catalog, pgjobs, pg_temp
 AS $$
 #variable_conflict use_column
 BEGIN

@@ -11,7 +11,7 @@ RETURNS TABLE (id bigint, state pgjobs.job_state, queue text, kind text, attempt
                progress jsonb)
 LANGUAGE sql
 STABLE
-SET search_path = pgjobs, pg_catalog
+SET search_path = pg_catalog, pgjobs, pg_temp
 AS $$
     SELECT j.id, j.state, j.queue, j.kind, j.attempt, j.batch_id, j.progress
       FROM jobs AS j

@@ -3,7 +3,7 @@
 CREATE OR REPLACE FUNCTION pgjobs.worker_heartbeat(worker text, meta jsonb DEFAULT '{}')
 RETURNS timestamptz
 LANGUAGE plpgsql
-SET search_path = pgjobs, pg_catalog
+SET search_path = pg_catalog, pgjobs, pg_temp
 AS $$
 #variable_conflict use_column
 BEGIN
@@ -25,7 +25,7 @@ $$;
 CREATE OR REPLACE FUNCTION pgjobs.reap_workers(stale_after interval DEFAULT '1 minute')
 RETURNS int
 LANGUAGE plpgsql
-SET search_path = pgjobs, pg_catalog
+SET search_path = pg_catalog, pgjobs, pg_temp
 AS $$
 #variable_conflict use_column
 DECLARE
@@ -58,7 +58,7 @@ CREATE OR REPLACE FUNCTION pgjobs.list_workers()
 RETURNS TABLE (id text, last_seen timestamptz, meta jsonb, started_at timestamptz, active_jobs bigint)
 LANGUAGE sql
 STABLE
-SET search_path = pgjobs, pg_catalog
+SET search_path = pg_catalog, pgjobs, pg_temp
 AS $$
     -- One pass over the active jobs (jobs_active_idx), not one per worker.
     SELECT w.id, w.last_seen, w.meta, w.started_at, coalesce(a.n, 0)

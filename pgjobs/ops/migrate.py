@@ -143,7 +143,7 @@ def _validate_routines(conn: psycopg.Connection[Any]) -> None:
     is set here.
     """
     conn.execute("SET LOCAL check_function_bodies = on")
-    conn.execute("SET LOCAL search_path = pgjobs, pg_catalog")
+    conn.execute("SET LOCAL search_path = pg_catalog, pgjobs, pg_temp")
     rows = conn.execute(
         "SELECT p.oid, l.lanvalidator::regproc::text FROM pg_proc AS p JOIN pg_language AS l ON l.oid = p.prolang"
         " WHERE p.pronamespace = 'pgjobs'::regnamespace AND l.lanvalidator <> 0 ORDER BY p.oid"

@@ -228,7 +228,7 @@ def test_a_broken_function_body_fails_the_install_and_leaves_the_old_functions(
     for f in m.sql_files():
         (broken / f.name).write_text(f.read_text())
     (broken / "zz_broken.sql").write_text(
-        "CREATE FUNCTION pgjobs.broken() RETURNS int LANGUAGE plpgsql SET search_path = pgjobs, pg_catalog"
+        "CREATE FUNCTION pgjobs.broken() RETURNS int LANGUAGE plpgsql SET search_path = pg_catalog, pgjobs, pg_temp"
         " AS $$ BEGIN SELCT 1; RETURN 1; END $$;"
     )
     monkeypatch.setattr(m, "SQL_DIR", broken)

@@ -307,9 +307,9 @@ def test_every_pgjobs_routine_pins_search_path(catalog: dict[str, Any]) -> None:
     unpinned = [
         r["signature"]
         for r in routines
-        if not any(c.replace(" ", "") == "search_path=pgjobs,pg_catalog" for c in (r["proconfig"] or []))
+        if not any(c.replace(" ", "") == "search_path=pg_catalog,pgjobs,pg_temp" for c in (r["proconfig"] or []))
     ]
-    assert unpinned == [], f"routines without SET search_path = pgjobs, pg_catalog: {unpinned}"
+    assert unpinned == [], f"routines without SET search_path = pg_catalog, pgjobs, pg_temp: {unpinned}"
 
 
 def _composite(conn: psycopg.Connection[Any], typname: str) -> list[tuple[str, str]]:

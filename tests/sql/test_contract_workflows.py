@@ -848,7 +848,7 @@ def _every_pgjobs_function_pins_search_path(conn: Conn) -> None:
         """SELECT p.proname FROM pg_proc AS p JOIN pg_namespace AS n ON n.oid = p.pronamespace
             WHERE n.nspname = 'pgjobs'
               AND NOT EXISTS (SELECT 1 FROM unnest(coalesce(p.proconfig, '{}')) AS c
-                               WHERE c LIKE 'search_path=pgjobs%%')""",
+                               WHERE c = 'search_path=pg_catalog, pgjobs, pg_temp')""",
     )
     assert unpinned == []
 

@@ -33,7 +33,9 @@ class Call(Generic[T]):
 
 
 def jsonb(value: Any) -> Jsonb | None:
-    """A jsonb parameter; Python None stays SQL NULL."""
+    """A jsonb parameter; Python None stays SQL NULL (pass ``Jsonb(None)`` for a JSON null: a Jsonb passes as is)."""
+    if isinstance(value, Jsonb):
+        return value
     return None if value is None else Jsonb(value)
 
 
@@ -86,3 +88,9 @@ class AsyncRunner:
         async with conn.cursor(row_factory=dict_row) as cur:
             await cur.execute(call.query, call.params)
             return await cur.fetchall() if cur.description else []
+
+
+async def run_on(conn: AsyncConn, call: Call[T]) -> T:
+    """Runs ``call`` on ``conn`` and parses its rows; psycopg errors propagate untranslated (the worker
+    retries connection errors itself, then translates the rest)."""
+    return call.parse(await AsyncRunner._fetch(conn, call))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
+from typing import LiteralString
 
 from pgjobs.client._call import AsyncConn, AsyncRunner, Call, SyncConn, SyncRunner, interval, jsonb, scalar
 from pgjobs.records import ClaimedJob
@@ -32,6 +33,40 @@ def claim_call(
 
 def next_due_at_call(queues: Sequence[str]) -> Call[datetime | None]:
     return Call("SELECT pgjobs.next_due_at(%(queues)s::text[])", {"queues": list(queues)}, scalar)
+
+
+def next_due_in_call(queues: Sequence[str]) -> Call[float | None]:
+    """Seconds until the next due job of ``queues`` (negative: overdue; None: nothing scheduled), by the
+    server's clock: what the worker's poller sleeps for."""
+    return Call(
+        "SELECT extract(epoch FROM pgjobs.next_due_at(%(queues)s::text[]) - clock_timestamp())::float8",
+        {"queues": list(queues)},
+        scalar,
+    )
+
+
+# --- the worker's hot path -----------------------------------------------------------------------
+# One prepared statement per claim, with positional parameters (worker, queues as an array literal
+# (text_array_literal), max_jobs, lease as interval text, kind_limits as JSON text). jsonb columns come back
+# as text: json.loads on the payload when the job runs is several times cheaper than psycopg's jsonb loader,
+# and meta is only parsed if a handler reads it. Array parameters go out as array literals built with
+# str.join, which costs a fraction of psycopg's per-element list dumping.
+CLAIM_SQL: LiteralString = (
+    "SELECT id, kind, queue, payload::text, attempt, max_attempts, lease_token::text, checkpoint::text, batch_id,"
+    " meta::text FROM pgjobs.claim(worker => %s, queues => %s::text[], max_jobs => %s, lease => %s::interval,"
+    " kind_limits => %s::jsonb)"
+)
+
+
+def text_array_literal(items: Sequence[str]) -> str:
+    """A PostgreSQL array literal of text items, each quoted (a ``::text[]`` parameter)."""
+    quoted = ['"' + i.replace("\\", "\\\\").replace('"', '\\"') + '"' for i in items]
+    return "{" + ",".join(quoted) + "}"
+
+
+def bigint_array_literal(ids: Sequence[int]) -> str:
+    """A PostgreSQL array literal of integers (a ``::bigint[]`` parameter)."""
+    return "{" + ",".join(map(str, ids)) + "}"
 
 
 class ClaimOps(SyncRunner):

@@ -21,7 +21,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from types import TracebackType
-from typing import Any, Literal, Self
+from typing import Any, Literal, LiteralString, Self
 from uuid import UUID
 
 from pgjobs.client._call import AsyncConn, AsyncRunner, Call, Rows, SyncConn, SyncRunner, jsonb, scalar
@@ -349,7 +349,7 @@ def delete_batch_call(batch_id: int) -> Call[int]:
 
 
 def add_to_batch_call(
-    id: int, lease_token: UUID, job: Mapping[str, Any], before_continuations: bool = False
+    id: int, lease_token: UUID | str, job: Mapping[str, Any], before_continuations: bool = False
 ) -> Call[int | None]:
     return Call(
         "SELECT pgjobs.add_to_batch(id => %(id)s, lease_token => %(tok)s, job => %(job)s,"
@@ -374,6 +374,11 @@ def _many_results(rows: Rows) -> dict[int, dict[int, Any]]:
 
 def parent_results_many_call(ids: Iterable[int]) -> Call[dict[int, dict[int, Any]]]:
     return Call("SELECT * FROM pgjobs.parent_results_many(ids => %(ids)s::bigint[])", {"ids": list(ids)}, _many_results)
+
+
+# The worker's hot path: a prepared statement, ids as an array literal ("{1,2}"); the results come back as
+# JSON text, parsed by the job that reads them.
+PARENT_RESULTS_MANY_SQL: LiteralString = "SELECT id, results::text FROM pgjobs.parent_results_many(ids => %s::bigint[])"
 
 
 # --- mixins --------------------------------------------------------------------------------------

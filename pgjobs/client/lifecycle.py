@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, LiteralString
 from uuid import UUID
 
 from pgjobs.client._call import AsyncConn, AsyncRunner, Call, SyncConn, SyncRunner, interval, jsonb, scalar
@@ -36,7 +36,7 @@ def renew_leases_call(ids: Sequence[int], tokens: Sequence[UUID], lease: float |
     )
 
 
-def checkpoint_call(id: int, lease_token: UUID, checkpoint: Any) -> Call[bool]:
+def checkpoint_call(id: int, lease_token: UUID | str, checkpoint: Any) -> Call[bool]:
     return Call(
         "SELECT pgjobs.checkpoint(id => %(id)s, lease_token => %(tok)s, checkpoint => %(cp)s)",
         {"id": id, "tok": lease_token, "cp": jsonb(checkpoint)},
@@ -44,7 +44,7 @@ def checkpoint_call(id: int, lease_token: UUID, checkpoint: Any) -> Call[bool]:
     )
 
 
-def progress_call(id: int, lease_token: UUID, progress: Any) -> Call[bool]:
+def progress_call(id: int, lease_token: UUID | str, progress: Any) -> Call[bool]:
     return Call(
         "SELECT pgjobs.progress(id => %(id)s, lease_token => %(tok)s, progress => %(p)s)",
         {"id": id, "tok": lease_token, "p": jsonb(progress)},
@@ -73,7 +73,7 @@ def complete_many_call(ids: Sequence[int], tokens: Sequence[UUID], results: Sequ
     )
 
 
-def fail_call(id: int, lease_token: UUID, error: str, retry_at: datetime | None = None) -> Call[JobState | None]:
+def fail_call(id: int, lease_token: UUID | str, error: str, retry_at: datetime | None = None) -> Call[JobState | None]:
     return Call(
         "SELECT pgjobs.fail(id => %(id)s, lease_token => %(tok)s, error => %(error)s, retry_at => %(retry_at)s)",
         {"id": id, "tok": lease_token, "error": error, "retry_at": retry_at},
@@ -89,7 +89,7 @@ def dead_letter_call(id: int, lease_token: UUID, error: str) -> Call[bool]:
     )
 
 
-def release_call(id: int, lease_token: UUID, run_at: datetime | None = None) -> Call[bool]:
+def release_call(id: int, lease_token: UUID | str, run_at: datetime | None = None) -> Call[bool]:
     return Call(
         "SELECT pgjobs.release(id => %(id)s, lease_token => %(tok)s, run_at => %(run_at)s)",
         {"id": id, "tok": lease_token, "run_at": run_at},
@@ -97,10 +97,30 @@ def release_call(id: int, lease_token: UUID, run_at: datetime | None = None) -> 
     )
 
 
-def ack_cancel_call(id: int, lease_token: UUID) -> Call[bool]:
+def ack_cancel_call(id: int, lease_token: UUID | str) -> Call[bool]:
     return Call(
         "SELECT pgjobs.ack_cancel(id => %(id)s, lease_token => %(tok)s)", {"id": id, "tok": lease_token}, scalar
     )
+
+
+# --- the worker's hot path -----------------------------------------------------------------------
+# Prepared statements with positional parameters; arrays go out as array literals (ids "{1,2}", tokens
+# "{uuid,uuid}") built with str.join, a fraction of the cost of psycopg's per-element list dumping.
+
+# (ids, lease_tokens): the worker's batched completions without results.
+COMPLETE_MANY_SQL: LiteralString = "SELECT pgjobs.complete_many(ids => %s::bigint[], lease_tokens => %s::uuid[])"
+# (ids, lease_tokens, results as one JSON array text, null for no result): a jsonb[] parameter would cost a
+# jsonb dump per element; one JSON array unnested in order costs one.
+COMPLETE_MANY_RESULTS_SQL: LiteralString = (
+    "SELECT pgjobs.complete_many(ids => %s::bigint[], lease_tokens => %s::uuid[],"
+    " results => ARRAY(SELECT nullif(r.e, 'null'::jsonb) FROM jsonb_array_elements(%s::jsonb)"
+    " WITH ORDINALITY AS r(e, n) ORDER BY r.n))"
+)
+# (ids, lease_tokens, lease interval): rows (id, cancel_requested) of the jobs still held.
+RENEW_LEASES_SQL: LiteralString = (
+    "SELECT id, cancel_requested FROM pgjobs.renew_leases(ids => %s::bigint[], lease_tokens => %s::uuid[],"
+    " lease => %s::interval)"
+)
 
 
 class LifecycleOps(SyncRunner):

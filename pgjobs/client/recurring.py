@@ -17,12 +17,20 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any, Literal
+from typing import Any, Final, Literal
 
 from pgjobs.client._call import AsyncConn, AsyncRunner, Call, SyncConn, SyncRunner, jsonb, scalar
 from pgjobs.cron import check_cron, next_fire, zone
 from pgjobs.errors import InvalidArgument
 from pgjobs.records import Materialized, Schedule
+
+# Serialises concurrent code-schedule synchronisations (several workers starting at once): each sync
+# upserts then prunes, and two syncs of different declarations would otherwise lock rows in opposite
+# orders. Run first in the sync's transaction.
+SYNC_CODE_SCHEDULES_LOCK_SQL: Final = "SELECT pg_advisory_xact_lock(hashtextextended('pgjobs.sync_code_schedules', 0))"
+# The scheduler's wake-up channel: every change of pgjobs.schedules notifies it.
+SCHEDULES_CHANNEL: Final = "pgjobs_schedules"
+LISTEN_SCHEDULES_SQL: Final = "LISTEN pgjobs_schedules"
 
 Missed = Literal["once", "skip"]
 

@@ -21,6 +21,20 @@ def reap_workers_call(stale_after: float | timedelta) -> Call[int]:
     return Call("SELECT pgjobs.reap_workers(stale_after => %(s)s)", {"s": interval(stale_after)}, scalar)
 
 
+def reap_workers_after_restart_call(stale_after: float | timedelta) -> Call[int]:
+    """``reap_workers(stale_after)``, but nothing while the server has been up for less than ``stale_after``.
+
+    A server that restarted less than stale_after ago has heard no worker for as long as it was down: nobody is
+    reaped until every live worker had its chance to heartbeat again (else the first worker back would take the
+    running jobs of all the others)."""
+    return Call(
+        "SELECT CASE WHEN now() - pg_postmaster_start_time() >= %(s)s::interval"
+        " THEN pgjobs.reap_workers(stale_after => %(s)s::interval) ELSE 0 END",
+        {"s": interval(stale_after)},
+        scalar,
+    )
+
+
 def list_workers_call() -> Call[list[WorkerInfo]]:
     return Call("SELECT * FROM pgjobs.list_workers()", {}, lambda rows: [WorkerInfo.from_row(r) for r in rows])
 

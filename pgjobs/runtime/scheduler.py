@@ -29,7 +29,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from types import TracebackType
-from typing import Any, Final, Self
+from typing import Any, Self
 
 import anyio
 import psycopg
@@ -38,6 +38,9 @@ from psycopg_pool import AsyncConnectionPool
 
 from pgjobs.client import AsyncClient
 from pgjobs.client.recurring import (
+    LISTEN_SCHEDULES_SQL,
+    SCHEDULES_CHANNEL,
+    SYNC_CODE_SCHEDULES_LOCK_SQL,
     PeriodicSpec,
     Run,
     due_schedules_call,
@@ -52,11 +55,7 @@ from pgjobs.records import Materialized, Schedule
 
 log = logging.getLogger("pgjobs.scheduler")
 
-CHANNEL = "pgjobs_schedules"
-# Serialises concurrent code-schedule synchronisations (several workers starting at once): each sync
-# upserts then prunes, and two syncs of different declarations would otherwise lock rows in opposite
-# orders.
-_SYNC_LOCK: Final = "SELECT pg_advisory_xact_lock(hashtextextended('pgjobs.sync_code_schedules', 0))"
+CHANNEL = SCHEDULES_CHANNEL
 
 
 def utc_now() -> datetime:
@@ -112,7 +111,7 @@ async def sync_code_schedules(client: AsyncClient, app_or_specs: Any, *, now: da
     # prunes nothing: it would otherwise delete every code-defined schedule. An explicit list prunes.
     prune = bool(specs) or not hasattr(app_or_specs, "periodic_specs")
     async with client.pool.connection() as conn, conn.transaction():
-        await conn.execute(_SYNC_LOCK)
+        await conn.execute(SYNC_CODE_SCHEDULES_LOCK_SQL)
         stored = [
             await client._run(spec_call(spec, first, code_defined=True), conn)
             for spec, first in zip(specs, firsts, strict=True)
@@ -333,7 +332,7 @@ class Scheduler:
         while True:
             try:
                 async with await psycopg.AsyncConnection.connect(self.listen_dsn, autocommit=True) as conn:
-                    await conn.execute("LISTEN pgjobs_schedules")
+                    await conn.execute(LISTEN_SCHEDULES_SQL)
                     backoff = 0.5
                     self._wakeup.set()  # changes made while we were not listening: look again
                     async for _ in conn.notifies():

@@ -1,0 +1,155 @@
+"""The claimer: per served queue, a loop on its own connection that claims jobs and hands them to the slots.
+
+Each claim asks for ``max_jobs = free capacity`` with ``kind_limits = {kind: free capacity}`` for every kind the
+app has a handler for. It claims again at once while calls come back full, and otherwise sleeps until a
+``pgjobs_wake`` for its queue, a slot frees up after a full claim, or the poll fallback. Kinds registered with
+``parent_results=True`` get their parents' results in one more round trip per claim, on the same connection.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any
+
+import anyio
+import psycopg
+
+from pgjobs.client.claim import CLAIM_SQL, bigint_array_literal, text_array_literal
+from pgjobs.client.graph import PARENT_RESULTS_MANY_SQL
+from pgjobs.client.listen import backoff_delay
+from pgjobs.errors import translate
+from pgjobs.runtime.app import JobHandler
+from pgjobs.runtime.leases import renew_held
+from pgjobs.runtime.state import CLAIM_OPTIONS, RECONNECT_CAP, HeldJob, QueueState, WorkerState
+
+log = logging.getLogger("pgjobs.worker")
+
+
+def _kind_limits(w: WorkerState, free: int) -> str:
+    text = w._limits_cache.get(free)
+    if text is None:
+        text = json.dumps({k: free for k in w.app.handlers})
+        if len(w._limits_cache) < 4096:
+            w._limits_cache[free] = text
+    return text
+
+
+async def _sleep(q: QueueState, free: int) -> None:
+    """Until a wake for the queue, or a free slot when the last claim came back full."""
+    ev = anyio.Event()
+    q.waiters[ev] = "slot" if free <= 0 and q.more else "wake"
+    try:
+        await ev.wait()
+    finally:
+        del q.waiters[ev]
+
+
+async def claim_loop(w: WorkerState, q: QueueState) -> None:
+    conn: psycopg.AsyncConnection[Any] | None = None
+    cur: psycopg.AsyncCursor[Any] = None  # type: ignore[assignment]  # set with conn
+    failures = 0
+    queues = text_array_literal([q.name])
+    lease = f"{w.lease} seconds"
+    handlers = w.app.handlers
+    try:
+        while not w._stopping:
+            free = q.capacity - q.running - q.reserved
+            if free <= 0 or not q.more or not handlers:
+                await _sleep(q, free)
+                continue
+            want = min(free, q.chunk)
+            q.more = False  # a wake that arrives while this claim runs sets it again
+            q.reserved += want
+            try:
+                if conn is None or conn.closed:
+                    conn = await w._connect("claim", CLAIM_OPTIONS)
+                    cur = conn.cursor()
+                    if failures:
+                        # Back from a connection failure (an outage?): the leases of the jobs we hold ran on
+                        # meanwhile, and this claim would take our own expired jobs back (attempt + 1, run
+                        # twice). Renew them first, on this connection that just proved the server is back.
+                        await renew_held(w, conn)
+                await cur.execute(CLAIM_SQL, (w.name, queues, want, lease, _kind_limits(w, want)), prepare=True)
+                rows = await cur.fetchall()
+                w.claim_calls += 1
+                failures = 0
+            except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
+                failures += 1
+                w._cut_off_at = anyio.current_time()
+                delay = backoff_delay(failures, 0.05, RECONNECT_CAP)
+                log.warning("claim on queue %r failed (%s); retrying in %.2f s", q.name, exc, delay)
+                if conn is not None:
+                    await conn.close()
+                    conn = None
+                q.more = True
+                await w._backoff(delay)
+                continue
+            except psycopg.Error as exc:
+                raise translate(exc) from exc
+            finally:
+                q.reserved -= want
+            if len(rows) >= want:
+                q.more = True
+                q.poke("wake")  # a sibling claimer may take more meanwhile
+            if rows:
+                parents = None
+                if w._wants_parents and any((h := handlers.get(r[1])) is not None and h.parent_results for r in rows):
+                    parents = await _parent_results(w, cur, rows)
+                dispatch(w, q, rows, parents)
+    finally:
+        if conn is not None:
+            with anyio.CancelScope(shield=True):
+                await conn.close()
+
+
+async def _parent_results(w: WorkerState, cur: psycopg.AsyncCursor[Any], rows: list[tuple[Any, ...]]) -> dict[int, str]:
+    """{job id: its parents' results as JSON text} for the claimed jobs whose kind asked for them.
+    On the claim connection, right after the claim: a connection error here loses nothing (the jobs run
+    with ctx.parent_results = None rather than wait)."""
+    handlers = w.app.handlers
+    ids = [r[0] for r in rows if (h := handlers.get(r[1])) is not None and h.parent_results]
+    try:
+        await cur.execute(PARENT_RESULTS_MANY_SQL, (bigint_array_literal(ids),), prepare=True)
+        return {r[0]: r[1] for r in await cur.fetchall()}
+    except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
+        log.warning("parent_results of %d claimed job(s) failed: %s", len(ids), exc)
+        return {}
+
+
+def dispatch(w: WorkerState, q: QueueState, rows: list[tuple[Any, ...]], parents: dict[int, str] | None = None) -> None:
+    """Claimed rows become held jobs in the queue's ``ready`` line; one parked slot is woken."""
+    handlers = w.app.handlers
+    jobs = w._jobs
+    ready = q.ready
+    n = 0
+    for row in rows:
+        handler = handlers.get(row[1])
+        job = HeldJob(row, handler, q) if handler is not None else None
+        if job is None:  # cannot happen with kind_limits; give it back rather than hold it
+            log.error("claimed job %s of kind %r without a handler; releasing it", row[0], row[1])
+            bogus = HeldJob(row, JobHandler(row[1], lambda p, c: None), q)
+            jobs[bogus.id] = bogus
+            bogus.stop_reason = "shutdown"
+            ready.append(bogus)
+            n += 1
+            continue
+        if job.handler.parent_results:
+            job.parents = parents.get(job.id, "{}") if parents is not None else None
+        held = jobs.get(job.id)
+        if held is not None:
+            # We hold this job already, under an older token: that attempt's lease ran out while its handler
+            # ran or its outcome waited for the database (a server restart), and this very worker claimed
+            # the job again. The new claim took the job from the old attempt, whose outcome no longer counts.
+            held.interrupt("lease lost")
+        jobs[job.id] = job
+        ready.append(job)
+        n += 1
+    q.running += n
+    w.claimed += n
+    if w._stopping:  # claimed by a call that was in flight when stop() came: give them back
+        for job in list(ready)[-n:]:
+            job.stop_reason = "shutdown"
+    parked = q.parked
+    if parked:
+        parked.pop().set()  # each woken slot wakes the next while jobs remain (see runner.slot)

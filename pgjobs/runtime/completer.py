@@ -1,0 +1,144 @@
+"""Reporting outcomes: the batched completer, and the one-job reports (fail, release, ack_cancel).
+
+The **completer** runs on its own connection: whatever completions accumulated go out in one
+``complete_many`` (a lone job is flushed at once; under load the batch grows while the previous call is in
+flight). The other outcomes are one shielded pooled call each (a shutdown must not cut them).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from datetime import datetime
+from typing import Any, LiteralString, TypeVar
+
+import anyio
+import psycopg
+
+from pgjobs.client._call import Call
+from pgjobs.client.lifecycle import (
+    COMPLETE_MANY_RESULTS_SQL,
+    COMPLETE_MANY_SQL,
+    ack_cancel_call,
+    fail_call,
+    release_call,
+)
+from pgjobs.client.listen import backoff_delay
+from pgjobs.errors import translate
+from pgjobs.records import JobState
+from pgjobs.runtime.state import CLAIM_OPTIONS, RECONNECT_CAP, SESSION_OPTIONS, Done, HeldJob, WorkerState
+
+log = logging.getLogger("pgjobs.worker")
+
+T = TypeVar("T")
+
+
+def _statement(batch: list[Done]) -> tuple[LiteralString, tuple[str, ...]]:
+    """The complete_many call of ``batch``: ids, tokens (and results, when any job returned one) as literals."""
+    ids = "{" + ",".join([str(b[0]) for b in batch]) + "}"
+    tokens = "{" + ",".join([b[1] for b in batch]) + "}"
+    results = [b[2] for b in batch]
+    if any(r is not None for r in results):
+        return COMPLETE_MANY_RESULTS_SQL, (ids, tokens, "[" + ",".join([r or "null" for r in results]) + "]")
+    return COMPLETE_MANY_SQL, (ids, tokens)
+
+
+class Completer:
+    """The completer task of one worker run (``await Completer(w).run()``)."""
+
+    def __init__(self, w: WorkerState) -> None:
+        self.w = w
+        self.conn: psycopg.AsyncConnection[Any] | None = None
+        self.cur: psycopg.AsyncCursor[Any] | None = None
+        self.failures = 0
+
+    async def run(self) -> None:
+        w = self.w
+        try:
+            while True:
+                if not w._done:
+                    if w._stopping and not w._jobs:
+                        return
+                    w._completer_wait = anyio.Event()
+                    with anyio.move_on_after(0.5 if w._stopping else math.inf):
+                        await w._completer_wait.wait()
+                    w._completer_wait = None
+                    continue
+                batch, w._done = w._done, []
+                w._in_flight = batch
+                await self._send(batch)
+                w._in_flight = []
+        finally:
+            if self.conn is not None:
+                with anyio.CancelScope(shield=True):
+                    await self.conn.close()
+
+    async def _send(self, batch: list[Done]) -> None:
+        """One complete_many for ``batch``, retried through connection errors (a stopping worker gives up)."""
+        w = self.w
+        query, params = _statement(batch)
+        while True:
+            try:
+                if self.conn is None or self.conn.closed or self.cur is None:
+                    options = SESSION_OPTIONS if w.durable_completions else CLAIM_OPTIONS
+                    self.conn = await w._connect("complete", options)
+                    self.cur = self.conn.cursor()
+                cur = self.cur
+                with anyio.CancelScope(shield=True):
+                    await cur.execute(query, params, prepare=True)
+                    row = await cur.fetchone()
+                done = int(row[0]) if row else 0
+                w.complete_calls += 1
+                w.completed += done
+                if done < len(batch):
+                    w.lost += len(batch) - done
+                self.failures = 0
+                return
+            except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
+                self.failures += 1
+                w._cut_off_at = anyio.current_time()
+                delay = backoff_delay(self.failures, 0.05, RECONNECT_CAP)
+                log.warning("complete_many of %d job(s) failed (%s); retrying in %.2f s", len(batch), exc, delay)
+                if self.conn is not None:
+                    await self.conn.close()
+                    self.conn = None
+                if w._stopping and self.failures >= 5:
+                    # A stopping worker does not wait forever for the database: these jobs stay leased
+                    # and run again elsewhere once their leases expire (at least once, not lost).
+                    log.error("giving up on completing %d job(s) while stopping: %s", len(batch), exc)
+                    return
+                await w._backoff(delay)
+            except psycopg.Error as exc:
+                raise translate(exc) from exc
+
+
+async def _report(w: WorkerState, job: HeldJob, call: Call[T]) -> T | None:
+    """A job's final call: shielded (a shutdown must not cut it), errors logged, never raised."""
+    with anyio.CancelScope(shield=True):
+        try:
+            return await w._call(call)
+        except Exception as exc:
+            log.error("job %s (%s): reporting its outcome failed: %s", job.id, job.kind, exc)
+            return None
+    return None  # (not reached: the shielded scope is never cancelled itself)
+
+
+async def fail(w: WorkerState, job: HeldJob, error: str, retry_at: datetime | None) -> None:
+    state = await _report(w, job, fail_call(job.id, job.token, error, retry_at))
+    w.failed += 1
+    if state == JobState.SCHEDULED:
+        w._poke_poller()
+
+
+async def release(w: WorkerState, job: HeldJob, run_at: datetime | None) -> None:
+    ok = await _report(w, job, release_call(job.id, job.token, run_at))
+    if ok:
+        w.released += 1
+    if run_at is not None:
+        w._poke_poller()
+
+
+async def ack_cancel(w: WorkerState, job: HeldJob) -> None:
+    ok = await _report(w, job, ack_cancel_call(job.id, job.token))
+    if ok:
+        w.cancelled += 1

@@ -1,0 +1,115 @@
+"""Leases and presence: the renewer, the heartbeat, the reaping of silent workers.
+
+* the **renewer**: every ``lease / 3`` one ``renew_leases`` for all held jobs. A job missing from its answer
+  lost its lease (reclaimed elsewhere): its handler is cancelled and nothing is reported for it. A job
+  reported ``cancel_requested`` gets ``ctx.cancelled`` set (the fallback for a missed ``pgjobs_cancel``);
+* the **heartbeat**: ``worker_heartbeat(name, meta)`` and ``reap_workers`` every ``heartbeat_interval``; no
+  reaping until ``reap_after`` has passed since the server started and since this worker last failed to reach
+  it (after an outage every worker's heartbeat is stale, and the first one back would take the others' running
+  jobs).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+from datetime import timedelta
+from typing import Any
+
+import anyio
+import psycopg
+
+from pgjobs.client.lifecycle import RENEW_LEASES_SQL
+from pgjobs.client.listen import backoff_delay
+from pgjobs.client.workers import reap_workers_after_restart_call, worker_heartbeat_call
+from pgjobs.runtime.state import RUNNING, WorkerState
+
+log = logging.getLogger("pgjobs.worker")
+
+
+async def renewer(w: WorkerState) -> None:
+    interval = w.lease / 3
+    failures = 0
+    while True:
+        # After a failed renewal (the database restarting) try again soon rather than a third of a lease
+        # later: the leases ran on while the server was away, and a claimer elsewhere may take them.
+        if failures:
+            await w._backoff(min(interval, backoff_delay(failures, 0.05, 1.0)))
+        else:
+            await anyio.sleep(interval)
+        failures = 0 if await renew_held(w) else failures + 1
+
+
+async def renew_held(w: WorkerState, conn: psycopg.AsyncConnection[Any] | None = None) -> bool:
+    """One ``renew_leases`` for every job this worker holds (on ``conn``, else a pooled connection); False
+    when the database could not be reached. Jobs whose outcome is being reported (FINISHING, or waiting in
+    the completer) are renewed too: a report that retries through an outage must not let the lease lapse
+    and the job run again."""
+    held = list(w._jobs.values())
+    pending = list(w._in_flight) + list(w._done)
+    if not held and not pending:
+        return True
+    ids = [j.id for j in held] + [p[0] for p in pending]
+    tokens = [j.token for j in held] + [p[1] for p in pending]
+    try:
+        if conn is not None:
+            rows = await (await conn.execute(RENEW_LEASES_SQL, (ids, tokens, w._lease_td))).fetchall()
+        else:
+            assert w._pool is not None
+            async with w._pool.connection() as pooled:
+                rows = await (await pooled.execute(RENEW_LEASES_SQL, (ids, tokens, w._lease_td))).fetchall()
+    except psycopg.Error as exc:
+        log.warning("lease renewal of %d job(s) failed: %s", len(ids), exc)
+        if conn is None and isinstance(exc, psycopg.OperationalError | psycopg.InterfaceError):
+            w._cut_off_at = anyio.current_time()
+            await w._check_pool()
+        return False
+    still = {r[0]: r[1] for r in rows}
+    for job in held:
+        if job.id not in still:
+            # Reclaimed elsewhere (or settled): this attempt's outcome no longer counts.
+            if w._jobs.get(job.id) is job and job.phase == RUNNING:
+                job.interrupt("lease lost")
+        elif still[job.id] and job.ctx is not None:
+            job.ctx.cancelled.set("cancel requested")
+    return True
+
+
+def worker_meta(w: WorkerState) -> dict[str, Any]:
+    return {
+        "host": socket.gethostname(),
+        "pid": os.getpid(),
+        "queues": w.queues,
+        "concurrency": sum(w.queues.values()),
+        "active": w.active,
+        "kinds": w.app.kinds,
+    }
+
+
+async def heartbeat_once(w: WorkerState) -> None:
+    await w._call(worker_heartbeat_call(w.name, worker_meta(w)))
+
+
+async def heartbeat(w: WorkerState) -> None:
+    stale_after = timedelta(seconds=w.reap_after)
+    while True:
+        await anyio.sleep(w.heartbeat_interval)
+        try:
+            await heartbeat_once(w)
+        except Exception as exc:
+            log.warning("heartbeat failed: %s", exc)
+            continue
+        cut_off_at = w._cut_off_at
+        if cut_off_at is not None and anyio.current_time() - cut_off_at < w.reap_after:
+            # We could not reach the database a moment ago: nor could the others, probably, and their
+            # heartbeats are as stale as ours was. Reaping now would take running jobs from live workers.
+            continue
+        try:
+            reaped = await w._call(reap_workers_after_restart_call(stale_after))
+        except Exception as exc:
+            log.warning("reap_workers failed: %s", exc)
+            continue
+        if reaped:
+            log.info("reaped %d silent worker(s); their jobs are claimable now", reaped)
+            w._wake_all()

@@ -1,0 +1,73 @@
+"""Wake-ups: the LISTEN loop's handling and the poll fallback.
+
+* the **listener** (:class:`pgjobs.client.listen.Listener`): ``pgjobs_wake`` (payload: queue) wakes that
+  queue's claimer, ``pgjobs_cancel`` (payload: job id) sets the running job's ``ctx.cancelled``; it reconnects
+  with backoff and jitter, and wakes every claimer after a reconnect (a wake sent meanwhile is lost);
+* the **poller**: wakes the claimers every ``poll_interval`` and at the next due ``run_at`` (``next_due_at``).
+"""
+
+from __future__ import annotations
+
+import logging
+
+import anyio
+
+from pgjobs.client.claim import next_due_in_call
+from pgjobs.client.listen import Listener
+from pgjobs.runtime.state import RECONNECT_CAP, WorkerState
+
+log = logging.getLogger("pgjobs.worker")
+
+WAKE_CHANNEL = "pgjobs_wake"
+CANCEL_CHANNEL = "pgjobs_cancel"
+
+
+def make_listener(w: WorkerState) -> Listener:
+    async def on_connect() -> None:
+        # Notifications sent while the connection was down are lost: look again at every queue.
+        w._wake_all()
+        w._retry_now()  # the database is back: claimers and the completer in a backoff retry at once
+
+    return Listener(
+        w.dsn,
+        [WAKE_CHANNEL, CANCEL_CHANNEL],
+        on_connect=on_connect,
+        cap=RECONNECT_CAP,
+        application_name=f"pgjobs-listen:{w.name}",
+    )
+
+
+def on_notify(w: WorkerState, channel: str, payload: str) -> None:
+    if channel == WAKE_CHANNEL:
+        q = w._by_queue.get(payload)
+        if q is not None:
+            q.more = True
+            q.poke("wake")
+    elif channel == CANCEL_CHANNEL:
+        try:
+            job = w._jobs.get(int(payload))
+        except ValueError:
+            return
+        if job is not None and job.ctx is not None:
+            job.ctx.cancelled.set("cancel requested")
+        elif job is not None:
+            job.stop_reason = "cancel requested"
+
+
+async def poller(w: WorkerState) -> None:
+    names = list(w.queues)
+    while True:
+        delay = w.poll_interval
+        try:
+            due_in = await w._call(next_due_in_call(names))
+        except Exception as exc:
+            log.warning("next_due_at failed: %s", exc)
+            due_in = None
+        if due_in is not None and due_in > 0:
+            delay = min(delay, due_in + 0.002)
+        w._poller_wait = anyio.Event()
+        with anyio.move_on_after(delay) as scope:
+            await w._poller_wait.wait()
+        w._poller_wait = None
+        if scope.cancelled_caught:
+            w._wake_all()

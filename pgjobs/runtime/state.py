@@ -1,0 +1,285 @@
+"""What the worker's parts share: the jobs it holds, its queues, its connections, its counters.
+
+:class:`WorkerState` is the base of :class:`pgjobs.runtime.worker.Worker`; the parts (``claimer``,
+``runner``, ``completer``, ``leases``, ``listener``) are functions over it, each in its own module, so each
+part reads the state the others write without importing them back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import socket
+import threading
+import uuid
+from collections import deque
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any, TypeVar
+
+import anyio
+import psycopg
+from psycopg.types.json import Jsonb
+from psycopg_pool import AsyncConnectionPool
+
+from pgjobs.client._call import Call, run_on
+from pgjobs.client.graph import add_to_batch_call
+from pgjobs.client.lifecycle import checkpoint_call, progress_call
+from pgjobs.client.listen import Listener, backoff_delay
+from pgjobs.errors import translate
+from pgjobs.runtime.app import App, JobHandler
+from pgjobs.runtime.context import JobContext, SyncJobContext
+
+log = logging.getLogger("pgjobs.worker")
+
+T = TypeVar("T")
+
+# Every worker connection runs with jit off: the hot functions run generic plans whose cost estimates grow with
+# the table, and past jit_above_cost (about 30,000 pending jobs) each claim spent ~27 ms compiling its plan
+# for a statement that runs in under 1 ms.
+SESSION_OPTIONS = "-c jit=off"
+# Reconnect backoff ceiling (before jitter) of the claim, completion and LISTEN connections. Retrying a dead
+# server every ~2 s costs nothing, and bounds how long a worker idles after the server is back.
+RECONNECT_CAP = 2.0
+# The worker's pool: how long a call waits for a connection (PoolTimeout is retried by call()), and how long the
+# pool retries a failed connect before giving up on it (the next call that needs one tries again, at once).
+POOL_WAIT = 5.0
+POOL_RECONNECT = 3.0
+# A claim needs no durable commit: if the server crashes before the claim's WAL reaches disk, the job simply
+# comes back unclaimed (attempt not counted), and this worker's later calls for it fail the token compare-and-set
+# (no-ops). Skipping the flush wait takes ~0.5 ms off every claim, i.e. off the wake-up latency.
+CLAIM_OPTIONS = SESSION_OPTIONS + " -c synchronous_commit=off"
+
+# A job's phases, for the renewer and the shutdown: only a RUNNING handler can be cancelled.
+QUEUED, RUNNING, FINISHING = 0, 1, 2
+
+# A finished job awaiting complete_many: (id, lease token, result as JSON text or None).
+Done = tuple[int, str, str | None]
+
+
+class HeldJob:
+    """One claimed job held by this worker."""
+
+    __slots__ = (
+        "attempt",
+        "batch_id",
+        "checkpoint",
+        "ctx",
+        "handler",
+        "id",
+        "kind",
+        "max_attempts",
+        "meta",
+        "parents",
+        "payload",
+        "phase",
+        "queue",
+        "scope",
+        "stop_reason",
+        "token",
+    )
+
+    def __init__(self, row: tuple[Any, ...], handler: JobHandler, queue: QueueState) -> None:
+        (self.id, self.kind, _q, self.payload, self.attempt, self.max_attempts, self.token, self.checkpoint,
+         self.batch_id, self.meta) = row  # fmt: skip
+        self.handler = handler
+        self.queue = queue
+        self.phase = QUEUED
+        self.scope: anyio.CancelScope | None = None
+        self.stop_reason: str | None = None  # why the worker cancelled the handler: timeout/lease/shutdown
+        self.ctx: JobContext | SyncJobContext | None = None
+        self.parents: str | None = None  # the parents' results (JSON text), for kinds that asked
+
+    def interrupt(self, reason: str) -> None:
+        """Cancels the running handler (first reason wins) and tells it through ctx.cancelled."""
+        if self.stop_reason is None:
+            self.stop_reason = reason
+        if self.ctx is not None:
+            self.ctx.cancelled.set(reason)
+        if self.scope is not None and self.phase == RUNNING:
+            self.scope.cancel()
+
+
+class QueueState:
+    """Per served queue: capacity, the claimers' wake state, the ready jobs and the parked slots."""
+
+    __slots__ = ("capacity", "chunk", "more", "name", "parked", "ready", "reserved", "running", "waiters")
+
+    def __init__(self, name: str, capacity: int, claimers: int) -> None:
+        self.name = name
+        self.capacity = capacity
+        self.chunk = -(-capacity // claimers)  # what one claim asks for at most
+        self.running = 0  # claimed and not yet ended (queued in `ready` or running in a slot)
+        self.reserved = 0  # asked for by claims in flight: never more than capacity - running in all
+        self.more = True  # something may be claimable: claim when capacity allows
+        self.waiters: dict[anyio.Event, str] = {}  # sleeping claimers -> what they wait for ("wake" | "slot")
+        self.ready: deque[HeldJob] = deque()
+        self.parked: list[anyio.Event] = []
+
+    def poke(self, why: str) -> None:
+        if self.waiters:
+            for ev, waiting_for in list(self.waiters.items()):
+                if why == "any" or why == waiting_for:
+                    ev.set()
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerStats:
+    claimed: int
+    completed: int
+    failed: int
+    released: int
+    cancelled: int
+    lost: int
+
+
+def default_worker_name() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
+
+
+def seconds(value: float | timedelta) -> float:
+    return value.total_seconds() if isinstance(value, timedelta) else float(value)
+
+
+class WorkerState:
+    """The state every part of a worker reads and writes, and the helpers they share (connections, the
+    pooled call with retries, the backoff pause, the wake-ups). Set up by :meth:`_init_state`."""
+
+    app: App
+    dsn: str
+    name: str
+    queues: dict[str, int]
+    lease: float
+    poll_interval: float
+    heartbeat_interval: float
+    reap_after: float
+    durable_completions: bool
+    claimers: int | None
+
+    def _init_state(self) -> None:
+        self._queues = [QueueState(q, n, self._claimers_for(n)) for q, n in self.queues.items()]
+        self._by_queue = {q.name: q for q in self._queues}
+        self._jobs: dict[int, HeldJob] = {}
+        self._done: list[Done] = []  # awaiting complete_many
+        self._in_flight: list[Done] = []  # in the complete_many call now
+        self._completer_wait: anyio.Event | None = None
+        self._backoff_wait: anyio.Event | None = None  # set when connection retries should not wait any longer
+        self._poller_wait: anyio.Event | None = None
+        self._stop_event: anyio.Event | None = None
+        self._stopping = False
+        self._hard_stop = False
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._pool: AsyncConnectionPool[Any] | None = None
+        self._limiter: anyio.CapacityLimiter | None = None
+        self._lease_td = timedelta(seconds=self.lease)
+        self._limits_cache: dict[int, str] = {}
+        self._wants_parents = False  # any handler with parent_results=True (set when run() starts)
+        self.listener: Listener | None = None
+        self._cut_off_at: float | None = None  # anyio time of this worker's last failure to reach the database
+        self.started = threading.Event()  # set once the worker claims (tests, CLI)
+        self.claimed = self.completed = self.failed = self.released = self.cancelled = self.lost = 0
+        self.claim_calls = self.complete_calls = 0
+
+    def _claimers_for(self, capacity: int) -> int:
+        """Claim connections per queue (``claimers``, default 1). Measured: two concurrent claims of half the
+        capacity each halve the throughput of no-op jobs (each claim skips the rows the other locked, and the
+        fixed cost of a claim is paid twice as often), so one claimer asking for all free capacity it is."""
+        return 1 if self.claimers is None else max(1, min(self.claimers, capacity))
+
+    @property
+    def active(self) -> int:
+        return sum(q.running for q in self._queues)
+
+    # ------------------------------------------------------------------------------------------ connections
+
+    async def _connect(self, role: str, options: str | None = None) -> psycopg.AsyncConnection[Any]:
+        extra: dict[str, Any] = {} if options is None else {"options": options}
+        return await psycopg.AsyncConnection.connect(
+            self.dsn, autocommit=True, application_name=f"pgjobs-{role}:{self.name}", connect_timeout=10, **extra
+        )
+
+    async def _call(self, call: Call[T]) -> T:
+        """One round trip on the pool; connection errors are retried with backoff (every call is a lease-token
+        CAS, so a replay after a lost reply changes nothing); gives up after ~30 s."""
+        failures = 0
+        while True:
+            assert self._pool is not None
+            try:
+                async with self._pool.connection() as conn:
+                    return await run_on(conn, call)
+            except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
+                failures += 1
+                self._cut_off_at = anyio.current_time()
+                if failures > 8:
+                    raise
+                await self._check_pool()
+                delay = backoff_delay(failures, 0.1, 5.0)
+                log.warning("database call failed (%s); retrying in %.2f s", exc, delay)
+                await anyio.sleep(delay)
+            except psycopg.Error as exc:
+                raise translate(exc) from exc
+
+    async def _check_pool(self) -> None:
+        """After a connection error: drop every broken idle connection of the pool at once. A server restart
+        breaks them all, and without this each one would fail one more call (a renewal, a report) in turn."""
+        pool = self._pool
+        if pool is None:
+            return
+        with anyio.move_on_after(5.0), contextlib.suppress(Exception):
+            await pool.check()
+
+    # ------------------------------------------------------------------------------------------ wake-ups
+
+    def _retry_now(self) -> None:
+        ev = self._backoff_wait
+        if ev is not None:
+            self._backoff_wait = None
+            ev.set()
+
+    async def _backoff(self, delay: float) -> None:
+        """The pause after a connection error: ``delay`` seconds, or less when the LISTEN connection is
+        re-established meanwhile (the server is back) or the worker is asked to stop."""
+        if self._backoff_wait is None:
+            self._backoff_wait = anyio.Event()
+        ev = self._backoff_wait
+        with anyio.move_on_after(delay):
+            await ev.wait()
+
+    def _wake_all(self) -> None:
+        for q in self._queues:
+            q.more = True
+            q.poke("wake")
+
+    def _poke_completer(self) -> None:
+        ev = self._completer_wait
+        if ev is not None:
+            ev.set()
+
+    def _poke_poller(self) -> None:
+        if self._poller_wait is not None:
+            self._poller_wait.set()
+
+    def _loop_call_later(self, delay: float, fn: Any, *args: Any) -> asyncio.TimerHandle:
+        assert self._loop is not None
+        return self._loop.call_later(delay, fn, *args)
+
+    # ------------------------------------------------------------------------------------------ JobRuntime
+    # What a handler's ctx.save_checkpoint / report_progress / add_to_batch run (on the event loop). A value of
+    # None goes out as JSON null (Jsonb), not SQL NULL, as it always did.
+
+    async def checkpoint(self, id: int, lease_token: str, value: Any) -> bool:
+        ok: bool = await self._call(checkpoint_call(id, lease_token, Jsonb(value)))
+        return bool(ok)
+
+    async def progress(self, id: int, lease_token: str, value: Any) -> bool:
+        ok: bool = await self._call(progress_call(id, lease_token, Jsonb(value)))
+        return bool(ok)
+
+    async def add_to_batch(
+        self, id: int, lease_token: str, spec: Mapping[str, Any], before_continuations: bool
+    ) -> int | None:
+        added = await self._call(add_to_batch_call(id, lease_token, spec, before_continuations))
+        return None if added is None else int(added)

@@ -138,66 +138,12 @@ async def subscribe(
                 return False
         return True
 
-    async def snapshot(conn: psycopg.AsyncConnection[Any], full: bool) -> list[StatusEvent] | None:
-        """Durable re-read of the watched jobs; the events for what changed. None on a connection error."""
-        if full:
-            want_ids = sorted(remaining) if remaining is not None else []
-            live_only = False
-        else:
-            live = [i for i, (st, _, _) in last.items() if st not in _TERMINAL_TEXT]
-            want_ids = sorted(set(live) | (remaining or set()))
-            live_only = True
-        try:
-            cur = await conn.execute(_SNAPSHOT_SQL, (want_ids, batch_id, live_only))
-            rows = await cur.fetchall()
-        except (psycopg.OperationalError, psycopg.InterfaceError):
-            return None
-        out: list[StatusEvent] = []
-        seen: set[int] = set()
-        for id_, state, q, kind, attempt, b, progress in rows:
-            seen.add(id_)
-            if not flt.match(id_, b, q, kind):
-                if remaining is not None:
-                    remaining.discard(id_)  # outside the queue/kinds filter: it will never be reported
-                continue
-            prev = last.get(id_)
-            cur_key = (state, attempt, None if progress is None else json.dumps(progress))
-            if prev == cur_key:
-                continue
-            out.append(StatusEvent(id_, JobState(state), q, kind, attempt, b, progress, True))
-        if remaining is not None:
-            for gone in [i for i in want_ids if i in remaining and i not in seen]:
-                remaining.discard(gone)  # no such job (never existed, or deleted): nothing to wait for
-        return out
-
     events = listener.events(tick=tick)
     try:
         async for item in events:
             batch: list[StatusEvent] = []
             if isinstance(item, Notifications):
-                need_progress: list[int] = []  # indexes into batch
-                for channel, payload in item.items:
-                    if channel != STATUS_CHANNEL:
-                        continue
-                    for e in _parse(payload):
-                        try:
-                            id_ = int(e["id"])
-                            state = JobState(e["state"])
-                            ev = StatusEvent(
-                                id_, state, str(e.get("queue")), str(e.get("kind")), int(e.get("attempt") or 0),
-                                e.get("batch_id"), e.get("progress"),
-                            )  # fmt: skip
-                        except (KeyError, ValueError, TypeError):
-                            continue
-                        if not flt.match(ev.id, ev.batch_id, ev.queue, ev.kind):
-                            continue
-                        if ev.state == JobState.ACTIVE and ev.progress is None and active.get(ev.id) == ev.attempt:
-                            need_progress.append(len(batch))  # active again, same attempt: a progress report
-                        if ev.state == JobState.ACTIVE:
-                            active[ev.id] = ev.attempt
-                        else:
-                            active.pop(ev.id, None)
-                        batch.append(ev)
+                need_progress = _notified(item, flt, active, batch)  # indexes into batch
                 if need_progress:
                     progress = await _progress_of(item.conn, sorted({batch[i].id for i in need_progress}))
                     for i in need_progress:
@@ -205,10 +151,10 @@ async def subscribe(
                             batch[i] = _with_progress(batch[i], progress[batch[i].id])
             elif isinstance(item, Connected):
                 if tracked:
-                    got = await snapshot(item.conn, full=True)
+                    got = await _snapshot(item.conn, True, flt, remaining, last, batch_id)
                     batch = got or []
             elif isinstance(item, Tick) and tracked:
-                got = await snapshot(item.conn, full=False)
+                got = await _snapshot(item.conn, False, flt, remaining, last, batch_id)
                 batch = got or []
             for ev in batch:
                 keep_going = note(ev)
@@ -220,6 +166,76 @@ async def subscribe(
     finally:
         with anyio.CancelScope(shield=True):
             await events.aclose()
+
+
+async def _snapshot(
+    conn: psycopg.AsyncConnection[Any],
+    full: bool,
+    flt: _Filter,
+    remaining: set[int] | None,
+    last: dict[int, tuple[str, int, str | None]],
+    batch_id: int | None,
+) -> list[StatusEvent] | None:
+    """Durable re-read of the watched jobs (``remaining`` is updated); the events for what changed (against
+    ``last``). None on a connection error."""
+    if full:
+        want_ids = sorted(remaining) if remaining is not None else []
+        live_only = False
+    else:
+        live = [i for i, (st, _, _) in last.items() if st not in _TERMINAL_TEXT]
+        want_ids = sorted(set(live) | (remaining or set()))
+        live_only = True
+    try:
+        cur = await conn.execute(_SNAPSHOT_SQL, (want_ids, batch_id, live_only))
+        rows = await cur.fetchall()
+    except (psycopg.OperationalError, psycopg.InterfaceError):
+        return None
+    out: list[StatusEvent] = []
+    seen: set[int] = set()
+    for id_, state, q, kind, attempt, b, progress in rows:
+        seen.add(id_)
+        if not flt.match(id_, b, q, kind):
+            if remaining is not None:
+                remaining.discard(id_)  # outside the queue/kinds filter: it will never be reported
+            continue
+        prev = last.get(id_)
+        cur_key = (state, attempt, None if progress is None else json.dumps(progress))
+        if prev == cur_key:
+            continue
+        out.append(StatusEvent(id_, JobState(state), q, kind, attempt, b, progress, True))
+    if remaining is not None:
+        for gone in [i for i in want_ids if i in remaining and i not in seen]:
+            remaining.discard(gone)  # no such job (never existed, or deleted): nothing to wait for
+    return out
+
+
+def _notified(item: Notifications, flt: _Filter, active: dict[int, int], batch: list[StatusEvent]) -> list[int]:
+    """Appends to ``batch`` the events of ``item`` that pass ``flt`` (``active``: the attempt of the jobs last
+    seen active, updated); returns the indexes of those that are progress reports without their progress."""
+    need_progress: list[int] = []
+    for channel, payload in item.items:
+        if channel != STATUS_CHANNEL:
+            continue
+        for e in _parse(payload):
+            try:
+                id_ = int(e["id"])
+                state = JobState(e["state"])
+                ev = StatusEvent(
+                    id_, state, str(e.get("queue")), str(e.get("kind")), int(e.get("attempt") or 0),
+                    e.get("batch_id"), e.get("progress"),
+                )  # fmt: skip
+            except (KeyError, ValueError, TypeError):
+                continue
+            if not flt.match(ev.id, ev.batch_id, ev.queue, ev.kind):
+                continue
+            if ev.state == JobState.ACTIVE and ev.progress is None and active.get(ev.id) == ev.attempt:
+                need_progress.append(len(batch))  # active again, same attempt: a progress report
+            if ev.state == JobState.ACTIVE:
+                active[ev.id] = ev.attempt
+            else:
+                active.pop(ev.id, None)
+            batch.append(ev)
+    return need_progress
 
 
 _TERMINAL_TEXT = frozenset(s.value for s in _TERMINAL)

@@ -232,7 +232,7 @@ def test_schedule_changes_are_notified(conn: psycopg.Connection[Any], connect: A
     upsert(conn, "c", code_defined=True)
     conn.execute("SELECT pgjobs.prune_code_schedules('{}')")
     conn.execute("SELECT pgjobs.remove_schedule('s')")
-    got = [n.payload for n in listener.notifies(timeout=2.0, stop_after=6)]
+    got = [n.payload for n in listener.notifies(timeout=30.0, stop_after=6)]  # (ends at the sixth)
     assert got == ["s", "s", "s", "c", "*", "s"]
 
 
@@ -352,7 +352,7 @@ def test_materialize_notifies_the_queue(conn: psycopg.Connection[Any], connect: 
     past = datetime.now(UTC) - timedelta(seconds=5)
     upsert(conn, "s", past, queue="mail")
     materialize(conn, "s", past, past + timedelta(minutes=1))
-    assert [n.payload for n in listener.notifies(timeout=2.0, stop_after=1)] == ["mail"]
+    assert [n.payload for n in listener.notifies(timeout=30.0, stop_after=1)] == ["mail"]
 
 
 # -- materialize_schedules (the scheduler's batch form) ----------------------------------------------------

@@ -36,6 +36,20 @@ def claim_one(conn: psycopg.Connection[Any], queue: str = "default") -> tuple[in
     return int(row[0]), row[1]
 
 
+async def listening(conn: psycopg.Connection[Any], n: int, timeout: float = 30) -> None:
+    """Until ``n`` subscribers LISTEN: their connections finished a first statement (a subscriber's first
+    is its LISTEN) and wait idle."""
+    with anyio.fail_after(timeout):
+        while True:
+            row = conn.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'pgjobs-subscribe'"
+                " AND datname = current_database() AND state = 'idle' AND query <> ''"
+            ).fetchone()
+            if row is not None and row[0] >= n:
+                return
+            await anyio.sleep(0.02)
+
+
 def shape(events: list[StatusEvent]) -> list[tuple[str, int, Any]]:
     return [(e.state.value, e.attempt, e.progress) for e in events]
 
@@ -149,7 +163,7 @@ def test_filters_by_queue_kind_and_batch(dsn: str, conn: psycopg.Connection[Any]
                     tg.start_soon(collect, client, by_queue, 3, {"queue": "q1"})
                     tg.start_soon(collect, client, by_kind, 3, {"kinds": ["k2"]})
                     tg.start_soon(collect, client, by_batch, 6, {"batch_id": batch})
-                    await anyio.sleep(0.5)  # all three LISTENing
+                    await listening(conn, 3)
                     for q, k in (("q1", "k1"), ("q2", "k2"), ("q3", "k3")):
                         enqueue(conn, k, queue=q)
                         i, tok = claim_one(conn, q)

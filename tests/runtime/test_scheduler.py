@@ -514,11 +514,26 @@ def test_a_tick_cancelled_mid_pass_loses_and_duplicates_nothing(
     blocker = connect(autocommit=False)
     blocker.execute("LOCK TABLE pgjobs.jobs IN SHARE MODE")
 
+    def insert_waits() -> bool:
+        row = conn.execute(
+            "SELECT EXISTS (SELECT 1 FROM pg_locks WHERE NOT granted AND relation = 'pgjobs.jobs'::regclass)"
+        ).fetchone()
+        return bool(row and row[0])
+
     async def main() -> None:
-        async with Scheduler(dsn, clock=clock) as scheduler:
-            with anyio.move_on_after(1.0) as scope:
-                await scheduler.tick()  # blocks on the job insert, after due_schedules and the UPDATE
-            assert scope.cancelled_caught
+        async with Scheduler(dsn, clock=clock) as scheduler, anyio.create_task_group() as tg:
+            scope = anyio.CancelScope()
+
+            async def tick() -> None:
+                with scope:
+                    await scheduler.tick()  # blocks on the job insert, after due_schedules and the UPDATE
+
+            tg.start_soon(tick)
+            with anyio.fail_after(30):  # cancelled once it waits there, however long it took to get there
+                while not insert_waits():
+                    await anyio.sleep(0.02)
+            scope.cancel()
+        assert scope.cancelled_caught
 
     anyio.run(main)
     blocker.rollback()

@@ -5,7 +5,6 @@ connection killed with pg_terminate_backend (the worker reconnects and keeps pro
 from __future__ import annotations
 
 import signal
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -90,7 +89,8 @@ def test_sigterm_releases_unfinished_jobs_with_the_attempt_refunded(
 ) -> None:
     quick = enqueue(conn, "sleep", {"seconds": 0.3})
     slow = [enqueue(conn, "sleep", {"seconds": 3600}) for _ in range(3)]
-    proc = start_worker(name="term", queues={"default": 10}, grace_period=1.5)
+    # "quick" needs 0.3 s of the grace period, also on a loaded machine
+    proc = start_worker(name="term", queues={"default": 10}, grace_period=4.0)
     wait_for(lambda: all(job_row(conn, j)[0] == "active" for j in [quick, *slow]), what="every job to be claimed")
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(30) == 0
@@ -121,7 +121,16 @@ def test_terminated_listen_connection_reconnects_and_keeps_processing(
     assert conn.execute("SELECT pg_terminate_backend(%s)", [old]).fetchone() == (True,)
     new = wait_for(lambda: (p := listen_pid()) is not None and p != old and p, what="the reconnected LISTEN")
     assert new != old
-    time.sleep(0.2)  # the worker is idle again, asleep until a notification
+    # the new connection LISTENs (its LISTENs done, it waits idle): the worker is asleep until a notification
+    wait_for(
+        lambda: (
+            conn.execute(
+                "SELECT state = 'idle' AND query LIKE 'LISTEN%%' FROM pg_stat_activity WHERE pid = %s", [new]
+            ).fetchone()
+            == (True,)
+        ),
+        what="the reconnected LISTEN to be in place",
+    )
     second = enqueue(conn, "noop")
     wait_for(lambda: job_row(conn, second)[0] == "succeeded", timeout=20, what="the job after the reconnect")
 

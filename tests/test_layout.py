@@ -7,7 +7,8 @@
   never imports ``cli`` or ``web``;
 * SQL text only in ``pgjobs/client/`` and ``pgjobs/ops/``: no string constant elsewhere that reads as a SQL
   statement or a call of a ``pgjobs.`` function (docstrings aside);
-* no module over 500 lines, no function over 80 lines.
+* no module over 500 lines, no function over 80 lines;
+* every repository file a module cites (``pgjobs/...py``, ``tests/...py`` ...) exists.
 """
 
 from __future__ import annotations
@@ -288,3 +289,18 @@ def test_module_and_function_sizes() -> None:
 def test_the_size_allow_list_names_existing_files() -> None:
     for pattern in SIZE_ALLOWED + SQL_ALLOWED:
         assert any(_allowed(_rel(p), (pattern,)) for p in PACKAGE.rglob("*")), f"{pattern} matches nothing"
+
+
+_CITED = re.compile(r"\b(?:pgjobs|tests|bench|sql|migrations)/[\w/.-]+\.(?:py|sql|plan)\b")
+
+
+def test_cited_files_exist() -> None:
+    """Docstrings and comments name files of the repository: each one is there (no leftover of a move)."""
+    missing = [
+        f"{_rel(path)}: {cited}"
+        for path in sorted(PACKAGE.rglob("*.py"))
+        if not _allowed(_rel(path), SIZE_ALLOWED)
+        for cited in _CITED.findall(path.read_text())
+        if not (ROOT / cited).exists()
+    ]
+    assert not missing, "files cited but not in the repository:\n" + "\n".join(missing)

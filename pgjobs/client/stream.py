@@ -2,7 +2,7 @@
 
 Every transition (and progress report) commits a small JSON notification on ``pgjobs_status`` (a single
 object, or an array of them when one call changed many jobs). A subscriber LISTENs on its own connection
-(``pgjobs/listen.py``: reconnects with backoff and jitter), filters, and yields :class:`StatusEvent` s.
+(``pgjobs/client/listen.py``: reconnects with backoff and jitter), filters, and yields :class:`StatusEvent` s.
 
 NOTIFY is not durable, so when the subscriber watches *known* jobs (``job_ids`` and/or ``batch_id``) it also
 re-reads their durable status (``pgjobs.status_snapshot``) when its connection (re)connects and every

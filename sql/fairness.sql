@@ -171,60 +171,809 @@ AS $$
                           AND j.group_key = _forget_group.group_key);
 $$;
 
--- Fair pick on one queue: up to `room` pending job ids, in pick order, each locked (the caller
--- leases them). `kinds` NULL: any kind; else only these kinds, at most quotas[i] of kinds[i].
--- `serialized`: the queue's claim lock is held (a queue with caps), so counts and ring are exact.
--- Without it (a fair queue without caps) claimers run side by side: every lock here is taken with
--- SKIP LOCKED, so nothing waits on another claimer, and a group whose cursor another claim holds
--- is served after the others (see the top of this file).
-CREATE OR REPLACE FUNCTION pgjobs._claim_fair(queue text, room int, kinds text[], quotas int[], serialized boolean,
-                                              OUT ids bigint[], OUT tids tid[])
+-- The pieces of the fair pick, called from _claim_fair (at the end of this part). Each one is a rule or
+-- race named at the top of this file; the state they share travels as arguments (arrays, the queue's
+-- settings and fair_queues rows), and each is called once per claim, per chunk of the ring or per batch
+-- of locks, except the two takers (_fair_take_ungrouped, _fair_take_again), called once per pick of U
+-- or of a group picked again. Under _claim_controlled they inherit its planner settings (generic plans,
+-- no JIT).
+
+-- Rule U, the ungrouped jobs' turn: the head of the queue's ungrouped work, looked for among the first
+-- 32 rows of the queue's claim order only (an all-grouped backlog is not read through to find none),
+-- passing the jobs this claim has picked (v_ids). NULLs when none is in sight.
+CREATE OR REPLACE FUNCTION pgjobs._fair_ungrouped_head(v_q text, v_open text[], v_ids bigint[],
+                                                       OUT hp int, OUT hr timestamptz, OUT hi bigint)
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pgjobs, pg_temp
+AS $$
+#variable_conflict use_column
+BEGIN
+    SELECT s.priority, s.run_at, s.id INTO hp, hr, hi
+      FROM (SELECT j.id, j.priority, j.run_at, j.group_key, j.kind
+              FROM jobs AS j
+             WHERE j.state = 'pending' AND j.queue = v_q AND j.id <> ALL (v_ids)
+             ORDER BY j.priority, j.run_at, j.id
+             LIMIT 32) AS s
+     WHERE s.group_key IS NULL AND (v_open IS NULL OR s.kind = ANY (v_open))
+     ORDER BY s.priority, s.run_at, s.id
+     LIMIT 1;
+END;
+$$;
+
+-- The fast path (Cost, last point): a fair queue without caps, no noisy group, no never-served cursor
+-- and no kind quota that can run out (the caller checks all that). The picks are then the first `room`
+-- groups of the ring whose cursor no other claim holds, one head each, in ring order: what the walk
+-- picks too, as long as each of those groups has a head and U's turn does not come before the last of
+-- them. Race: concurrent claimers read the same front of the ring; a cursor another claim holds (or
+-- rewrote since the read) is passed over by SKIP LOCKED within the statement, and heads are locked only
+-- once `room` free cursors are held (no heads locked for nothing). Returns the picks (ids, tids) when
+-- that filled the claim, having stamped the cursors and saved the queue's state; else ids NULL and the
+-- ring as read (r_*) with the cursors locked (r_locked), from which _fair_walk takes over: what was
+-- locked here is this claim's own and is found again (the served_seq values drawn are skipped: harmless).
+CREATE OR REPLACE FUNCTION pgjobs._fair_fast(v_q text, room int, v_open text[], v_ring_from bigint, v_limit int,
+                                             a_key text[], a_cnt int[], u_out boolean, u_seq bigint,
+                                             v_pos text, v_found boolean, v_productive boolean, u_empty boolean,
+                                             v_maxid bigint, v_quiet boolean,
+                                             OUT ids bigint[], OUT tids tid[], OUT r_key text[], OUT r_ctid tid[],
+                                             OUT r_seq bigint[], OUT r_act int[], OUT r_locked text[])
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pgjobs, pg_temp
 AS $$
 #variable_conflict use_column
 DECLARE
-    c_discover_steps CONSTANT int := 16;   -- groups the skip scan registers per claim
-    c_ungrouped_scan CONSTANT int := 32;   -- rows of the queue's claim order read to find ungrouped work
-    v_q       text := _claim_fair.queue;
-    v_cfg     queues;
-    v_open    text[] := kinds;             -- kinds still claimable in this call (NULL: any)
-    v_quota   int[] := quotas;
-    v_total   int;                         -- the queue's active jobs, picks of this call included
-    a_key     text[];                      -- active jobs per group at the start
-    a_cnt     int[];
-    v_ids     bigint[] := '{}';
-    v_fq      fair_queues;
-    v_disc    record;
-    v_pos     text;                        -- where the next claim's discovery resumes
-    v_lwm     bigint;                      -- lowest served_seq the walk met: the next ring_from
-    v_stamped text[] := '{}';              -- groups whose cursor this call has stamped
-    v_maxid   bigint;                      -- the highest job id now
-    v_quiet   boolean;                     -- no job inserted since the previous claim
-    v_refreshed boolean := false;          -- the second pass of a quiet claim that came up short
-    v_found   boolean;                     -- this round of the discovery sweep found new groups
-    v_productive boolean;                  -- the last complete round did
-    v_npicked1 int := 0;                   -- picks of groups whose cursor the batch stamped
-    v_unstamped boolean := false;          -- a group picked whose cursor is not stamped yet
-    v_seen    text[];
-    v_unserved boolean;                    -- some cursor has never been served (phase 0 has work)
-    v_top     int;                         -- the most active jobs of one group at the start
-    f_ids     bigint[];                    -- the fast path's picks (see below)
+    f_ids     bigint[];
     f_tids    tid[];
     f_ctids   tid[];
     f_seqs    bigint[];
     f_n       int;
     f_heads   int;
     f_last    bigint;
-    -- The walk over the ring: phase 0 reads the never-served cursors (served_seq = 0) in key
-    -- order, phase 1 the served ones from ring_from on in served_seq order, phase 2: done.
-    v_phase   int := 0;
+BEGIN
+    WITH ring AS (
+        SELECT c.group_key, c.served_seq, c.ctid AS tid
+          FROM group_cursors AS c
+         WHERE c.queue = v_q AND c.served_seq > 0 AND (c.served_seq, c.group_key) > (v_ring_from - 1, '')
+         ORDER BY c.served_seq, c.group_key
+         LIMIT least(2 * room + 16, v_limit)
+    ), lk AS (
+        SELECT x.group_key, x.served_seq, x.seq, c.tid
+          -- the served_seq values, drawn in ring order
+          FROM (SELECT ring.group_key, ring.served_seq, ring.tid, nextval('served_seq_seq') AS seq
+                  FROM ring) AS x
+         CROSS JOIN LATERAL (
+                -- a cursor another claim holds (or rewrote since the read) is passed over
+                SELECT c.ctid AS tid
+                  FROM group_cursors AS c
+                 WHERE c.ctid = x.tid AND c.queue = v_q AND c.group_key = x.group_key
+                   FOR UPDATE SKIP LOCKED) AS c
+         LIMIT room
+    ), r AS (
+        SELECT lk.served_seq, lk.seq, lk.tid, h.id, h.jtid
+          FROM lk
+          LEFT JOIN LATERAL (
+                SELECT j.id, j.ctid AS jtid
+                  FROM jobs AS j
+                 WHERE j.state = 'pending' AND j.queue = v_q AND j.group_key = lk.group_key
+                   AND (v_open IS NULL OR j.kind = ANY (v_open))
+                 ORDER BY j.priority, j.run_at, j.id
+                 LIMIT 1
+                   FOR UPDATE SKIP LOCKED) AS h ON true
+         -- too few groups free (concurrent claims hold the rest): no heads locked for nothing
+         WHERE (SELECT count(*) FROM lk) = room
+    )
+    SELECT array_agg(r.id), array_agg(r.jtid), array_agg(r.tid), array_agg(r.seq), count(*)::int,
+           count(r.id)::int, max(r.served_seq),
+           -- for the walk, if it takes over: the ring as read, and the cursors locked
+           (SELECT array_agg(ring.group_key) FROM ring), (SELECT array_agg(ring.tid) FROM ring),
+           (SELECT array_agg(ring.served_seq) FROM ring),
+           (SELECT array_agg(coalesce(a_cnt[array_position(a_key, ring.group_key)], 0)) FROM ring),
+           (SELECT array_agg(lk.group_key) FROM lk)
+          INTO f_ids, f_tids, f_ctids, f_seqs, f_n, f_heads, f_last, r_key, r_ctid, r_seq, r_act, r_locked
+          FROM r;
+    IF f_n = room AND f_heads = room AND (u_out OR u_seq > f_last) THEN
+        WITH stamp AS (
+            UPDATE group_cursors AS c
+               SET served_seq = s.seq, last_served_at = now()
+              FROM unnest(f_ctids, f_seqs) AS s(tid, seq)
+             WHERE c.ctid = s.tid AND c.ctid = ANY (f_ctids)
+        )
+        UPDATE fair_queues AS f
+           SET ring_from = greatest(f.ring_from, r_seq[1]),
+               discover_after = v_pos,
+               discover_found = v_found,
+               discover_productive = v_productive,
+               ungrouped_empty = coalesce(u_empty, f.ungrouped_empty),
+               seen_max_id = coalesce(v_maxid, 0),
+               quiet_claims = CASE WHEN v_quiet THEN f.quiet_claims + 1 ELSE 0 END,
+               updated_at = now()
+         WHERE f.queue = v_q
+           AND f.ctid = (SELECT x.ctid FROM fair_queues AS x WHERE x.queue = v_q FOR UPDATE SKIP LOCKED);
+        ids := f_ids;
+        tids := f_tids;
+    END IF;
+END;
+$$;
+
+-- The walk reads the ring a chunk at a time (Cost, first point): phase 0 the never-served cursors
+-- (served_seq = 0) in key order, ranked among themselves by their heads (rule 4), phase 1 the served
+-- ones from ring_from on in (served_seq, group_key) order (rule 3), phase 2: done. Appends what it read
+-- to L1 (the l1_* arrays) and moves the walk's boundary on; bounded work per claim (v_limit cursors).
+-- Race: on a queue without the claim lock, a cursor read already may have been stamped since by another
+-- call that committed meanwhile; v_seen keeps it from being read twice. Never-served groups with
+-- nothing to take now and nothing running lose their cursor (rule: cursors of groups without live work
+-- are deleted when the walk meets them).
+CREATE OR REPLACE FUNCTION pgjobs._fair_ring_chunk(v_q text, v_ring_from bigint, serialized boolean,
+                                                   v_refreshed boolean, v_chunk int, v_limit int, v_open text[],
+                                                   v_ids bigint[], a_key text[], a_cnt int[], v_stamped text[],
+                                                   INOUT v_phase int, INOUT v_bseq bigint, INOUT v_bkey text,
+                                                   INOUT v_first boolean, INOUT v_lwm bigint, INOUT v_walked int,
+                                                   INOUT l1_key text[], INOUT l1_ctid tid[], INOUT l1_seq bigint[],
+                                                   INOUT l1_act int[], INOUT l1_hp int[], INOUT l1_hr timestamptz[],
+                                                   INOUT l1_hi bigint[], INOUT l1_lid bigint[], INOUT l1_ltid tid[],
+                                                   INOUT l1_lkind text[], INOUT l1_done boolean[],
+                                                   INOUT l1_busy boolean[], INOUT l1_nseq bigint[],
+                                                   INOUT l1_oldat timestamptz[], INOUT l1_picked boolean[])
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pgjobs, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_k       int;
+    v_seen    text[];
+    l_key     text[];
+    l_ctid    tid[];
+    l_seq     bigint[];
+    l_act     int[];
+    l_hp      int[];
+    l_hr      timestamptz[];
+    l_hi      bigint[];
+    l_bkey    text;
+    l_dead    text[];
+BEGIN
+    IF v_phase = 0 THEN
+        WITH c AS (
+            SELECT c.group_key, c.ctid AS tid
+              FROM group_cursors AS c
+             WHERE c.queue = v_q AND c.served_seq = 0
+               AND c.group_key >= v_bkey AND (v_first OR c.group_key <> v_bkey)
+               AND (NOT v_refreshed OR c.group_key <> ALL (l1_key))
+             ORDER BY c.group_key
+             LIMIT v_chunk
+        ), r AS (
+            -- never-served groups tie on served_seq: their heads decide
+            SELECT c.group_key, c.tid, h.priority, h.run_at, h.id, coalesce(a.n, 0) AS act
+              FROM c
+              LEFT JOIN LATERAL (
+                    SELECT j.priority, j.run_at, j.id
+                      FROM jobs AS j
+                     WHERE j.state = 'pending' AND j.queue = v_q AND j.group_key = c.group_key
+                       AND (v_open IS NULL OR j.kind = ANY (v_open)) AND j.id <> ALL (v_ids)
+                     ORDER BY j.priority, j.run_at, j.id
+                     LIMIT 1) AS h ON true
+              LEFT JOIN unnest(a_key, a_cnt) AS a(k, n) ON a.k = c.group_key
+        )
+        -- (aggregates fed by one sorted subquery keep its order: one sort, not one per
+        -- ordered aggregate)
+        SELECT array_agg(r.group_key) FILTER (WHERE r.id IS NOT NULL),
+               array_agg(r.tid) FILTER (WHERE r.id IS NOT NULL),
+               array_agg(r.act) FILTER (WHERE r.id IS NOT NULL),
+               array_agg(r.priority) FILTER (WHERE r.id IS NOT NULL),
+               array_agg(r.run_at) FILTER (WHERE r.id IS NOT NULL),
+               array_agg(r.id) FILTER (WHERE r.id IS NOT NULL),
+               array_agg(r.group_key) FILTER (WHERE r.id IS NULL AND r.act = 0),
+               max(r.group_key),
+               count(*)::int
+          INTO l_key, l_ctid, l_act, l_hp, l_hr, l_hi, l_dead, l_bkey, v_k
+          FROM (SELECT * FROM r ORDER BY r.priority, r.run_at, r.id) AS r;
+        l_seq := array_fill(0::bigint, ARRAY[coalesce(cardinality(l_key), 0)]);
+        v_first := false;
+        IF v_k > 0 THEN
+            v_bkey := l_bkey;
+        END IF;
+        IF v_k < v_chunk THEN
+            -- on to the served part, from the lowest served_seq still live (the second
+            -- pass of a short claim reads only never-served groups: the rest was read)
+            v_phase := CASE WHEN v_refreshed THEN 2 ELSE 1 END;
+            v_bseq := v_ring_from - 1;
+            v_bkey := '';
+        END IF;
+    ELSE
+        v_seen := CASE WHEN serialized THEN v_stamped ELSE l1_key END;
+        -- (in the subquery's order: the aggregates read it as it comes, with no join between)
+        SELECT array_agg(c.group_key), array_agg(c.tid), array_agg(c.served_seq),
+               array_agg(coalesce(a_cnt[array_position(a_key, c.group_key)], 0)),
+               count(*)::int
+          INTO l_key, l_ctid, l_seq, l_act, v_k
+          FROM (SELECT c.group_key, c.served_seq, c.ctid AS tid
+                  FROM group_cursors AS c
+                 WHERE c.queue = v_q AND c.served_seq > 0
+                   AND (c.served_seq, c.group_key) > (v_bseq, v_bkey)
+                   -- read already, and stamped since (by this call; on a queue without the
+                   -- claim lock, maybe by another call that committed meanwhile)
+                   AND c.group_key <> ALL (v_seen)
+                 ORDER BY c.served_seq, c.group_key
+                 LIMIT v_chunk) AS c;
+        l_hp := NULL; l_hr := NULL; l_hi := NULL; l_dead := NULL;
+        IF v_k > 0 THEN
+            v_lwm := coalesce(v_lwm, l_seq[1]);
+            v_bseq := l_seq[v_k];
+            v_bkey := l_key[v_k];
+        END IF;
+        IF v_k < v_chunk THEN
+            v_phase := 2;
+        END IF;
+    END IF;
+    v_walked := v_walked + v_k;
+    IF v_walked >= v_limit THEN
+        v_phase := 2;   -- bounded work per claim; the rest of the ring waits for the next
+    END IF;
+    IF l_key IS NOT NULL THEN
+        l1_key := l1_key || l_key;
+        l1_ctid := l1_ctid || l_ctid;
+        l1_seq := l1_seq || l_seq;
+        l1_act := l1_act || l_act;
+        l1_hp := l1_hp || coalesce(l_hp, array_fill(NULL::int, ARRAY[cardinality(l_key)]));
+        l1_hr := l1_hr || coalesce(l_hr, array_fill(NULL::timestamptz, ARRAY[cardinality(l_key)]));
+        l1_hi := l1_hi || coalesce(l_hi, array_fill(NULL::bigint, ARRAY[cardinality(l_key)]));
+        l1_lid := l1_lid || array_fill(NULL::bigint, ARRAY[cardinality(l_key)]);
+        l1_ltid := l1_ltid || array_fill(NULL::tid, ARRAY[cardinality(l_key)]);
+        l1_lkind := l1_lkind || array_fill(NULL::text, ARRAY[cardinality(l_key)]);
+        l1_done := l1_done || array_fill(false, ARRAY[cardinality(l_key)]);
+        l1_busy := l1_busy || array_fill(false, ARRAY[cardinality(l_key)]);
+        l1_nseq := l1_nseq || array_fill(NULL::bigint, ARRAY[cardinality(l_key)]);
+        l1_oldat := l1_oldat || array_fill(NULL::timestamptz, ARRAY[cardinality(l_key)]);
+        l1_picked := l1_picked || array_fill(false, ARRAY[cardinality(l_key)]);
+    END IF;
+    -- never-served groups with nothing to take now and nothing running: drop the cursor
+    -- if nothing is waiting or scheduled either
+    IF l_dead IS NOT NULL THEN
+        PERFORM _forget_group(v_q, d.k) FROM unnest(l_dead) AS d(k);
+    END IF;
+END;
+$$;
+
+-- Lock-and-stamp (rule 3's stamp; Cost: a run of groups in one statement): the heads of the L1 entries
+-- from b_i on, as many as picks are left (v_left), each locked with its cursor, and the cursors of the
+-- groups whose head is taken stamped in the same statement with the served_seq they get (drawn in ring
+-- order). Race: a group's cursor is locked (SKIP LOCKED) for as long as this claim runs, so a cursor
+-- another claim holds means that claim is serving the group right now: this one serves it only once the
+-- other groups have had their turn (it is marked busy in l1_busy). Concurrent claimers thus spread over
+-- the groups although neither sees the other's picks. A cursor found held is passed over within the
+-- statement (the batch goes on down L1 until it holds as many cursors as picks are left): under
+-- concurrent claimers, who all read the same front of the ring, one statement instead of one per run of
+-- held cursors. A stamped group that ends up not picked gets its old stamp back (_fair_finish).
+CREATE OR REPLACE FUNCTION pgjobs._fair_lock_heads(v_q text, b_i int, v_left int, v_open text[], v_ids bigint[],
+                                                   l1_key text[], l1_ctid tid[],
+                                                   INOUT l1_done boolean[], INOUT l1_busy boolean[],
+                                                   INOUT l1_lid bigint[], INOUT l1_ltid tid[], INOUT l1_lkind text[],
+                                                   INOUT l1_nseq bigint[], INOUT l1_oldat timestamptz[],
+                                                   INOUT v_stamped text[])
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pgjobs, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_k       int;
+    v_j       int;
+    v_per     int;
+    l_ord     bigint[];
+    l_hi      bigint[];
+    l_key     text[];
+    l_at      timestamptz[];
+    l_tid     tid[];
+    l_seq     bigint[];
+BEGIN
+    v_k := cardinality(l1_key);
+    WITH r AS (
+        SELECT x.k, x.seq, x.ord, c.at, c.tid, h.id, h.kind, h.jtid
+          -- the served_seq values, drawn in ring order
+          FROM (SELECT u.k, u.ctid, u.ord, nextval('served_seq_seq') AS seq
+                  FROM unnest(l1_key[b_i:v_k], l1_ctid[b_i:v_k]) WITH ORDINALITY AS u(k, ctid, ord)) AS x
+         CROSS JOIN LATERAL (
+                -- by the ctid read with the ring: a cursor rewritten since (another
+                -- claim served the group meanwhile) is not found, and counts as held
+                SELECT c.last_served_at AS at, c.ctid AS tid
+                  FROM group_cursors AS c
+                 WHERE c.ctid = x.ctid AND c.queue = v_q AND c.group_key = x.k
+                   FOR UPDATE SKIP LOCKED) AS c
+          LEFT JOIN LATERAL (
+                SELECT j.id, j.kind, j.ctid AS jtid
+                  FROM jobs AS j
+                 WHERE j.state = 'pending' AND j.queue = v_q AND j.group_key = x.k
+                   AND (v_open IS NULL OR j.kind = ANY (v_open)) AND j.id <> ALL (v_ids)
+                 ORDER BY j.priority, j.run_at, j.id
+                 LIMIT 1
+                   FOR UPDATE SKIP LOCKED) AS h ON true
+         LIMIT v_left
+    ), stamp AS (
+        -- by ctid: the version just locked (no second walk of the key's index entries)
+        UPDATE group_cursors AS c
+           SET served_seq = r.seq, last_served_at = now()
+          FROM r
+         WHERE r.id IS NOT NULL AND c.ctid = r.tid
+           AND c.ctid = ANY (ARRAY(SELECT r2.tid FROM r AS r2 WHERE r2.id IS NOT NULL))
+        RETURNING 1
+    )
+    SELECT array_agg(r.ord), array_agg(r.id), array_agg(r.kind), array_agg(r.at),
+           array_agg(r.jtid), array_agg(r.seq), (SELECT count(*) FROM stamp)::int
+      INTO l_ord, l_hi, l_key, l_at, l_tid, l_seq, v_per
+      FROM (SELECT * FROM r ORDER BY r.ord) AS r;
+    -- the entries up to the last one held were looked at (all of them when the batch
+    -- came up short); those among them not held are held by another claim
+    IF coalesce(cardinality(l_ord), 0) >= v_left THEN
+        v_k := b_i - 1 + l_ord[cardinality(l_ord)]::int;
+    END IF;
+    v_j := 1;
+    FOR i IN b_i .. v_k LOOP
+        l1_done[i] := true;
+        IF v_j <= coalesce(cardinality(l_ord), 0) AND l_ord[v_j] = i - b_i + 1 THEN
+            l1_lid[i] := l_hi[v_j];
+            l1_ltid[i] := l_tid[v_j];
+            l1_lkind[i] := l_key[v_j];
+            IF l_hi[v_j] IS NOT NULL THEN
+                l1_nseq[i] := l_seq[v_j];
+                l1_oldat[i] := l_at[v_j];
+                v_stamped := v_stamped || l1_key[i];
+            END IF;
+            v_j := v_j + 1;
+        ELSE
+            l1_busy[i] := true;
+        END IF;
+    END LOOP;
+END;
+$$;
+
+-- U's pick (the ungrouped jobs take turns as one more member of the ring): the next row locked ahead
+-- for U (u_buf from u_bp on) whose kind is still open, else a new batch of U's share of the picks left
+-- (v_left over the v_rest members of the ring still to be served), the first ungrouped rows in the
+-- queue's claim order, locked with SKIP LOCKED (rows other claimers hold are passed). A row locked ahead
+-- and not taken stays locked until commit and is passed over by other claimers meanwhile: harmless.
+CREATE OR REPLACE FUNCTION pgjobs._fair_take_ungrouped(v_q text, v_open text[], v_ids bigint[], v_left int,
+                                                       v_rest int, INOUT u_buf bigint[], INOUT u_buftid tid[],
+                                                       INOUT u_bufkind text[], INOUT u_bp int, INOUT u_owned boolean,
+                                                       INOUT u_busy boolean, INOUT u_seq bigint, INOUT u_hi bigint,
+                                                       INOUT u_probed boolean, INOUT u_empty boolean,
+                                                       INOUT u_out boolean, INOUT u_served boolean,
+                                                       OUT v_id bigint, OUT v_tid tid, OUT v_kind text)
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pgjobs, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    c_ungrouped_scan CONSTANT int := 32;   -- rows of the queue's claim order read to find ungrouped work
+    v_k       int;
+BEGIN
+    IF NOT u_owned AND NOT u_busy THEN
+        -- Race: U's turn is recorded in the queue's fair_queues row: held by another claim, that
+        -- claim is serving U right now (as with a group's cursor): U goes to the back of the ring
+        PERFORM 1 FROM fair_queues AS f WHERE f.queue = v_q FOR UPDATE SKIP LOCKED;
+        u_owned := FOUND;
+        u_busy := NOT FOUND;
+        IF u_busy THEN
+            u_seq := nextval('served_seq_seq');
+            RETURN;
+        END IF;
+    END IF;
+    WHILE u_bp <= cardinality(u_buf) LOOP
+        u_bp := u_bp + 1;
+        IF v_open IS NULL OR u_bufkind[u_bp - 1] = ANY (v_open) THEN
+            v_id := u_buf[u_bp - 1];
+            v_tid := u_buftid[u_bp - 1];
+            v_kind := u_bufkind[u_bp - 1];
+            EXIT;
+        END IF;
+    END LOOP;
+    IF v_id IS NULL THEN
+        v_k := greatest(1, ceil(v_left::numeric / greatest(1, v_rest))::int);
+        WITH cand AS (
+            SELECT s.id
+              FROM (SELECT j.id, j.priority, j.run_at, j.group_key, j.kind
+                      FROM jobs AS j
+                     WHERE j.state = 'pending' AND j.queue = v_q AND j.id <> ALL (v_ids)
+                     ORDER BY j.priority, j.run_at, j.id
+                     LIMIT c_ungrouped_scan + v_k) AS s
+             WHERE s.group_key IS NULL AND (v_open IS NULL OR s.kind = ANY (v_open))
+        ), locked AS (
+            SELECT j.id, j.kind, j.priority, j.run_at, j.ctid AS jtid
+              FROM jobs AS j
+             WHERE j.id IN (SELECT cand.id FROM cand) AND j.state = 'pending'
+             ORDER BY j.priority, j.run_at, j.id
+             LIMIT v_k
+               FOR UPDATE SKIP LOCKED
+        )
+        SELECT array_agg(l.id), array_agg(l.kind), array_agg(l.jtid)
+          INTO u_buf, u_bufkind, u_buftid
+          FROM (SELECT * FROM locked ORDER BY locked.priority, locked.run_at, locked.id) AS l;
+        u_buf := coalesce(u_buf, '{}');
+        u_bufkind := coalesce(u_bufkind, '{}');
+        u_buftid := coalesce(u_buftid, '{}');
+        u_bp := 1;
+        IF cardinality(u_buf) > 0 THEN
+            u_bp := 2;
+            v_id := u_buf[1];
+            v_tid := u_buftid[1];
+            v_kind := u_bufkind[1];
+        END IF;
+    END IF;
+    u_seq := nextval('served_seq_seq');
+    u_hi := NULL;
+    u_probed := true;
+    u_empty := v_id IS NULL;
+    IF v_id IS NULL THEN
+        -- nothing ungrouped in sight: U takes its turn at the back of the ring
+        u_out := true;
+        RETURN;
+    END IF;
+    u_served := true;
+END;
+$$;
+
+-- The pick of a group picked before in this call (rule 3: it went to the back of the ring), a noisy one
+-- (rules 1 and 2), or one whose kind ran out since its head was locked: a row locked ahead for it
+-- (pf_*: a row's pf_key is NULLed once used) whose kind is still open, else a new batch: its share of
+-- the picks left, for it and the groups after it in L2 that have none locked ahead. Rows locked with
+-- SKIP LOCKED; one locked ahead and not taken stays locked until commit: harmless.
+CREATE OR REPLACE FUNCTION pgjobs._fair_take_again(v_q text, v_key text, v_open text[], v_ids bigint[],
+                                                   v_left int, v_rest int, b_src int, b_i int,
+                                                   l2_key text[], l2_out boolean[],
+                                                   INOUT pf_key text[], INOUT pf_id bigint[], INOUT pf_tid tid[],
+                                                   INOUT pf_kind text[],
+                                                   OUT v_id bigint, OUT v_tid tid, OUT v_kind text)
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pgjobs, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_k       int;
+    v_per     int;
+    l_key     text[];
+    l_dead    text[];
+    l_hi      bigint[];
+    l_lkind   text[];
+    l_tid     tid[];
+BEGIN
+    LOOP
+        v_k := array_position(pf_key, v_key);
+        EXIT WHEN v_k IS NULL;
+        pf_key[v_k] := NULL;
+        IF v_open IS NULL OR pf_kind[v_k] = ANY (v_open) THEN
+            v_id := pf_id[v_k];
+            v_tid := pf_tid[v_k];
+            v_kind := pf_kind[v_k];
+            EXIT;
+        END IF;
+    END LOOP;
+    IF v_id IS NULL THEN
+        v_per := greatest(1, ceil(v_left::numeric / greatest(1, v_rest))::int);
+        l_key := ARRAY[v_key];
+        IF b_src = 4 THEN
+            FOR i IN b_i + 1 .. cardinality(l2_key) LOOP
+                EXIT WHEN cardinality(l_key) >= v_left;
+                CONTINUE WHEN l2_out[i] OR l2_key[i] = ANY (l_key) OR l2_key[i] = ANY (pf_key);
+                l_key := l_key || l2_key[i];
+            END LOOP;
+        END IF;
+        SELECT array_agg(y.k), array_agg(y.id), array_agg(y.kind), array_agg(y.jtid)
+          INTO l_dead, l_hi, l_lkind, l_tid
+          FROM (SELECT x.k, h.id, h.kind, h.jtid
+                  FROM unnest(l_key) WITH ORDINALITY AS x(k, ord)
+                 CROSS JOIN LATERAL (
+                       SELECT j.id, j.kind, j.priority, j.run_at, j.ctid AS jtid
+                         FROM jobs AS j
+                        WHERE j.state = 'pending' AND j.queue = v_q AND j.group_key = x.k
+                          AND (v_open IS NULL OR j.kind = ANY (v_open)) AND j.id <> ALL (v_ids)
+                          AND j.id <> ALL (pf_id)
+                        ORDER BY j.priority, j.run_at, j.id
+                        LIMIT v_per
+                          FOR UPDATE SKIP LOCKED) AS h
+                 ORDER BY x.ord, h.priority, h.run_at, h.id) AS y;
+        IF l_hi IS NOT NULL THEN
+            pf_key := pf_key || l_dead;
+            pf_id := pf_id || l_hi;
+            pf_tid := pf_tid || l_tid;
+            pf_kind := pf_kind || l_lkind;
+            v_k := array_position(pf_key, v_key);
+            IF v_k IS NOT NULL THEN
+                pf_key[v_k] := NULL;
+                v_id := pf_id[v_k];
+                v_tid := pf_tid[v_k];
+                v_kind := pf_kind[v_k];
+            END IF;
+        END IF;
+    END IF;
+END;
+$$;
+
+-- The state update at the end of a walked claim (rule 3's stamps, the ring's low-water mark, the
+-- discovery sweep's position, U's place). Groups stamped ahead by a batch but not picked after all (the
+-- call filled up first, or the group turned out noisy) get their old place in the ring back; the other
+-- served groups are stamped with the last served_seq each got in this call. Race: a cursor another
+-- claimer holds right now is left to it (it has just served that group too), and so is the fair_queues
+-- row (SKIP LOCKED: that claim is saving the state too).
+CREATE OR REPLACE FUNCTION pgjobs._fair_finish(v_q text, v_nstamped int, v_npicked1 int, l1_key text[],
+                                               l1_seq bigint[], l1_oldat timestamptz[], l1_nseq bigint[],
+                                               l1_picked boolean[], v_unstamped boolean, l2_key text[],
+                                               l2_seq bigint[], l2_pick boolean[], l2_wrote boolean[],
+                                               u_seq bigint, u_served boolean, v_lwm bigint, v_pos text,
+                                               v_found boolean, v_productive boolean, u_empty boolean,
+                                               v_maxid bigint, v_quiet boolean)
+RETURNS void
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pgjobs, pg_temp
+AS $$
+#variable_conflict use_column
+BEGIN
+    IF v_nstamped > v_npicked1 THEN
+        UPDATE group_cursors AS c
+           SET served_seq = r.seq, last_served_at = r.at
+          FROM unnest(l1_key, l1_seq, l1_oldat, l1_nseq, l1_picked) AS r(k, seq, at, nseq, picked)
+         WHERE r.nseq IS NOT NULL AND NOT r.picked AND c.queue = v_q AND c.group_key = r.k;
+    END IF;
+    -- Stamp the other served groups with the last served_seq each got in this call. A cursor
+    -- another claimer holds right now is left to it (it has just served that group too).
+    IF v_unstamped THEN
+        WITH s AS (
+            SELECT DISTINCT ON (x.k) x.k, x.seq, x.wrote
+              FROM unnest(l2_key, l2_seq, l2_pick, l2_wrote) AS x(k, seq, picked, wrote)
+             WHERE x.picked
+             ORDER BY x.k, x.seq DESC
+        ), lk AS (
+            SELECT c.group_key FROM group_cursors AS c
+             WHERE c.queue = v_q AND c.group_key IN (SELECT s.k FROM s WHERE NOT s.wrote)
+             ORDER BY c.group_key
+               FOR UPDATE SKIP LOCKED
+        )
+        UPDATE group_cursors AS c
+           SET last_served_at = now(), served_seq = greatest(c.served_seq, s.seq)
+          FROM s JOIN lk ON lk.group_key = s.k
+         WHERE c.queue = v_q AND c.group_key = s.k;
+    END IF;
+    UPDATE fair_queues AS f
+       SET ungrouped_seq = u_seq,
+           ungrouped_served_at = CASE WHEN u_served THEN now() ELSE f.ungrouped_served_at END,
+           ring_from = greatest(f.ring_from, coalesce(v_lwm, f.ring_from)),
+           discover_after = v_pos,
+           discover_found = v_found,
+           discover_productive = v_productive,
+           ungrouped_empty = coalesce(u_empty, f.ungrouped_empty),
+           seen_max_id = coalesce(v_maxid, 0),
+           quiet_claims = CASE WHEN v_quiet THEN f.quiet_claims + 1 ELSE 0 END,
+           updated_at = now()
+     WHERE f.queue = v_q
+       AND f.ctid = (SELECT x.ctid FROM fair_queues AS x WHERE x.queue = v_q FOR UPDATE SKIP LOCKED);
+END;
+$$;
+
+-- Discovery (Cost, second point): a sweep of up to `steps` groups from v_pos (the incremental skip scan
+-- of _discover_groups), and the sweep's state: a sweep that ran out of groups starts from the first one
+-- next time, and whether the last complete round found new groups (a quiet claim sweeps while they do).
+-- Race: on a queue without the claim lock, one discoverer at a time: the others skip it rather than wait.
+CREATE OR REPLACE FUNCTION pgjobs._fair_sweep(v_q text, serialized boolean, steps int, INOUT v_pos text,
+                                              INOUT v_found boolean, INOUT v_productive boolean)
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pgjobs, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_disc    record;
+BEGIN
+    IF serialized OR pg_try_advisory_xact_lock(hashtextextended('pgjobs.discover:' || v_q, 0)) THEN
+        v_disc := _discover_groups(v_q, v_pos, steps);
+        v_found := v_found OR v_disc.added > 0;
+        -- a sweep that ran out of groups starts from the first one next time
+        v_pos := CASE WHEN v_disc.met < steps THEN NULL ELSE v_disc.last_key END;
+        IF v_pos IS NULL THEN
+            v_productive := v_found;
+            v_found := false;
+        END IF;
+    END IF;
+END;
+$$;
+
+-- The walk taking over from the fast path: L1 starts as the ring _fair_fast read (its first chunk), every
+-- cursor tried and not locked already known as held by another claim (race: another claim is serving
+-- that group, which goes after the others), the boundary after what was read.
+CREATE OR REPLACE FUNCTION pgjobs._fair_walk_start(room int, v_limit int, l_key text[], l_ctid tid[], l_seq bigint[],
+                                                   l_act int[], l_dead text[], INOUT v_phase int,
+                                                   INOUT v_bseq bigint, INOUT v_bkey text, OUT v_lwm bigint,
+                                                   OUT v_walked int, OUT l1_key text[], OUT l1_ctid tid[],
+                                                   OUT l1_seq bigint[], OUT l1_act int[], OUT l1_hp int[],
+                                                   OUT l1_hr timestamptz[], OUT l1_hi bigint[], OUT l1_lid bigint[],
+                                                   OUT l1_ltid tid[], OUT l1_lkind text[], OUT l1_done boolean[],
+                                                   OUT l1_busy boolean[], OUT l1_nseq bigint[],
+                                                   OUT l1_oldat timestamptz[], OUT l1_picked boolean[])
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pgjobs, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_k       int;
+    v_j       int;
+BEGIN
+    v_k := cardinality(l_key);
+    l1_key := l_key;
+    l1_ctid := l_ctid;
+    l1_seq := l_seq;
+    l1_act := l_act;
+    l1_hp := array_fill(NULL::int, ARRAY[v_k]);
+    l1_hr := array_fill(NULL::timestamptz, ARRAY[v_k]);
+    l1_hi := array_fill(NULL::bigint, ARRAY[v_k]);
+    l1_lid := array_fill(NULL::bigint, ARRAY[v_k]);
+    l1_ltid := array_fill(NULL::tid, ARRAY[v_k]);
+    l1_lkind := array_fill(NULL::text, ARRAY[v_k]);
+    l1_done := array_fill(false, ARRAY[v_k]);
+    l1_busy := array_fill(false, ARRAY[v_k]);
+    l1_nseq := array_fill(NULL::bigint, ARRAY[v_k]);
+    l1_oldat := array_fill(NULL::timestamptz, ARRAY[v_k]);
+    l1_picked := array_fill(false, ARRAY[v_k]);
+    -- tried: all of the ring when fewer than `room` were locked, else up to the last locked
+    v_j := CASE WHEN coalesce(cardinality(l_dead), 0) < room THEN v_k
+                ELSE array_position(l_key, l_dead[cardinality(l_dead)]) END;
+    FOR i IN 1 .. v_j LOOP
+        IF NOT l1_key[i] = ANY (coalesce(l_dead, '{}')) THEN
+            l1_done[i] := true;
+            l1_busy[i] := true;
+        END IF;
+    END LOOP;
+    v_lwm := l1_seq[1];
+    v_walked := v_k;
+    IF v_k < least(2 * room + 16, v_limit) THEN
+        v_phase := 2;   -- the whole ring was read
+    ELSE
+        v_bseq := l1_seq[v_k];
+        v_bkey := l1_key[v_k];
+    END IF;
+END;
+$$;
+
+-- One pick's ranking (rules 1-4): the best non-noisy candidate among the front of L1, U, the noisy groups
+-- that are not noisy any more, and the first non-noisy group picked earlier in this call: lowest
+-- served_seq first; never-served ties go to the better head; when only noisy groups have work left, fewer
+-- active jobs first, then least recently served. The front of L1 is passed first: a group at its cap
+-- cannot be picked in this call; a noisy one moves to N. b_src: 0 when L1 is used up and the ring has
+-- more (the walk reads the next chunk first: the best candidate always lies within what was read, since
+-- every cursor not read yet comes later in the ring), 1 L1, 2 U, 3 N, 4 L2, NULL: nothing left.
+CREATE OR REPLACE FUNCTION pgjobs._fair_rank(v_q text, v_cap_group int, v_noisy_min int, v_noisy_share real,
+                                             v_total int, v_open text[], v_ids bigint[],
+                                             v_phase int, l1_key text[], l1_seq bigint[], l1_act int[],
+                                             l1_hp int[], l1_hr timestamptz[], l1_hi bigint[], l2_key text[],
+                                             l2_seq bigint[], l2_act int[], INOUT p1 int, INOUT p2 int,
+                                             INOUT l2_out boolean[], INOUT n_key text[], INOUT n_seq bigint[],
+                                             INOUT n_act int[], INOUT n_out boolean[], INOUT u_out boolean,
+                                             INOUT u_seq bigint, INOUT u_probed boolean, INOUT u_empty boolean,
+                                             INOUT u_hp int, INOUT u_hr timestamptz, INOUT u_hi bigint,
+                                             OUT b_src int, OUT b_i int, OUT b_seq bigint)
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pgjobs, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_act     int;
+    b_act     int;
+    b_hp      int;
+    b_hr      timestamptz;
+    b_hi      bigint;
+BEGIN
+    -- (An L1 group not picked yet keeps its active count, and the noisy threshold only rises as this
+    -- call leases jobs: a group that passes stays good.)
+    WHILE p1 <= cardinality(l1_key) LOOP
+        v_act := l1_act[p1];
+        IF v_act >= v_cap_group THEN
+            p1 := p1 + 1;
+        ELSIF v_act >= v_noisy_min AND v_act > v_noisy_share * v_total THEN
+            n_key := n_key || l1_key[p1];
+            n_seq := n_seq || l1_seq[p1];
+            n_act := n_act || v_act;
+            n_out := n_out || false;
+            p1 := p1 + 1;
+        ELSE
+            EXIT;
+        END IF;
+    END LOOP;
+    IF p1 > cardinality(l1_key) AND v_phase < 2 THEN
+        b_src := 0;
+        RETURN;
+    END IF;
+    b_src := NULL;
+    IF p1 <= cardinality(l1_key) THEN
+        b_src := 1; b_i := p1; b_seq := l1_seq[p1];
+        b_hp := l1_hp[p1]; b_hr := l1_hr[p1]; b_hi := l1_hi[p1];
+    END IF;
+    IF NOT u_out AND (b_src IS NULL OR u_seq <= b_seq) THEN
+        IF u_seq = 0 AND b_src IS NOT NULL AND b_seq = 0 AND NOT u_probed THEN
+            -- a tie between never-served: compare heads
+            SELECT h.hp, h.hr, h.hi INTO u_hp, u_hr, u_hi FROM _fair_ungrouped_head(v_q, v_open, v_ids) AS h;
+            u_probed := true;
+            u_empty := u_hi IS NULL;
+            IF u_hi IS NULL THEN
+                -- Nothing ungrouped in sight: the pseudo-group goes to the back of the ring,
+                -- so an all-grouped queue looks for ungrouped work once per round.
+                u_out := true;
+                u_seq := nextval('served_seq_seq');
+            END IF;
+        END IF;
+        IF NOT u_out AND (b_src IS NULL OR u_seq < b_seq
+                          OR (u_hi IS NOT NULL AND (u_hp, u_hr, u_hi) < (b_hp, b_hr, b_hi))) THEN
+            b_src := 2; b_seq := u_seq;
+        END IF;
+    END IF;
+    FOR i IN 1 .. cardinality(n_key) LOOP
+        CONTINUE WHEN n_out[i];
+        CONTINUE WHEN n_act[i] >= v_noisy_min AND n_act[i] > v_noisy_share * v_total;
+        IF b_src IS NULL OR n_seq[i] < b_seq THEN
+            b_src := 3; b_i := i; b_seq := n_seq[i];
+        END IF;
+    END LOOP;
+    WHILE p2 <= cardinality(l2_key) AND l2_out[p2] LOOP
+        p2 := p2 + 1;
+    END LOOP;
+    FOR i IN p2 .. cardinality(l2_key) LOOP
+        CONTINUE WHEN l2_out[i];
+        IF l2_act[i] >= v_cap_group THEN
+            l2_out[i] := true;   -- at its cap: out for the rest of this call
+            CONTINUE;
+        END IF;
+        CONTINUE WHEN l2_act[i] >= v_noisy_min AND l2_act[i] > v_noisy_share * v_total;
+        IF b_src IS NULL OR l2_seq[i] < b_seq THEN
+            b_src := 4; b_i := i; b_seq := l2_seq[i];
+        END IF;
+        EXIT;
+    END LOOP;
+
+    IF b_src IS NULL THEN
+        -- Only noisy groups have work left: fewer active jobs first, then least recently served.
+        FOR i IN 1 .. cardinality(n_key) LOOP
+            CONTINUE WHEN n_out[i];
+            IF b_src IS NULL OR (n_act[i], n_seq[i]) < (b_act, b_seq) THEN
+                b_src := 3; b_i := i; b_act := n_act[i]; b_seq := n_seq[i];
+            END IF;
+        END LOOP;
+        FOR i IN p2 .. cardinality(l2_key) LOOP
+            CONTINUE WHEN l2_out[i];
+            IF b_src IS NULL OR (l2_act[i], l2_seq[i]) < (b_act, b_seq) THEN
+                b_src := 4; b_i := i; b_act := l2_act[i]; b_seq := l2_seq[i];
+            END IF;
+        END LOOP;
+    END IF;
+END;
+$$;
+
+-- The pick-by-pick walk (rules 1-4, one pick at a time; each pick re-ranks the groups), from the ring
+-- as _fair_fast read it (l_*; NULL when the fast path did not run). The best candidate of a pick is
+-- among: the front of L1 (the ring as read, in ring order), U (the ungrouped jobs), N (groups found
+-- noisy: rule 1, ranked by rule 2 once only noisy ones are left) and L2 (the groups picked in this call,
+-- in pick order: back of the ring). A quiet claim that comes up short sweeps again (longer) and goes on
+-- with what that finds. The queue's state is saved at the end (_fair_finish).
+CREATE OR REPLACE FUNCTION pgjobs._fair_walk(v_q text, room int, kinds text[], quotas int[], serialized boolean,
+                                             v_cap_group int, v_noisy_min int, v_noisy_share real,
+                                             v_ring_from bigint, v_ungrouped_seq bigint, v_total int,
+                                             a_key text[], a_cnt int[], v_maxid bigint, v_quiet boolean,
+                                             v_pos text, v_found boolean,
+                                             v_productive boolean, u_out boolean, u_probed boolean,
+                                             u_empty boolean, u_hp int, u_hr timestamptz, u_hi bigint,
+                                             v_unserved boolean, v_chunk int, v_limit int, l_key text[],
+                                             l_ctid tid[], l_seq bigint[], l_act int[], l_dead text[],
+                                             OUT ids bigint[], OUT tids tid[])
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pgjobs, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    c_discover_steps CONSTANT int := 16;   -- groups the skip scan registers per claim
+    v_open    text[] := kinds;             -- kinds still claimable in this call (NULL: any)
+    v_quota   int[] := quotas;
+    v_ids     bigint[] := '{}';
+    v_tids    tid[] := '{}';
+    v_lwm     bigint;                      -- lowest served_seq the walk met: the next ring_from
+    v_stamped text[] := '{}';              -- groups whose cursor this call has stamped
+    v_refreshed boolean := false;          -- the second pass of a quiet claim that came up short
+    v_npicked1 int := 0;                   -- picks of groups whose cursor the batch stamped
+    v_unstamped boolean := false;          -- a group picked whose cursor is not stamped yet
+    v_phase   int := 0;                    -- 0: never-served cursors, 1: served ones, 2: done
     v_bseq    bigint;                      -- the walk's boundary: the last (served_seq, group_key) read
     v_bkey    text := '';
     v_first   boolean := true;
     v_walked  int := 0;
-    v_chunk   int := least(greatest(room, 16), 256);
-    v_limit   int := 1000 + 4 * room;      -- cursors one claim may read
     -- L1: cursors read, in ring order (never-served ones of a chunk by head), consumed from p1.
     l1_key    text[] := '{}';
     l1_seq    bigint[] := '{}';
@@ -235,19 +984,12 @@ DECLARE
     l1_lid    bigint[] := '{}';            -- the head locked for the entry (batch), or NULL
     l1_ltid   tid[] := '{}';               -- its ctid (the lease reads the rows by ctid)
     l1_ctid   tid[] := '{}';               -- the ctid of the entry's cursor as read
-    l_ctid    tid[];
-    v_tids    tid[] := '{}';
-    v_tid     tid;
-    l_tid     tid[];
     l1_lkind  text[] := '{}';
     l1_done   boolean[] := '{}';           -- its head was looked for
     l1_busy   boolean[] := '{}';           -- its cursor is held by another claim
     l1_nseq   bigint[] := '{}';            -- the served_seq stamped on its cursor by the batch
     l1_oldat  timestamptz[] := '{}';       -- the cursor's last_served_at before that
     l1_picked boolean[] := '{}';
-    l_at      timestamptz[];
-    l_ord     bigint[];
-    v_j       int;
     p1        int := 1;
     -- rows locked ahead for groups picked again: pf_key is NULLed once a row is used
     pf_key    text[] := '{}';
@@ -259,8 +1001,6 @@ DECLARE
     u_bufkind text[] := '{}';
     u_bp      int := 1;
     v_left    int;
-    v_per     int;
-    l_lkind   text[];
     -- N: groups the walk found noisy (fewer than 1 / noisy_share of them).
     n_key     text[] := '{}';
     n_seq     bigint[] := '{}';
@@ -275,37 +1015,231 @@ DECLARE
     l2_wrote  boolean[] := '{}';           -- its served_seq is already stamped on the cursor
     p2        int := 1;
     -- U: the ungrouped jobs' pseudo-group.
-    u_seq     bigint;
-    u_out     boolean := false;
+    u_seq     bigint := v_ungrouped_seq;
     u_served  boolean := false;
-    u_hp      int;
-    u_hr      timestamptz;
-    u_hi      bigint;
-    u_probed  boolean := false;
-    u_empty   boolean;                     -- what the last look for ungrouped work in this call found
     u_owned   boolean := false;            -- this claim holds the fair_queues row
     u_busy    boolean := false;            -- another claim does
     -- the best candidate of a pick: 1 L1, 2 U, 3 N, 4 L2
     b_src     int;
     b_i       int;
     b_seq     bigint;
-    b_act     int;
-    b_hp      int;
-    b_hr      timestamptz;
-    b_hi      bigint;
     v_key     text;
     v_act     int;
     v_id      bigint;
+    v_tid     tid;
     v_kind    text;
     v_k       int;
-    v_next    bigint;
-    l_key     text[];
+BEGIN
+    IF NOT v_unserved THEN
+        -- no never-served cursor: the walk starts on the served part
+        v_phase := 1;
+        v_bseq := v_ring_from - 1;
+    END IF;
+    IF l_key IS NOT NULL THEN
+        SELECT * INTO v_phase, v_bseq, v_bkey, v_lwm, v_walked, l1_key, l1_ctid, l1_seq, l1_act, l1_hp, l1_hr, l1_hi,
+                      l1_lid, l1_ltid, l1_lkind, l1_done, l1_busy, l1_nseq, l1_oldat, l1_picked
+          FROM _fair_walk_start(room, v_limit, l_key, l_ctid, l_seq, l_act, l_dead, v_phase, v_bseq, v_bkey);
+    END IF;
+
+    <<passes>>
+    LOOP
+    <<picks>>
+    WHILE cardinality(v_ids) < room LOOP
+        SELECT * INTO p1, p2, l2_out, n_key, n_seq, n_act, n_out, u_out, u_seq, u_probed, u_empty, u_hp, u_hr, u_hi,
+                      b_src, b_i, b_seq
+          FROM _fair_rank(v_q, v_cap_group, v_noisy_min, v_noisy_share, v_total, v_open, v_ids, v_phase, l1_key,
+                          l1_seq, l1_act, l1_hp, l1_hr, l1_hi,
+                          l2_key, l2_seq, l2_act, p1, p2, l2_out, n_key, n_seq, n_act, n_out, u_out, u_seq, u_probed,
+                          u_empty, u_hp, u_hr, u_hi);
+        -- L1 used up: read the next chunk of the ring first. The best candidate always lies
+        -- within what was read, since every cursor not read yet comes later in the ring.
+        IF b_src = 0 THEN
+            SELECT * INTO v_phase, v_bseq, v_bkey, v_first, v_lwm, v_walked, l1_key, l1_ctid, l1_seq, l1_act,
+                          l1_hp, l1_hr, l1_hi, l1_lid, l1_ltid, l1_lkind, l1_done, l1_busy, l1_nseq, l1_oldat,
+                          l1_picked
+              FROM _fair_ring_chunk(v_q, v_ring_from, serialized, v_refreshed, v_chunk, v_limit, v_open, v_ids, a_key,
+                                    a_cnt, v_stamped, v_phase, v_bseq, v_bkey, v_first, v_lwm, v_walked, l1_key,
+                                    l1_ctid, l1_seq, l1_act, l1_hp, l1_hr, l1_hi, l1_lid, l1_ltid, l1_lkind,
+                                    l1_done, l1_busy, l1_nseq, l1_oldat, l1_picked);
+            CONTINUE picks;
+        END IF;
+
+        EXIT picks WHEN b_src IS NULL;
+
+        -- Take the chosen group's head, locked (SKIP LOCKED passes rows other transactions hold).
+        -- Heads are locked ahead, a batch per statement: for a run of L1 entries, as many as
+        -- picks are left; for a group picked again (or U), its share of the picks left. A row
+        -- locked ahead and then not taken (the ranking went elsewhere, or its kind ran out) stays
+        -- locked until commit and is passed over by other claimers meanwhile: harmless.
+        v_id := NULL;
+        v_tid := NULL;
+        v_left := room - cardinality(v_ids);
+        IF b_src = 1 THEN
+            v_key := l1_key[b_i];
+            IF NOT l1_done[b_i] THEN
+                -- lock-and-stamp a run of L1 from here (see _fair_lock_heads)
+                SELECT * INTO l1_done, l1_busy, l1_lid, l1_ltid, l1_lkind, l1_nseq, l1_oldat, v_stamped
+                  FROM _fair_lock_heads(v_q, b_i, v_left, v_open, v_ids, l1_key, l1_ctid, l1_done, l1_busy,
+                                        l1_lid, l1_ltid, l1_lkind, l1_nseq, l1_oldat, v_stamped);
+            END IF;
+            p1 := p1 + 1;
+            v_act := l1_act[b_i];
+            IF l1_busy[b_i] THEN
+                -- being served by another claim: to the back of the ring, not taken now
+                l2_key := l2_key || v_key;
+                l2_seq := l2_seq || nextval('served_seq_seq');
+                l2_act := l2_act || v_act;
+                l2_out := l2_out || false;
+                l2_pick := l2_pick || false;
+                l2_wrote := l2_wrote || false;
+                CONTINUE picks;
+            ELSIF l1_lid[b_i] IS NOT NULL AND (v_open IS NULL OR l1_lkind[b_i] = ANY (v_open)) THEN
+                v_id := l1_lid[b_i];
+                v_tid := l1_ltid[b_i];
+                v_kind := l1_lkind[b_i];
+                l1_picked[b_i] := true;
+                v_npicked1 := v_npicked1 + 1;
+            ELSIF l1_lid[b_i] IS NOT NULL THEN
+                v_key := v_key;   -- its kind ran out meanwhile: look again below
+            ELSE
+                -- nothing to take: drop the cursor if the group has no live work at all
+                IF v_act = 0 THEN
+                    PERFORM _forget_group(v_q, v_key);
+                END IF;
+                CONTINUE picks;
+            END IF;
+        ELSIF b_src = 3 THEN
+            v_key := n_key[b_i];
+            n_out[b_i] := true;
+            v_act := n_act[b_i];
+        ELSIF b_src = 4 THEN
+            v_key := l2_key[b_i];
+            l2_out[b_i] := true;
+            v_act := l2_act[b_i];
+        END IF;
+
+        IF b_src = 2 THEN
+            SELECT * INTO u_buf, u_buftid, u_bufkind, u_bp, u_owned, u_busy, u_seq, u_hi, u_probed, u_empty, u_out,
+                          u_served, v_id, v_tid, v_kind
+              FROM _fair_take_ungrouped(v_q, v_open, v_ids, v_left,
+                                        cardinality(l2_key) - p2 + 1 + cardinality(l1_key) - p1 + 1, u_buf, u_buftid,
+                                        u_bufkind, u_bp, u_owned, u_busy, u_seq, u_hi, u_probed, u_empty, u_out,
+                                        u_served);
+            CONTINUE picks WHEN v_id IS NULL;
+        ELSIF v_id IS NULL THEN
+            -- a group picked before in this call, a noisy one, or one whose kind ran out: its rows
+            -- locked ahead, else a new batch, for it and the groups after it in L2 that have none
+            SELECT * INTO pf_key, pf_id, pf_tid, pf_kind, v_id, v_tid, v_kind
+              FROM _fair_take_again(v_q, v_key, v_open, v_ids, v_left,
+                                    cardinality(l2_key) - p2 + 1 + cardinality(l1_key) - p1 + 1, b_src, b_i,
+                                    l2_key, l2_out, pf_key, pf_id, pf_tid, pf_kind);
+            IF v_id IS NULL THEN
+                CONTINUE picks;
+            END IF;
+        END IF;
+        IF b_src = 1 AND l1_picked[b_i] THEN
+            l2_key := l2_key || v_key;
+            l2_seq := l2_seq || l1_nseq[b_i];     -- already stamped on its cursor
+            l2_act := l2_act || (v_act + 1);
+            l2_out := l2_out || false;
+            l2_pick := l2_pick || true;
+            l2_wrote := l2_wrote || true;
+        ELSIF b_src <> 2 THEN
+            IF b_src = 1 AND l1_nseq[b_i] IS NOT NULL THEN
+                l1_picked[b_i] := true;           -- stamped, and taken after all (kind re-probe)
+                v_npicked1 := v_npicked1 + 1;
+            END IF;
+            v_unstamped := true;
+            l2_key := l2_key || v_key;
+            l2_seq := l2_seq || nextval('served_seq_seq');
+            l2_act := l2_act || (v_act + 1);
+            l2_out := l2_out || false;
+            l2_pick := l2_pick || true;
+            l2_wrote := l2_wrote || false;
+        END IF;
+
+        v_ids := v_ids || v_id;
+        v_tids := v_tids || v_tid;
+        v_total := v_total + 1;
+        IF v_open IS NOT NULL THEN
+            v_k := array_position(kinds, v_kind);
+            v_quota[v_k] := v_quota[v_k] - 1;
+            IF v_quota[v_k] <= 0 THEN
+                v_open := array_remove(v_open, v_kind);
+                EXIT picks WHEN cardinality(v_open) = 0;
+            END IF;
+        END IF;
+    END LOOP;
+
+    -- A quiet claim that came up short: look for what it skipped (groups without a cursor, with
+    -- a longer sweep, and ungrouped work) and go on with what that finds.
+    EXIT passes WHEN cardinality(v_ids) >= room OR NOT v_quiet OR v_refreshed
+                  OR (v_open IS NOT NULL AND cardinality(v_open) = 0);
+    v_refreshed := true;
+    SELECT * INTO v_pos, v_found, v_productive
+      FROM _fair_sweep(v_q, serialized, 16 * c_discover_steps, v_pos, v_found, v_productive);
+    u_out := u_probed AND u_empty;
+    v_phase := 0;
+    v_bkey := '';
+    v_first := true;
+    END LOOP;
+
+    PERFORM _fair_finish(v_q, cardinality(v_stamped), v_npicked1, l1_key, l1_seq, l1_oldat, l1_nseq, l1_picked,
+                         v_unstamped, l2_key, l2_seq, l2_pick, l2_wrote, u_seq, u_served, v_lwm, v_pos, v_found,
+                         v_productive, u_empty, v_maxid, v_quiet);
+    ids := v_ids;
+    tids := v_tids;
+END;
+$$;
+
+-- Fair pick on one queue: up to `room` pending job ids, in pick order, each locked (the caller
+-- leases them). `kinds` NULL: any kind; else only these kinds, at most quotas[i] of kinds[i].
+-- `serialized`: the queue's claim lock is held (a queue with caps), so counts and ring are exact.
+-- Without it (a fair queue without caps) claimers run side by side: every lock here is taken with
+-- SKIP LOCKED, so nothing waits on another claimer, and a group whose cursor another claim holds
+-- is served after the others (see the top of this file).
+-- It applies the rules named at the top of this file: it reads the claim's state (settings, fair_queues
+-- row, active counts: one statement), decides whether the discovery sweep and the look for U run, and
+-- hands the pick to _fair_fast (the usual claim) or _fair_walk (the rest, or what the fast path left).
+CREATE OR REPLACE FUNCTION pgjobs._claim_fair(queue text, room int, kinds text[], quotas int[], serialized boolean,
+                                              OUT ids bigint[], OUT tids tid[])
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pgjobs, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    c_discover_steps CONSTANT int := 16;   -- groups the skip scan registers per claim
+    v_q       text := _claim_fair.queue;
+    v_cfg     queues;
+    v_open    text[] := kinds;             -- kinds claimable in this call (NULL: any)
+    v_quota   int[] := quotas;
+    v_total   int;                         -- the queue's active jobs
+    a_key     text[];                      -- active jobs per group at the start
+    a_cnt     int[];
+    v_fq      fair_queues;
+    v_pos     text;                        -- where the next claim's discovery resumes
+    v_maxid   bigint;                      -- the highest job id now
+    v_quiet   boolean;                     -- no job inserted since the previous claim
+    v_found   boolean;                     -- this round of the discovery sweep found new groups
+    v_productive boolean;                  -- the last complete round did
+    v_unserved boolean;                    -- some cursor has never been served (phase 0 has work)
+    v_top     int;                         -- the most active jobs of one group at the start
+    v_chunk   int := least(greatest(room, 16), 256);   -- cursors the walk reads per statement
+    v_limit   int := 1000 + 4 * room;      -- cursors one claim may read
+    u_seq     bigint;                      -- U's place in the ring
+    u_out     boolean := false;            -- U has no turn in this claim
+    u_hp      int;                         -- U's head, when looked for
+    u_hr      timestamptz;
+    u_hi      bigint;
+    u_probed  boolean := false;
+    u_empty   boolean;                     -- what the last look for ungrouped work in this call found
+    v_k       int;
+    f_ids     bigint[];
+    f_tids    tid[];
+    l_key     text[];                      -- the ring as the fast path read it, for the walk
+    l_ctid    tid[];
     l_seq     bigint[];
     l_act     int[];
-    l_hp      int[];
-    l_hr      timestamptz[];
-    l_hi      bigint[];
-    l_bkey    text;
     l_dead    text[];
 BEGIN
     -- One statement for everything a claim reads before the walk (each statement has a fixed
@@ -356,15 +1290,7 @@ BEGIN
     IF NOT v_quiet AND v_fq.ungrouped_empty AND v_maxid IS NOT DISTINCT FROM v_fq.seen_max_id THEN
         -- the 8th quiet claim looks for ungrouped work that came back without a new job, whether
         -- or not the ungrouped turn comes in this claim
-        SELECT s.priority, s.run_at, s.id INTO u_hp, u_hr, u_hi
-          FROM (SELECT j.id, j.priority, j.run_at, j.group_key, j.kind
-                  FROM jobs AS j
-                 WHERE j.state = 'pending' AND j.queue = v_q
-                 ORDER BY j.priority, j.run_at, j.id
-                 LIMIT c_ungrouped_scan) AS s
-         WHERE s.group_key IS NULL AND (v_open IS NULL OR s.kind = ANY (v_open))
-         ORDER BY s.priority, s.run_at, s.id
-         LIMIT 1;
+        SELECT h.hp, h.hr, h.hi INTO u_hp, u_hr, u_hi FROM _fair_ungrouped_head(v_q, v_open, '{}') AS h;
         u_probed := true;
         u_empty := u_hi IS NULL;
         u_out := u_empty;
@@ -377,26 +1303,14 @@ BEGIN
     v_pos := v_fq.discover_after;
     v_found := v_fq.discover_found;
     v_productive := v_fq.discover_productive;
-    IF (NOT v_quiet OR v_found OR v_productive)
-       AND (serialized OR pg_try_advisory_xact_lock(hashtextextended('pgjobs.discover:' || v_q, 0))) THEN
-        v_disc := _discover_groups(v_q, v_pos, c_discover_steps);
-        v_found := v_found OR v_disc.added > 0;
-        -- a sweep that ran out of groups starts from the first one next time
-        v_pos := CASE WHEN v_disc.met < c_discover_steps THEN NULL ELSE v_disc.last_key END;
-        IF v_pos IS NULL THEN
-            v_productive := v_found;
-            v_found := false;
-        END IF;
+    IF NOT v_quiet OR v_found OR v_productive THEN
+        SELECT * INTO v_pos, v_found, v_productive
+          FROM _fair_sweep(v_q, serialized, c_discover_steps, v_pos, v_found, v_productive);
     END IF;
 
     -- Read now, not with the state above: cursors a concurrent discovery committed meanwhile are
     -- new groups, and go before every served one (as the walk's first read would find them).
     v_unserved := EXISTS (SELECT 1 FROM group_cursors AS g WHERE g.queue = v_q AND g.served_seq = 0);
-    IF NOT v_unserved THEN
-        -- no never-served cursor: the walk starts on the served part
-        v_phase := 1;
-        v_bseq := v_fq.ring_from - 1;
-    END IF;
 
     -- The usual claim, in three statements instead of the walk below: a queue without caps, no
     -- group noisy (so none can turn noisy in this call: the threshold only rises as it leases, and
@@ -415,645 +1329,24 @@ BEGIN
        AND (v_open IS NULL OR v_k >= room)
        -- (a session can turn the fast path off: the tests compare it with the walk)
        AND current_setting('pgjobs.fair_walk_only', true) IS DISTINCT FROM 'on' THEN
-        WITH ring AS (
-            SELECT c.group_key, c.served_seq, c.ctid AS tid
-              FROM group_cursors AS c
-             WHERE c.queue = v_q AND c.served_seq > 0 AND (c.served_seq, c.group_key) > (v_fq.ring_from - 1, '')
-             ORDER BY c.served_seq, c.group_key
-             LIMIT least(2 * room + 16, v_limit)
-        ), lk AS (
-            SELECT x.group_key, x.served_seq, x.seq, c.tid
-              -- the served_seq values, drawn in ring order
-              FROM (SELECT ring.group_key, ring.served_seq, ring.tid, nextval('served_seq_seq') AS seq
-                      FROM ring) AS x
-             CROSS JOIN LATERAL (
-                    -- a cursor another claim holds (or rewrote since the read) is passed over
-                    SELECT c.ctid AS tid
-                      FROM group_cursors AS c
-                     WHERE c.ctid = x.tid AND c.queue = v_q AND c.group_key = x.group_key
-                       FOR UPDATE SKIP LOCKED) AS c
-             LIMIT room
-        ), r AS (
-            SELECT lk.served_seq, lk.seq, lk.tid, h.id, h.jtid
-              FROM lk
-              LEFT JOIN LATERAL (
-                    SELECT j.id, j.ctid AS jtid
-                      FROM jobs AS j
-                     WHERE j.state = 'pending' AND j.queue = v_q AND j.group_key = lk.group_key
-                       AND (v_open IS NULL OR j.kind = ANY (v_open))
-                     ORDER BY j.priority, j.run_at, j.id
-                     LIMIT 1
-                       FOR UPDATE SKIP LOCKED) AS h ON true
-             -- too few groups free (concurrent claims hold the rest): no heads locked for nothing
-             WHERE (SELECT count(*) FROM lk) = room
-        )
-        SELECT array_agg(r.id), array_agg(r.jtid), array_agg(r.tid), array_agg(r.seq), count(*)::int,
-               count(r.id)::int, max(r.served_seq),
-               -- for the walk, if it takes over: the ring as read, and the cursors locked
-               (SELECT array_agg(ring.group_key) FROM ring), (SELECT array_agg(ring.tid) FROM ring),
-               (SELECT array_agg(ring.served_seq) FROM ring),
-               (SELECT array_agg(coalesce(a_cnt[array_position(a_key, ring.group_key)], 0)) FROM ring),
-               (SELECT array_agg(lk.group_key) FROM lk)
-          INTO f_ids, f_tids, f_ctids, f_seqs, f_n, f_heads, f_last, l_key, l_ctid, l_seq, l_act, l_dead
-          FROM r;
-        IF f_n = room AND f_heads = room AND (u_out OR u_seq > f_last) THEN
-            WITH stamp AS (
-                UPDATE group_cursors AS c
-                   SET served_seq = s.seq, last_served_at = now()
-                  FROM unnest(f_ctids, f_seqs) AS s(tid, seq)
-                 WHERE c.ctid = s.tid AND c.ctid = ANY (f_ctids)
-            )
-            UPDATE fair_queues AS f
-               SET ring_from = greatest(f.ring_from, l_seq[1]),
-                   discover_after = v_pos,
-                   discover_found = v_found,
-                   discover_productive = v_productive,
-                   ungrouped_empty = coalesce(u_empty, f.ungrouped_empty),
-                   seen_max_id = coalesce(v_maxid, 0),
-                   quiet_claims = CASE WHEN v_quiet THEN f.quiet_claims + 1 ELSE 0 END,
-                   updated_at = now()
-             WHERE f.queue = v_q
-               AND f.ctid = (SELECT x.ctid FROM fair_queues AS x WHERE x.queue = v_q FOR UPDATE SKIP LOCKED);
+        SELECT f.ids, f.tids, f.r_key, f.r_ctid, f.r_seq, f.r_act, f.r_locked
+          INTO f_ids, f_tids, l_key, l_ctid, l_seq, l_act, l_dead
+          FROM _fair_fast(v_q, room, v_open, v_fq.ring_from, v_limit, a_key, a_cnt, u_out, u_seq, v_pos, v_found,
+                          v_productive, u_empty, v_maxid, v_quiet) AS f;
+        IF f_ids IS NOT NULL THEN
             ids := f_ids;
             tids := f_tids;
             RETURN;
         END IF;
-        -- The walk takes over from the ring as read here (its first chunk), every cursor tried
-        -- and not locked already known as held by another claim.
-        IF l_key IS NOT NULL THEN
-            v_k := cardinality(l_key);
-            l1_key := l_key;
-            l1_ctid := l_ctid;
-            l1_seq := l_seq;
-            l1_act := l_act;
-            l1_hp := array_fill(NULL::int, ARRAY[v_k]);
-            l1_hr := array_fill(NULL::timestamptz, ARRAY[v_k]);
-            l1_hi := array_fill(NULL::bigint, ARRAY[v_k]);
-            l1_lid := array_fill(NULL::bigint, ARRAY[v_k]);
-            l1_ltid := array_fill(NULL::tid, ARRAY[v_k]);
-            l1_lkind := array_fill(NULL::text, ARRAY[v_k]);
-            l1_done := array_fill(false, ARRAY[v_k]);
-            l1_busy := array_fill(false, ARRAY[v_k]);
-            l1_nseq := array_fill(NULL::bigint, ARRAY[v_k]);
-            l1_oldat := array_fill(NULL::timestamptz, ARRAY[v_k]);
-            l1_picked := array_fill(false, ARRAY[v_k]);
-            -- tried: all of the ring when fewer than `room` were locked, else up to the last locked
-            v_j := CASE WHEN coalesce(cardinality(l_dead), 0) < room THEN v_k
-                        ELSE array_position(l_key, l_dead[cardinality(l_dead)]) END;
-            FOR i IN 1 .. v_j LOOP
-                IF NOT l1_key[i] = ANY (coalesce(l_dead, '{}')) THEN
-                    l1_done[i] := true;
-                    l1_busy[i] := true;
-                END IF;
-            END LOOP;
-            v_lwm := l1_seq[1];
-            v_walked := v_k;
-            IF v_k < least(2 * room + 16, v_limit) THEN
-                v_phase := 2;   -- the whole ring was read
-            ELSE
-                v_bseq := l1_seq[v_k];
-                v_bkey := l1_key[v_k];
-            END IF;
-        END IF;
     END IF;
-
-    <<passes>>
-    LOOP
-    <<picks>>
-    WHILE cardinality(v_ids) < room LOOP
-        -- The front of L1: a group at its cap cannot be picked in this call; a noisy one is
-        -- ranked with the noisy. (An L1 group not picked yet keeps its active count, and the
-        -- noisy threshold only rises as this call leases jobs: a group that passes stays good.)
-        WHILE p1 <= cardinality(l1_key) LOOP
-            v_act := l1_act[p1];
-            IF v_act >= v_cfg.max_active_per_group THEN
-                p1 := p1 + 1;
-            ELSIF v_act >= v_cfg.noisy_min_active AND v_act > v_cfg.noisy_share * v_total THEN
-                n_key := n_key || l1_key[p1];
-                n_seq := n_seq || l1_seq[p1];
-                n_act := n_act || v_act;
-                n_out := n_out || false;
-                p1 := p1 + 1;
-            ELSE
-                EXIT;
-            END IF;
-        END LOOP;
-
-        -- L1 used up: read the next chunk of the ring first. The best candidate always lies
-        -- within what was read, since every cursor not read yet comes later in the ring.
-        IF p1 > cardinality(l1_key) AND v_phase < 2 THEN
-            IF v_phase = 0 THEN
-                WITH c AS (
-                    SELECT c.group_key, c.ctid AS tid
-                      FROM group_cursors AS c
-                     WHERE c.queue = v_q AND c.served_seq = 0
-                       AND c.group_key >= v_bkey AND (v_first OR c.group_key <> v_bkey)
-                       AND (NOT v_refreshed OR c.group_key <> ALL (l1_key))
-                     ORDER BY c.group_key
-                     LIMIT v_chunk
-                ), r AS (
-                    -- never-served groups tie on served_seq: their heads decide
-                    SELECT c.group_key, c.tid, h.priority, h.run_at, h.id, coalesce(a.n, 0) AS act
-                      FROM c
-                      LEFT JOIN LATERAL (
-                            SELECT j.priority, j.run_at, j.id
-                              FROM jobs AS j
-                             WHERE j.state = 'pending' AND j.queue = v_q AND j.group_key = c.group_key
-                               AND (v_open IS NULL OR j.kind = ANY (v_open)) AND j.id <> ALL (v_ids)
-                             ORDER BY j.priority, j.run_at, j.id
-                             LIMIT 1) AS h ON true
-                      LEFT JOIN unnest(a_key, a_cnt) AS a(k, n) ON a.k = c.group_key
-                )
-                -- (aggregates fed by one sorted subquery keep its order: one sort, not one per
-                -- ordered aggregate)
-                SELECT array_agg(r.group_key) FILTER (WHERE r.id IS NOT NULL),
-                       array_agg(r.tid) FILTER (WHERE r.id IS NOT NULL),
-                       array_agg(r.act) FILTER (WHERE r.id IS NOT NULL),
-                       array_agg(r.priority) FILTER (WHERE r.id IS NOT NULL),
-                       array_agg(r.run_at) FILTER (WHERE r.id IS NOT NULL),
-                       array_agg(r.id) FILTER (WHERE r.id IS NOT NULL),
-                       array_agg(r.group_key) FILTER (WHERE r.id IS NULL AND r.act = 0),
-                       max(r.group_key),
-                       count(*)::int
-                  INTO l_key, l_ctid, l_act, l_hp, l_hr, l_hi, l_dead, l_bkey, v_k
-                  FROM (SELECT * FROM r ORDER BY r.priority, r.run_at, r.id) AS r;
-                l_seq := array_fill(0::bigint, ARRAY[coalesce(cardinality(l_key), 0)]);
-                v_first := false;
-                IF v_k > 0 THEN
-                    v_bkey := l_bkey;
-                END IF;
-                IF v_k < v_chunk THEN
-                    -- on to the served part, from the lowest served_seq still live (the second
-                    -- pass of a short claim reads only never-served groups: the rest was read)
-                    v_phase := CASE WHEN v_refreshed THEN 2 ELSE 1 END;
-                    v_bseq := v_fq.ring_from - 1;
-                    v_bkey := '';
-                END IF;
-            ELSE
-                v_seen := CASE WHEN serialized THEN v_stamped ELSE l1_key END;
-                -- (in the subquery's order: the aggregates read it as it comes, with no join between)
-                SELECT array_agg(c.group_key), array_agg(c.tid), array_agg(c.served_seq),
-                       array_agg(coalesce(a_cnt[array_position(a_key, c.group_key)], 0)),
-                       count(*)::int
-                  INTO l_key, l_ctid, l_seq, l_act, v_k
-                  FROM (SELECT c.group_key, c.served_seq, c.ctid AS tid
-                          FROM group_cursors AS c
-                         WHERE c.queue = v_q AND c.served_seq > 0
-                           AND (c.served_seq, c.group_key) > (v_bseq, v_bkey)
-                           -- read already, and stamped since (by this call; on a queue without the
-                           -- claim lock, maybe by another call that committed meanwhile)
-                           AND c.group_key <> ALL (v_seen)
-                         ORDER BY c.served_seq, c.group_key
-                         LIMIT v_chunk) AS c;
-                l_hp := NULL; l_hr := NULL; l_hi := NULL; l_dead := NULL;
-                IF v_k > 0 THEN
-                    v_lwm := coalesce(v_lwm, l_seq[1]);
-                    v_bseq := l_seq[v_k];
-                    v_bkey := l_key[v_k];
-                END IF;
-                IF v_k < v_chunk THEN
-                    v_phase := 2;
-                END IF;
-            END IF;
-            v_walked := v_walked + v_k;
-            IF v_walked >= v_limit THEN
-                v_phase := 2;   -- bounded work per claim; the rest of the ring waits for the next
-            END IF;
-            IF l_key IS NOT NULL THEN
-                l1_key := l1_key || l_key;
-                l1_ctid := l1_ctid || l_ctid;
-                l1_seq := l1_seq || l_seq;
-                l1_act := l1_act || l_act;
-                l1_hp := l1_hp || coalesce(l_hp, array_fill(NULL::int, ARRAY[cardinality(l_key)]));
-                l1_hr := l1_hr || coalesce(l_hr, array_fill(NULL::timestamptz, ARRAY[cardinality(l_key)]));
-                l1_hi := l1_hi || coalesce(l_hi, array_fill(NULL::bigint, ARRAY[cardinality(l_key)]));
-                l1_lid := l1_lid || array_fill(NULL::bigint, ARRAY[cardinality(l_key)]);
-                l1_ltid := l1_ltid || array_fill(NULL::tid, ARRAY[cardinality(l_key)]);
-                l1_lkind := l1_lkind || array_fill(NULL::text, ARRAY[cardinality(l_key)]);
-                l1_done := l1_done || array_fill(false, ARRAY[cardinality(l_key)]);
-                l1_busy := l1_busy || array_fill(false, ARRAY[cardinality(l_key)]);
-                l1_nseq := l1_nseq || array_fill(NULL::bigint, ARRAY[cardinality(l_key)]);
-                l1_oldat := l1_oldat || array_fill(NULL::timestamptz, ARRAY[cardinality(l_key)]);
-                l1_picked := l1_picked || array_fill(false, ARRAY[cardinality(l_key)]);
-            END IF;
-            -- never-served groups with nothing to take now and nothing running: drop the cursor
-            -- if nothing is waiting or scheduled either
-            IF l_dead IS NOT NULL THEN
-                PERFORM _forget_group(v_q, d.k) FROM unnest(l_dead) AS d(k);
-            END IF;
-            CONTINUE picks;
-        END IF;
-
-        -- The best non-noisy candidate among the front of L1, U, the noisy groups that are not
-        -- noisy any more, and the first non-noisy group picked earlier in this call: lowest
-        -- served_seq first; never-served ties go to the better head.
-        b_src := NULL;
-        IF p1 <= cardinality(l1_key) THEN
-            b_src := 1; b_i := p1; b_seq := l1_seq[p1];
-            b_hp := l1_hp[p1]; b_hr := l1_hr[p1]; b_hi := l1_hi[p1];
-        END IF;
-        IF NOT u_out AND (b_src IS NULL OR u_seq <= b_seq) THEN
-            IF u_seq = 0 AND b_src IS NOT NULL AND b_seq = 0 AND NOT u_probed THEN
-                -- a tie between never-served: compare heads
-                SELECT s.priority, s.run_at, s.id INTO u_hp, u_hr, u_hi
-                  FROM (SELECT j.id, j.priority, j.run_at, j.group_key, j.kind
-                          FROM jobs AS j
-                         WHERE j.state = 'pending' AND j.queue = v_q AND j.id <> ALL (v_ids)
-                         ORDER BY j.priority, j.run_at, j.id
-                         LIMIT c_ungrouped_scan) AS s
-                 WHERE s.group_key IS NULL AND (v_open IS NULL OR s.kind = ANY (v_open))
-                 ORDER BY s.priority, s.run_at, s.id
-                 LIMIT 1;
-                u_probed := true;
-                u_empty := u_hi IS NULL;
-                IF u_hi IS NULL THEN
-                    -- Nothing ungrouped in sight: the pseudo-group goes to the back of the ring,
-                    -- so an all-grouped queue looks for ungrouped work once per round.
-                    u_out := true;
-                    u_seq := nextval('served_seq_seq');
-                END IF;
-            END IF;
-            IF NOT u_out AND (b_src IS NULL OR u_seq < b_seq
-                              OR (u_hi IS NOT NULL AND (u_hp, u_hr, u_hi) < (b_hp, b_hr, b_hi))) THEN
-                b_src := 2; b_seq := u_seq;
-            END IF;
-        END IF;
-        FOR i IN 1 .. cardinality(n_key) LOOP
-            CONTINUE WHEN n_out[i];
-            CONTINUE WHEN n_act[i] >= v_cfg.noisy_min_active AND n_act[i] > v_cfg.noisy_share * v_total;
-            IF b_src IS NULL OR n_seq[i] < b_seq THEN
-                b_src := 3; b_i := i; b_seq := n_seq[i];
-            END IF;
-        END LOOP;
-        WHILE p2 <= cardinality(l2_key) AND l2_out[p2] LOOP
-            p2 := p2 + 1;
-        END LOOP;
-        FOR i IN p2 .. cardinality(l2_key) LOOP
-            CONTINUE WHEN l2_out[i];
-            IF l2_act[i] >= v_cfg.max_active_per_group THEN
-                l2_out[i] := true;   -- at its cap: out for the rest of this call
-                CONTINUE;
-            END IF;
-            CONTINUE WHEN l2_act[i] >= v_cfg.noisy_min_active AND l2_act[i] > v_cfg.noisy_share * v_total;
-            IF b_src IS NULL OR l2_seq[i] < b_seq THEN
-                b_src := 4; b_i := i; b_seq := l2_seq[i];
-            END IF;
-            EXIT;
-        END LOOP;
-
-        IF b_src IS NULL THEN
-            -- Only noisy groups have work left: fewer active jobs first, then least recently served.
-            FOR i IN 1 .. cardinality(n_key) LOOP
-                CONTINUE WHEN n_out[i];
-                IF b_src IS NULL OR (n_act[i], n_seq[i]) < (b_act, b_seq) THEN
-                    b_src := 3; b_i := i; b_act := n_act[i]; b_seq := n_seq[i];
-                END IF;
-            END LOOP;
-            FOR i IN p2 .. cardinality(l2_key) LOOP
-                CONTINUE WHEN l2_out[i];
-                IF b_src IS NULL OR (l2_act[i], l2_seq[i]) < (b_act, b_seq) THEN
-                    b_src := 4; b_i := i; b_act := l2_act[i]; b_seq := l2_seq[i];
-                END IF;
-            END LOOP;
-        END IF;
-        EXIT picks WHEN b_src IS NULL;
-
-        -- Take the chosen group's head, locked (SKIP LOCKED passes rows other transactions hold).
-        -- Heads are locked ahead, a batch per statement: for a run of L1 entries, as many as
-        -- picks are left; for a group picked again (or U), its share of the picks left. A row
-        -- locked ahead and then not taken (the ranking went elsewhere, or its kind ran out) stays
-        -- locked until commit and is passed over by other claimers meanwhile: harmless.
-        v_id := NULL;
-        v_tid := NULL;
-        v_left := room - cardinality(v_ids);
-        IF b_src = 1 THEN
-            v_key := l1_key[b_i];
-            IF NOT l1_done[b_i] THEN
-                -- A group's cursor is locked (SKIP LOCKED) for as long as this claim runs: a
-                -- cursor another claim holds means that claim is serving the group right now, so
-                -- this one serves it only once the other groups have had their turn. Concurrent
-                -- claimers thus spread over the groups although neither sees the other's picks.
-                -- The cursors of the groups whose head is taken are stamped in the same statement
-                -- with the served_seq they get (in ring order); one of them that ends up not
-                -- picked after all gets its old stamp back at the end.
-                -- A cursor found held is passed over within the statement (the batch goes on down
-                -- L1 until it holds as many cursors as picks are left): under concurrent claimers,
-                -- who all read the same front of the ring, one statement instead of one per run
-                -- of held cursors.
-                v_k := cardinality(l1_key);
-                WITH r AS (
-                    SELECT x.k, x.seq, x.ord, c.at, c.tid, h.id, h.kind, h.jtid
-                      -- the served_seq values, drawn in ring order
-                      FROM (SELECT u.k, u.ctid, u.ord, nextval('served_seq_seq') AS seq
-                              FROM unnest(l1_key[b_i:v_k], l1_ctid[b_i:v_k]) WITH ORDINALITY AS u(k, ctid, ord)) AS x
-                     CROSS JOIN LATERAL (
-                            -- by the ctid read with the ring: a cursor rewritten since (another
-                            -- claim served the group meanwhile) is not found, and counts as held
-                            SELECT c.last_served_at AS at, c.ctid AS tid
-                              FROM group_cursors AS c
-                             WHERE c.ctid = x.ctid AND c.queue = v_q AND c.group_key = x.k
-                               FOR UPDATE SKIP LOCKED) AS c
-                      LEFT JOIN LATERAL (
-                            SELECT j.id, j.kind, j.ctid AS jtid
-                              FROM jobs AS j
-                             WHERE j.state = 'pending' AND j.queue = v_q AND j.group_key = x.k
-                               AND (v_open IS NULL OR j.kind = ANY (v_open)) AND j.id <> ALL (v_ids)
-                             ORDER BY j.priority, j.run_at, j.id
-                             LIMIT 1
-                               FOR UPDATE SKIP LOCKED) AS h ON true
-                     LIMIT v_left
-                ), stamp AS (
-                    -- by ctid: the version just locked (no second walk of the key's index entries)
-                    UPDATE group_cursors AS c
-                       SET served_seq = r.seq, last_served_at = now()
-                      FROM r
-                     WHERE r.id IS NOT NULL AND c.ctid = r.tid
-                       AND c.ctid = ANY (ARRAY(SELECT r2.tid FROM r AS r2 WHERE r2.id IS NOT NULL))
-                    RETURNING 1
-                )
-                SELECT array_agg(r.ord), array_agg(r.id), array_agg(r.kind), array_agg(r.at),
-                       array_agg(r.jtid), array_agg(r.seq), (SELECT count(*) FROM stamp)::int
-                  INTO l_ord, l_hi, l_key, l_at, l_tid, l_seq, v_per
-                  FROM (SELECT * FROM r ORDER BY r.ord) AS r;
-                -- the entries up to the last one held were looked at (all of them when the batch
-                -- came up short); those among them not held are held by another claim
-                IF coalesce(cardinality(l_ord), 0) >= v_left THEN
-                    v_k := b_i - 1 + l_ord[cardinality(l_ord)]::int;
-                END IF;
-                v_j := 1;
-                FOR i IN b_i .. v_k LOOP
-                    l1_done[i] := true;
-                    IF v_j <= coalesce(cardinality(l_ord), 0) AND l_ord[v_j] = i - b_i + 1 THEN
-                        l1_lid[i] := l_hi[v_j];
-                        l1_ltid[i] := l_tid[v_j];
-                        l1_lkind[i] := l_key[v_j];
-                        IF l_hi[v_j] IS NOT NULL THEN
-                            l1_nseq[i] := l_seq[v_j];
-                            l1_oldat[i] := l_at[v_j];
-                            v_stamped := v_stamped || l1_key[i];
-                        END IF;
-                        v_j := v_j + 1;
-                    ELSE
-                        l1_busy[i] := true;
-                    END IF;
-                END LOOP;
-            END IF;
-            p1 := p1 + 1;
-            v_act := l1_act[b_i];
-            IF l1_busy[b_i] THEN
-                -- being served by another claim: to the back of the ring, not taken now
-                l2_key := l2_key || v_key;
-                l2_seq := l2_seq || nextval('served_seq_seq');
-                l2_act := l2_act || v_act;
-                l2_out := l2_out || false;
-                l2_pick := l2_pick || false;
-                l2_wrote := l2_wrote || false;
-                CONTINUE picks;
-            ELSIF l1_lid[b_i] IS NOT NULL AND (v_open IS NULL OR l1_lkind[b_i] = ANY (v_open)) THEN
-                v_id := l1_lid[b_i];
-                v_tid := l1_ltid[b_i];
-                v_kind := l1_lkind[b_i];
-                l1_picked[b_i] := true;
-                v_npicked1 := v_npicked1 + 1;
-            ELSIF l1_lid[b_i] IS NOT NULL THEN
-                v_key := v_key;   -- its kind ran out meanwhile: look again below
-            ELSE
-                -- nothing to take: drop the cursor if the group has no live work at all
-                IF v_act = 0 THEN
-                    PERFORM _forget_group(v_q, v_key);
-                END IF;
-                CONTINUE picks;
-            END IF;
-        ELSIF b_src = 3 THEN
-            v_key := n_key[b_i];
-            n_out[b_i] := true;
-            v_act := n_act[b_i];
-        ELSIF b_src = 4 THEN
-            v_key := l2_key[b_i];
-            l2_out[b_i] := true;
-            v_act := l2_act[b_i];
-        END IF;
-
-        IF v_id IS NULL AND b_src = 2 AND NOT u_owned AND NOT u_busy THEN
-            -- U's turn is recorded in the queue's fair_queues row: held by another claim, that
-            -- claim is serving U right now (as with a group's cursor above)
-            PERFORM 1 FROM fair_queues AS f WHERE f.queue = v_q FOR UPDATE SKIP LOCKED;
-            u_owned := FOUND;
-            u_busy := NOT FOUND;
-            IF u_busy THEN
-                u_seq := nextval('served_seq_seq');
-                CONTINUE picks;
-            END IF;
-        END IF;
-        IF v_id IS NULL AND b_src = 2 THEN
-            -- U: the first ungrouped rows in the queue's claim order
-            WHILE u_bp <= cardinality(u_buf) LOOP
-                u_bp := u_bp + 1;
-                IF v_open IS NULL OR u_bufkind[u_bp - 1] = ANY (v_open) THEN
-                    v_id := u_buf[u_bp - 1];
-                    v_tid := u_buftid[u_bp - 1];
-                    v_kind := u_bufkind[u_bp - 1];
-                    EXIT;
-                END IF;
-            END LOOP;
-            IF v_id IS NULL THEN
-                v_k := greatest(1, ceil(v_left::numeric / greatest(1, cardinality(l2_key) - p2 + 1
-                                                                        + cardinality(l1_key) - p1 + 1))::int);
-                WITH cand AS (
-                    SELECT s.id
-                      FROM (SELECT j.id, j.priority, j.run_at, j.group_key, j.kind
-                              FROM jobs AS j
-                             WHERE j.state = 'pending' AND j.queue = v_q AND j.id <> ALL (v_ids)
-                             ORDER BY j.priority, j.run_at, j.id
-                             LIMIT c_ungrouped_scan + v_k) AS s
-                     WHERE s.group_key IS NULL AND (v_open IS NULL OR s.kind = ANY (v_open))
-                ), locked AS (
-                    SELECT j.id, j.kind, j.priority, j.run_at, j.ctid AS jtid
-                      FROM jobs AS j
-                     WHERE j.id IN (SELECT cand.id FROM cand) AND j.state = 'pending'
-                     ORDER BY j.priority, j.run_at, j.id
-                     LIMIT v_k
-                       FOR UPDATE SKIP LOCKED
-                )
-                SELECT array_agg(l.id), array_agg(l.kind), array_agg(l.jtid)
-                  INTO u_buf, u_bufkind, u_buftid
-                  FROM (SELECT * FROM locked ORDER BY locked.priority, locked.run_at, locked.id) AS l;
-                u_buf := coalesce(u_buf, '{}');
-                u_bufkind := coalesce(u_bufkind, '{}');
-                u_buftid := coalesce(u_buftid, '{}');
-                u_bp := 1;
-                IF cardinality(u_buf) > 0 THEN
-                    u_bp := 2;
-                    v_id := u_buf[1];
-                    v_tid := u_buftid[1];
-                    v_kind := u_bufkind[1];
-                END IF;
-            END IF;
-            u_seq := nextval('served_seq_seq');
-            u_hi := NULL;
-            u_probed := true;
-            u_empty := v_id IS NULL;
-            IF v_id IS NULL THEN
-                -- nothing ungrouped in sight: U takes its turn at the back of the ring
-                u_out := true;
-                CONTINUE picks;
-            END IF;
-            u_served := true;
-        ELSIF v_id IS NULL THEN
-            -- a group picked before in this call, a noisy one, or one whose kind ran out: its rows
-            -- locked ahead, else a new batch, for it and the groups after it in L2 that have none
-            LOOP
-                v_k := array_position(pf_key, v_key);
-                EXIT WHEN v_k IS NULL;
-                pf_key[v_k] := NULL;
-                IF v_open IS NULL OR pf_kind[v_k] = ANY (v_open) THEN
-                    v_id := pf_id[v_k];
-                    v_tid := pf_tid[v_k];
-                    v_kind := pf_kind[v_k];
-                    EXIT;
-                END IF;
-            END LOOP;
-            IF v_id IS NULL THEN
-                v_per := greatest(1, ceil(v_left::numeric / greatest(1, cardinality(l2_key) - p2 + 1
-                                                                          + cardinality(l1_key) - p1 + 1))::int);
-                l_key := ARRAY[v_key];
-                IF b_src = 4 THEN
-                    FOR i IN b_i + 1 .. cardinality(l2_key) LOOP
-                        EXIT WHEN cardinality(l_key) >= v_left;
-                        CONTINUE WHEN l2_out[i] OR l2_key[i] = ANY (l_key) OR l2_key[i] = ANY (pf_key);
-                        l_key := l_key || l2_key[i];
-                    END LOOP;
-                END IF;
-                SELECT array_agg(y.k), array_agg(y.id), array_agg(y.kind), array_agg(y.jtid)
-                  INTO l_dead, l_hi, l_lkind, l_tid
-                  FROM (SELECT x.k, h.id, h.kind, h.jtid
-                          FROM unnest(l_key) WITH ORDINALITY AS x(k, ord)
-                         CROSS JOIN LATERAL (
-                               SELECT j.id, j.kind, j.priority, j.run_at, j.ctid AS jtid
-                                 FROM jobs AS j
-                                WHERE j.state = 'pending' AND j.queue = v_q AND j.group_key = x.k
-                                  AND (v_open IS NULL OR j.kind = ANY (v_open)) AND j.id <> ALL (v_ids)
-                                  AND j.id <> ALL (pf_id)
-                                ORDER BY j.priority, j.run_at, j.id
-                                LIMIT v_per
-                                  FOR UPDATE SKIP LOCKED) AS h
-                         ORDER BY x.ord, h.priority, h.run_at, h.id) AS y;
-                IF l_hi IS NOT NULL THEN
-                    pf_key := pf_key || l_dead;
-                    pf_id := pf_id || l_hi;
-                    pf_tid := pf_tid || l_tid;
-                    pf_kind := pf_kind || l_lkind;
-                    v_k := array_position(pf_key, v_key);
-                    IF v_k IS NOT NULL THEN
-                        pf_key[v_k] := NULL;
-                        v_id := pf_id[v_k];
-                        v_tid := pf_tid[v_k];
-                        v_kind := pf_kind[v_k];
-                    END IF;
-                END IF;
-            END IF;
-            IF v_id IS NULL THEN
-                CONTINUE picks;
-            END IF;
-        END IF;
-        IF b_src = 1 AND l1_picked[b_i] THEN
-            l2_key := l2_key || v_key;
-            l2_seq := l2_seq || l1_nseq[b_i];     -- already stamped on its cursor
-            l2_act := l2_act || (v_act + 1);
-            l2_out := l2_out || false;
-            l2_pick := l2_pick || true;
-            l2_wrote := l2_wrote || true;
-        ELSIF b_src <> 2 THEN
-            IF b_src = 1 AND l1_nseq[b_i] IS NOT NULL THEN
-                l1_picked[b_i] := true;           -- stamped, and taken after all (kind re-probe)
-                v_npicked1 := v_npicked1 + 1;
-            END IF;
-            v_unstamped := true;
-            l2_key := l2_key || v_key;
-            l2_seq := l2_seq || nextval('served_seq_seq');
-            l2_act := l2_act || (v_act + 1);
-            l2_out := l2_out || false;
-            l2_pick := l2_pick || true;
-            l2_wrote := l2_wrote || false;
-        END IF;
-
-        v_ids := v_ids || v_id;
-        v_tids := v_tids || v_tid;
-        v_total := v_total + 1;
-        IF v_open IS NOT NULL THEN
-            v_k := array_position(kinds, v_kind);
-            v_quota[v_k] := v_quota[v_k] - 1;
-            IF v_quota[v_k] <= 0 THEN
-                v_open := array_remove(v_open, v_kind);
-                EXIT picks WHEN cardinality(v_open) = 0;
-            END IF;
-        END IF;
-    END LOOP;
-
-    -- A quiet claim that came up short: look for what it skipped (groups without a cursor, with
-    -- a longer sweep, and ungrouped work) and go on with what that finds.
-    EXIT passes WHEN cardinality(v_ids) >= room OR NOT v_quiet OR v_refreshed
-                  OR (v_open IS NOT NULL AND cardinality(v_open) = 0);
-    v_refreshed := true;
-    IF serialized OR pg_try_advisory_xact_lock(hashtextextended('pgjobs.discover:' || v_q, 0)) THEN
-        v_disc := _discover_groups(v_q, v_pos, 16 * c_discover_steps);
-        v_found := v_found OR v_disc.added > 0;
-        v_pos := CASE WHEN v_disc.met < 16 * c_discover_steps THEN NULL ELSE v_disc.last_key END;
-        IF v_pos IS NULL THEN
-            v_productive := v_found;
-            v_found := false;
-        END IF;
-    END IF;
-    u_out := u_probed AND u_empty;
-    v_phase := 0;
-    v_bkey := '';
-    v_first := true;
-    END LOOP;
-
-    -- Groups stamped ahead by a batch but not picked after all (the call filled up first, or the
-    -- group turned out noisy) get their old place in the ring back.
-    IF cardinality(v_stamped) > v_npicked1 THEN
-        UPDATE group_cursors AS c
-           SET served_seq = r.seq, last_served_at = r.at
-          FROM unnest(l1_key, l1_seq, l1_oldat, l1_nseq, l1_picked) AS r(k, seq, at, nseq, picked)
-         WHERE r.nseq IS NOT NULL AND NOT r.picked AND c.queue = v_q AND c.group_key = r.k;
-    END IF;
-    -- Stamp the other served groups with the last served_seq each got in this call. A cursor
-    -- another claimer holds right now is left to it (it has just served that group too).
-    IF v_unstamped THEN
-        WITH s AS (
-            SELECT DISTINCT ON (x.k) x.k, x.seq, x.wrote
-              FROM unnest(l2_key, l2_seq, l2_pick, l2_wrote) AS x(k, seq, picked, wrote)
-             WHERE x.picked
-             ORDER BY x.k, x.seq DESC
-        ), lk AS (
-            SELECT c.group_key FROM group_cursors AS c
-             WHERE c.queue = v_q AND c.group_key IN (SELECT s.k FROM s WHERE NOT s.wrote)
-             ORDER BY c.group_key
-               FOR UPDATE SKIP LOCKED
-        )
-        UPDATE group_cursors AS c
-           SET last_served_at = now(), served_seq = greatest(c.served_seq, s.seq)
-          FROM s JOIN lk ON lk.group_key = s.k
-         WHERE c.queue = v_q AND c.group_key = s.k;
-    END IF;
-    UPDATE fair_queues AS f
-       SET ungrouped_seq = u_seq,
-           ungrouped_served_at = CASE WHEN u_served THEN now() ELSE f.ungrouped_served_at END,
-           ring_from = greatest(f.ring_from, coalesce(v_lwm, f.ring_from)),
-           discover_after = v_pos,
-           discover_found = v_found,
-           discover_productive = v_productive,
-           ungrouped_empty = coalesce(u_empty, f.ungrouped_empty),
-           seen_max_id = coalesce(v_maxid, 0),
-           quiet_claims = CASE WHEN v_quiet THEN f.quiet_claims + 1 ELSE 0 END,
-           updated_at = now()
-     WHERE f.queue = v_q
-       AND f.ctid = (SELECT x.ctid FROM fair_queues AS x WHERE x.queue = v_q FOR UPDATE SKIP LOCKED);
-    ids := v_ids;
-    tids := v_tids;
+    SELECT w.ids, w.tids INTO ids, tids
+      FROM _fair_walk(v_q, room, kinds, quotas, serialized, v_cfg.max_active_per_group, v_cfg.noisy_min_active,
+                      v_cfg.noisy_share, v_fq.ring_from, v_fq.ungrouped_seq, v_total, a_key, a_cnt, v_maxid, v_quiet,
+                      v_pos, v_found, v_productive, u_out, u_probed, u_empty, u_hp, u_hr, u_hi, v_unserved,
+                      v_chunk, v_limit, l_key, l_ctid, l_seq, l_act, l_dead) AS w;
 END;
 $$;
+
 
 -- Capped pick on a queue without fair selection (its claim lock held): claim order (priority,
 -- run_at, id), passing over groups at max_active_per_group and kinds whose quota is spent.

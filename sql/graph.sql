@@ -42,53 +42,21 @@ BEGIN
 END;
 $$;
 
--- Inserts a set of job specs with their dependencies, all or nothing:
---   batch      an existing batch the new jobs join (add_to_batch), or NULL;
---   new_batch  make the created jobs one new batch (enqueue_many(as_batch => true));
---   parent     every spec also depends on this job with `success` (complete(..., continuations));
---   label      names the array in error messages.
--- Errors (PJ002 malformed dependency, PJ005 unknown ref / missing parent / duplicate edge / cycle)
--- are raised before anything is written.
-CREATE OR REPLACE FUNCTION pgjobs._graph_insert(jobs jsonb, batch bigint, new_batch boolean, parent bigint,
-                                                label text)
-RETURNS TABLE (n bigint, ref text, id bigint, created boolean, batch_id bigint)
+-- _graph_insert's steps, each its own function (called once per _graph_insert call, never per spec or
+-- per edge): 1 _graph_check_deps, 2-3 _graph_dep_arrays, 4-5b _graph_lock_parents, 6 in _graph_insert,
+-- 7-8 _graph_link. Errors are raised before anything is written (steps 1-5b write nothing).
+
+-- 1. Shape of each dependency of `jobs` (PJ002, the first bad one by spec and dependency order;
+--    `label` names the array in the message).
+CREATE OR REPLACE FUNCTION pgjobs._graph_check_deps(jobs jsonb, label text)
+RETURNS void
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pgjobs, pg_temp
 AS $$
 #variable_conflict use_column
 DECLARE
-    v_count     int := jsonb_array_length(jobs);
-    v_batch     bigint := batch;
     v_bad       record;
-    -- One entry per dependency (parallel arrays): the dependent spec's index (1-based), the
-    -- parent's kind ('ref' | 'job' | 'batch'), its key (ref text or id), the trigger, and for a
-    -- ref the parent spec's index.
-    d_child     int[];
-    d_kind      text[];
-    d_key       text[];
-    d_trig      dep_trigger[];
-    d_pidx      int[];
-    -- Existing parents, locked: jobs and batches with their states.
-    x_ids       bigint[];
-    x_states    text[];
-    xb_ids      bigint[];
-    xb_states   text[];
-    v_waiting   boolean[];
-    v_parent    boolean[];
-    v_ids       bigint[];
-    r_id        bigint[];
-    r_created   boolean[];
-    r_ref       text[];
-    v_created   int;
-    v_cancelled bigint[];
-    v_events    jsonb;
-    v_wake      text[];
 BEGIN
-    IF v_count = 0 THEN
-        RETURN;
-    END IF;
-
-    -- 1. Shape of each dependency (PJ002).
     SELECT c.n, c.sref, c.k, c.problem INTO v_bad
       FROM (SELECT s.n, s.spec ->> 'ref' AS sref, d.k,
                    CASE
@@ -136,7 +104,23 @@ BEGIN
                              CASE WHEN v_bad.k IS NOT NULL THEN format('depends_on[%s]: ', v_bad.k - 1) ELSE '' END,
                              v_bad.problem);
     END IF;
+END;
+$$;
 
+-- 2-3. The dependencies of `jobs` as parallel arrays (one entry per dependency: the dependent spec's
+-- index (1-based), the parent's kind ('ref' | 'job' | 'batch'), its key (ref text or id), the trigger,
+-- and for a ref the parent spec's index), with the implicit dependency on `parent` and refs resolved;
+-- then the graph errors (PJ005): unknown or ambiguous refs, duplicate edges, cycles among the refs.
+CREATE OR REPLACE FUNCTION pgjobs._graph_dep_arrays(jobs jsonb, parent bigint, label text,
+                                                    OUT d_child int[], OUT d_kind text[], OUT d_key text[],
+                                                    OUT d_trig pgjobs.dep_trigger[], OUT d_pidx int[])
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pgjobs, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_bad       record;
+BEGIN
     -- 2. The dependencies as arrays, with the implicit dependency on `parent` and refs resolved.
     WITH deps AS (
         SELECT s.n::int AS child, d.k AS k,
@@ -192,7 +176,26 @@ BEGIN
                              coalesce(format(' (ref %s)', jobs -> (v_bad.child - 1) ->> 'ref'), ''), v_bad.problem);
     END IF;
     PERFORM _check_acyclic(jobs, d_child, d_pidx, label);
+END;
+$$;
 
+-- 4-5b. The existing parents, locked (FOR NO KEY UPDATE, in id order): the race with a parent settling
+-- while an edge to it is added is closed by this lock (see the header). Jobs with the siblings their
+-- continuations are held for (held siblings become extra `complete` dependencies: d_* grow), then
+-- batches; PJ005 for a parent that does not exist, and for a job joining `batch` (add_to_batch) while
+-- waiting for that batch, directly or through live ancestors (a dependency cycle).
+CREATE OR REPLACE FUNCTION pgjobs._graph_lock_parents(jobs jsonb, batch bigint, label text,
+                                                      INOUT d_child int[], INOUT d_kind text[], INOUT d_key text[],
+                                                      INOUT d_trig pgjobs.dep_trigger[], INOUT d_pidx int[],
+                                                      OUT x_ids bigint[], OUT x_states text[],
+                                                      OUT xb_ids bigint[], OUT xb_states text[])
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pgjobs, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_bad       record;
+BEGIN
     -- 4. Existing parent jobs, with the siblings their continuations are held for
     --    (add_to_batch(..., before_continuations)), locked in id order: see the header.
     WITH ext AS (
@@ -277,39 +280,27 @@ BEGIN
                                  label, v_bad.child - 1, batch);
         END IF;
     END IF;
+END;
+$$;
 
-    -- 6. Insert. A spec waits when some dependency is not already satisfied by an existing parent.
-    SELECT array_agg(coalesce(w.wait, false) ORDER BY g.i) INTO v_waiting
-      FROM generate_series(1, v_count) AS g(i)
-      LEFT JOIN (SELECT d.child,
-                        bool_or(CASE WHEN p.st IS NULL OR p.st NOT IN ('succeeded', 'failed', 'cancelled') THEN true
-                                     WHEN d.trig = 'complete' THEN false
-                                     WHEN d.trig = 'success' THEN p.st <> 'succeeded'
-                                     ELSE p.st <> 'failed' END) AS wait
-                   FROM unnest(d_child, d_kind, d_key, d_trig) AS d(child, kind, key, trig)
-                   LEFT JOIN (SELECT 'job'::text AS kind, x.id, x.st FROM unnest(x_ids, x_states) AS x(id, st)
-                              UNION ALL
-                              SELECT 'batch', x.id, x.st FROM unnest(xb_ids, xb_states) AS x(id, st)) AS p
-                     ON p.kind = d.kind AND p.id::text = d.key
-                  GROUP BY d.child) AS w ON w.child = g.i;
-    IF new_batch THEN
-        INSERT INTO batches DEFAULT VALUES RETURNING batches.id INTO v_batch;
-    END IF;
-    -- Specs that other specs of this call depend on are inserted with has_dependents set.
-    SELECT array_agg(p.pidx IS NOT NULL ORDER BY g.i) INTO v_parent
-      FROM generate_series(1, v_count) AS g(i)
-      LEFT JOIN (SELECT DISTINCT d.pidx FROM unnest(d_kind, d_pidx) AS d(kind, pidx) WHERE d.kind = 'ref') AS p
-        ON p.pidx = g.i;
-    v_ids := ARRAY(SELECT nextval('pgjobs.jobs_id_seq') FROM generate_series(1, v_count));
-    SELECT array_agg(r.id ORDER BY r.n), array_agg(r.created ORDER BY r.n), array_agg(r.ref ORDER BY r.n)
-      INTO r_id, r_created, r_ref
-      FROM _insert_specs(jobs, v_batch, v_ids, v_waiting, v_parent) AS r;
-    SELECT count(*) FILTER (WHERE c) INTO v_created FROM unnest(r_created) AS c;
-    IF v_batch IS NOT NULL AND v_created > 0 THEN
-        UPDATE batches AS b SET total = b.total + v_created, pending = b.pending + v_created
-         WHERE b.id = v_batch;
-    END IF;
-
+-- 7-8. The edges of the created jobs (r_id/r_created: what step 6 inserted or found, by spec), settled
+-- at insert when the parent has already settled; parents get has_dependents, children their counters,
+-- in one UPDATE. A ref whose spec found an existing job by unique key points at that job: it is locked
+-- first, as the existing parents were (the same race). Status events, wake-ups, and the propagation of
+-- the children cancelled at insert (a parent had already settled the wrong way) follow.
+CREATE OR REPLACE FUNCTION pgjobs._graph_link(r_id bigint[], r_created boolean[], d_child int[], d_kind text[],
+                                              d_key text[], d_trig pgjobs.dep_trigger[], d_pidx int[],
+                                              x_ids bigint[], x_states text[], xb_ids bigint[], xb_states text[])
+RETURNS void
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pgjobs, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_cancelled bigint[];
+    v_events    jsonb;
+    v_wake      text[];
+BEGIN
     -- 7. A ref whose spec found an existing job by unique key points at that job: lock it too.
     IF NOT (true = ALL (r_created)) THEN
         WITH holders AS (
@@ -393,6 +384,86 @@ BEGIN
     IF v_cancelled IS NOT NULL THEN
         PERFORM _propagate(v_cancelled);
     END IF;
+END;
+$$;
+
+-- Inserts a set of job specs with their dependencies, all or nothing:
+--   batch      an existing batch the new jobs join (add_to_batch), or NULL;
+--   new_batch  make the created jobs one new batch (enqueue_many(as_batch => true));
+--   parent     every spec also depends on this job with `success` (complete(..., continuations));
+--   label      names the array in error messages.
+-- Errors (PJ002 malformed dependency, PJ005 unknown ref / missing parent / duplicate edge / cycle)
+-- are raised before anything is written.
+CREATE OR REPLACE FUNCTION pgjobs._graph_insert(jobs jsonb, batch bigint, new_batch boolean, parent bigint,
+                                                label text)
+RETURNS TABLE (n bigint, ref text, id bigint, created boolean, batch_id bigint)
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pgjobs, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_count     int := jsonb_array_length(jobs);
+    v_batch     bigint := batch;
+    d_child     int[];
+    d_kind      text[];
+    d_key       text[];
+    d_trig      dep_trigger[];
+    d_pidx      int[];
+    -- Existing parents, locked: jobs and batches with their states.
+    x_ids       bigint[];
+    x_states    text[];
+    xb_ids      bigint[];
+    xb_states   text[];
+    v_waiting   boolean[];
+    v_parent    boolean[];
+    v_ids       bigint[];
+    r_id        bigint[];
+    r_created   boolean[];
+    r_ref       text[];
+    v_created   int;
+BEGIN
+    IF v_count = 0 THEN
+        RETURN;
+    END IF;
+
+    PERFORM _graph_check_deps(jobs, label);
+    SELECT * INTO d_child, d_kind, d_key, d_trig, d_pidx FROM _graph_dep_arrays(jobs, parent, label);
+    SELECT * INTO d_child, d_kind, d_key, d_trig, d_pidx, x_ids, x_states, xb_ids, xb_states
+      FROM _graph_lock_parents(jobs, batch, label, d_child, d_kind, d_key, d_trig, d_pidx);
+
+    -- 6. Insert. A spec waits when some dependency is not already satisfied by an existing parent.
+    SELECT array_agg(coalesce(w.wait, false) ORDER BY g.i) INTO v_waiting
+      FROM generate_series(1, v_count) AS g(i)
+      LEFT JOIN (SELECT d.child,
+                        bool_or(CASE WHEN p.st IS NULL OR p.st NOT IN ('succeeded', 'failed', 'cancelled') THEN true
+                                     WHEN d.trig = 'complete' THEN false
+                                     WHEN d.trig = 'success' THEN p.st <> 'succeeded'
+                                     ELSE p.st <> 'failed' END) AS wait
+                   FROM unnest(d_child, d_kind, d_key, d_trig) AS d(child, kind, key, trig)
+                   LEFT JOIN (SELECT 'job'::text AS kind, x.id, x.st FROM unnest(x_ids, x_states) AS x(id, st)
+                              UNION ALL
+                              SELECT 'batch', x.id, x.st FROM unnest(xb_ids, xb_states) AS x(id, st)) AS p
+                     ON p.kind = d.kind AND p.id::text = d.key
+                  GROUP BY d.child) AS w ON w.child = g.i;
+    IF new_batch THEN
+        INSERT INTO batches DEFAULT VALUES RETURNING batches.id INTO v_batch;
+    END IF;
+    -- Specs that other specs of this call depend on are inserted with has_dependents set.
+    SELECT array_agg(p.pidx IS NOT NULL ORDER BY g.i) INTO v_parent
+      FROM generate_series(1, v_count) AS g(i)
+      LEFT JOIN (SELECT DISTINCT d.pidx FROM unnest(d_kind, d_pidx) AS d(kind, pidx) WHERE d.kind = 'ref') AS p
+        ON p.pidx = g.i;
+    v_ids := ARRAY(SELECT nextval('pgjobs.jobs_id_seq') FROM generate_series(1, v_count));
+    SELECT array_agg(r.id ORDER BY r.n), array_agg(r.created ORDER BY r.n), array_agg(r.ref ORDER BY r.n)
+      INTO r_id, r_created, r_ref
+      FROM _insert_specs(jobs, v_batch, v_ids, v_waiting, v_parent) AS r;
+    SELECT count(*) FILTER (WHERE c) INTO v_created FROM unnest(r_created) AS c;
+    IF v_batch IS NOT NULL AND v_created > 0 THEN
+        UPDATE batches AS b SET total = b.total + v_created, pending = b.pending + v_created
+         WHERE b.id = v_batch;
+    END IF;
+
+    PERFORM _graph_link(r_id, r_created, d_child, d_kind, d_key, d_trig, d_pidx, x_ids, x_states, xb_ids, xb_states);
 
     IF new_batch AND v_created = 0 THEN
         -- Every spec found an existing job by unique key: nothing joined the new batch.

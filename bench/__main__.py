@@ -33,9 +33,9 @@ from .common import Figure, fresh_database, server_settings
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 
 
-def _parser() -> argparse.ArgumentParser:
+def _parser(prog: str = "python -m bench") -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="python -m bench",
+        prog=prog,
         description="pgjobs benchmarks: each figure next to its bare-PostgreSQL baseline measured in the same run.",
     )
     p.add_argument("--dsn", help="PostgreSQL server to benchmark on (default: $PGJOBS_DSN, else the embedded server)")
@@ -218,8 +218,9 @@ def _git_commit() -> str | None:
     return out.stdout.strip() or None
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+def main(argv: list[str] | None = None, prog: str = "python -m bench") -> int:
+    """``prog``: the command name --help and usage errors show (``pgjobs bench`` when run from the CLI)."""
+    args = _parser(prog).parse_args(argv)
     names = [s.strip() for s in args.only.split(",")] if args.only else list(SUITES)
     unknown = [n for n in names if n not in SUITES]
     if unknown:

@@ -13,6 +13,10 @@ transitions follow one documented rule:
   repeated hour nothing fires a second time.
 
 So every run is an instant, runs are strictly increasing, and no wall time ever runs twice.
+
+Six fields put **seconds first**, as Oban, Quartz and node-cron do: ``"*/5 * * * * *"`` fires every five
+seconds, ``"30 0 * * * *"`` at 30 s past every hour. A seventh field is the year. Five fields are the
+classic ``minute hour day month weekday``.
 """
 
 from __future__ import annotations
@@ -44,14 +48,22 @@ def zone(name: str) -> ZoneInfo:
 
 
 def check_cron(expr: str) -> None:
-    """Raises InvalidArgument unless ``expr`` is a cron expression croniter accepts (5 fields, an optional
-    6th for seconds, or ``@hourly``/``@daily``/... aliases) and that fires at all."""
-    if not expr or not expr.strip() or not croniter.is_valid(expr):
-        raise InvalidArgument(f"invalid cron expression {expr!r}")
+    """Raises InvalidArgument unless ``expr`` is a cron expression croniter accepts (5 fields; 6 with
+    seconds first; 7 with a year last; or ``@hourly``/``@daily``/... aliases) and that fires at all."""
+    if not expr or not expr.strip() or not croniter.is_valid(expr, second_at_beginning=True):
+        raise InvalidArgument(
+            f"invalid cron expression {expr!r} (expected 'minute hour day month weekday', or six fields with "
+            "seconds first: '*/5 * * * * *' is every 5 seconds)"
+        )
     try:
-        croniter(expr, datetime(2000, 1, 1)).get_next(datetime)
+        _iter(expr, datetime(2000, 1, 1)).get_next(datetime)
     except CroniterError as exc:
         raise InvalidArgument(f"cron expression {expr!r} never fires") from exc
+
+
+def _iter(expr: str, start: datetime) -> croniter:
+    """croniter over naive wall times, reading a six-field expression with its seconds first."""
+    return croniter(expr, start, second_at_beginning=True)
 
 
 def _aware(value: datetime) -> datetime:
@@ -88,7 +100,7 @@ def fires(cron: str, timezone: str, after: datetime) -> Iterator[datetime]:
     after = _aware(after).astimezone(UTC)
     start = after.astimezone(tz).replace(tzinfo=None)
     try:
-        it = croniter(cron, start)
+        it = _iter(cron, start)
     except CroniterError as exc:
         raise InvalidArgument(f"invalid cron expression {cron!r}") from exc
     last = after
@@ -111,7 +123,7 @@ def fires(cron: str, timezone: str, after: datetime) -> Iterator[datetime]:
             # the remaining matches inside the gap are not visited again
             new_start = instant.astimezone(tz).replace(tzinfo=None)
             if new_start > wall:
-                it = croniter(cron, new_start)
+                it = _iter(cron, new_start)
     raise InvalidArgument(f"cron expression {cron!r} has no run after {after.isoformat()} in {timezone!r}")
 
 

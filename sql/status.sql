@@ -35,7 +35,8 @@ AS $$
     SELECT j.queue, j.state, count(*) FROM jobs AS j GROUP BY j.queue, j.state ORDER BY j.queue, j.state;
 $$;
 
--- Newest first. `search` matches kind or unique_key, case-insensitively (substring).
+-- Newest first. `search` matches kind, unique_key or the payload's JSON text, case-insensitively (substring).
+-- count_jobs below counts what the same filters match (the CLI's "N of M"): keep their WHERE clauses in step.
 CREATE OR REPLACE FUNCTION pgjobs.list_jobs(
     state     pgjobs.job_state DEFAULT NULL,
     queue     text DEFAULT NULL,
@@ -62,8 +63,33 @@ BEGIN
        AND (list_jobs.kind IS NULL OR j.kind = list_jobs.kind)
        AND (list_jobs.search IS NULL
             OR strpos(lower(j.kind), lower(list_jobs.search)) > 0
-            OR strpos(lower(coalesce(j.unique_key, '')), lower(list_jobs.search)) > 0)
+            OR strpos(lower(coalesce(j.unique_key, '')), lower(list_jobs.search)) > 0
+            OR strpos(lower(j.payload::text), lower(list_jobs.search)) > 0)
      ORDER BY j.created_at DESC, j.id DESC
      LIMIT max_rows OFFSET skip_rows;
+END;
+$$;
+
+-- How many jobs list_jobs' filters match, all pages together.
+CREATE OR REPLACE FUNCTION pgjobs.count_jobs(
+    state  pgjobs.job_state DEFAULT NULL,
+    queue  text DEFAULT NULL,
+    kind   text DEFAULT NULL,
+    search text DEFAULT NULL)
+RETURNS bigint
+LANGUAGE plpgsql
+STABLE
+SET search_path = pg_catalog, pgjobs, pg_temp
+AS $$
+#variable_conflict use_column
+BEGIN
+    RETURN (SELECT count(*) FROM jobs AS j
+             WHERE (count_jobs.state IS NULL OR j.state = count_jobs.state)
+               AND (count_jobs.queue IS NULL OR j.queue = count_jobs.queue)
+               AND (count_jobs.kind IS NULL OR j.kind = count_jobs.kind)
+               AND (count_jobs.search IS NULL
+                    OR strpos(lower(j.kind), lower(count_jobs.search)) > 0
+                    OR strpos(lower(coalesce(j.unique_key, '')), lower(count_jobs.search)) > 0
+                    OR strpos(lower(j.payload::text), lower(count_jobs.search)) > 0));
 END;
 $$;

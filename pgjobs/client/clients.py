@@ -14,6 +14,7 @@ from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
 from pgjobs.client.admin import AdminOps, AsyncAdminOps
 from pgjobs.client.claim import AsyncClaimOps, ClaimOps
+from pgjobs.client.defaults import EnqueueDefaults
 from pgjobs.client.enqueue import AsyncEnqueueOps, EnqueueOps
 from pgjobs.client.graph import AsyncGraphOps, GraphOps
 from pgjobs.client.lifecycle import AsyncLifecycleOps, LifecycleOps
@@ -24,7 +25,10 @@ from pgjobs.client.workers import AsyncWorkerOps, WorkerOps
 
 
 class Client(EnqueueOps, ClaimOps, LifecycleOps, AdminOps, StatusOps, WorkerOps, RecurringOps, GraphOps):
-    """Synchronous client. ``Client(dsn)`` opens its own pool; ``Client(pool=...)`` shares yours."""
+    """Synchronous client. ``Client(dsn)`` opens its own pool; ``Client(pool=...)`` shares yours.
+
+    ``app=``: a :class:`pgjobs.App` (or any :class:`~pgjobs.client.defaults.EnqueueDefaults`) whose declared
+    ``queue``/``priority``/``max_attempts`` apply when an enqueue of a declared kind does not give them."""
 
     def __init__(
         self,
@@ -33,7 +37,11 @@ class Client(EnqueueOps, ClaimOps, LifecycleOps, AdminOps, StatusOps, WorkerOps,
         pool: ConnectionPool[Any] | None = None,
         min_size: int = 1,
         max_size: int = 10,
+        app: EnqueueDefaults | None = None,
     ) -> None:
+        if app is not None and not isinstance(app, EnqueueDefaults):
+            raise TypeError(f"app= needs an object with enqueue_defaults(kind), such as pgjobs.App; got {app!r}")
+        self._enqueue_defaults = app
         if pool is None:
             if dsn is None:
                 raise ValueError("Client needs a dsn or a pool")
@@ -72,7 +80,8 @@ class AsyncClient(
     AsyncGraphOps,
     StreamOps,
 ):
-    """Asynchronous client. Use ``async with AsyncClient(dsn) as client:`` (or ``await client.open()``)."""
+    """Asynchronous client. Use ``async with AsyncClient(dsn) as client:`` (or ``await client.open()``);
+    ``app=`` as for :class:`Client`."""
 
     def __init__(
         self,
@@ -81,7 +90,11 @@ class AsyncClient(
         pool: AsyncConnectionPool[Any] | None = None,
         min_size: int = 1,
         max_size: int = 10,
+        app: EnqueueDefaults | None = None,
     ) -> None:
+        if app is not None and not isinstance(app, EnqueueDefaults):
+            raise TypeError(f"app= needs an object with enqueue_defaults(kind), such as pgjobs.App; got {app!r}")
+        self._enqueue_defaults = app
         if pool is None:
             if dsn is None:
                 raise ValueError("AsyncClient needs a dsn or a pool")

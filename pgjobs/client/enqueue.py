@@ -1,4 +1,8 @@
-"""Producing work: ``pgjobs.enqueue`` and ``pgjobs.enqueue_many`` (sql/enqueue.sql)."""
+"""Producing work: ``pgjobs.enqueue`` and ``pgjobs.enqueue_many`` (sql/enqueue.sql).
+
+``queue``, ``priority`` and ``max_attempts`` left as None take the declared defaults of the kind when the
+client was made with ``app=`` (:mod:`pgjobs.client.defaults`), else the SQL defaults.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +11,7 @@ from datetime import datetime
 from typing import Any
 
 from pgjobs.client._call import AsyncConn, AsyncRunner, Call, Rows, SyncConn, SyncRunner, jsonb
+from pgjobs.client.defaults import EnqueueDefaults, fill_spec, resolve
 from pgjobs.records import Enqueued, EnqueuedSpec
 
 
@@ -14,15 +19,17 @@ def enqueue_call(
     kind: str,
     payload: Any = None,
     *,
-    queue: str = "default",
+    queue: str | None = None,
     run_at: datetime | None = None,
-    priority: int = 0,
-    max_attempts: int = 20,
+    priority: int | None = None,
+    max_attempts: int | None = None,
     unique_key: str | None = None,
     unique_live_only: bool = False,
     group_key: str | None = None,
     meta: Mapping[str, Any] | None = None,
+    defaults: EnqueueDefaults | None = None,
 ) -> Call[Enqueued]:
+    options = resolve(defaults, kind, {"queue": queue, "priority": priority, "max_attempts": max_attempts})
     return Call(
         "SELECT * FROM pgjobs.enqueue(kind => %(kind)s, payload => %(payload)s, queue => %(queue)s,"
         " run_at => %(run_at)s, priority => %(priority)s::smallint, max_attempts => %(max_attempts)s,"
@@ -31,10 +38,10 @@ def enqueue_call(
         {
             "kind": kind,
             "payload": jsonb({} if payload is None else payload),
-            "queue": queue,
+            "queue": options["queue"],
             "run_at": run_at,
-            "priority": priority,
-            "max_attempts": max_attempts,
+            "priority": options["priority"],
+            "max_attempts": options["max_attempts"],
             "unique_key": unique_key,
             "unique_live_only": unique_live_only,
             "group_key": group_key,
@@ -48,8 +55,10 @@ def _specs(rows: Rows) -> list[EnqueuedSpec]:
     return [EnqueuedSpec.from_row(r) for r in rows]
 
 
-def enqueue_many_call(jobs: Iterable[Mapping[str, Any]], as_batch: bool = False) -> Call[list[EnqueuedSpec]]:
-    specs = [_spec(j) for j in jobs]
+def enqueue_many_call(
+    jobs: Iterable[Mapping[str, Any]], as_batch: bool = False, defaults: EnqueueDefaults | None = None
+) -> Call[list[EnqueuedSpec]]:
+    specs = [_spec(fill_spec(defaults, j)) for j in jobs]
     return Call(
         "SELECT * FROM pgjobs.enqueue_many(jobs => %(jobs)s, as_batch => %(as_batch)s)",
         {"jobs": jsonb(specs), "as_batch": as_batch},
@@ -66,22 +75,25 @@ def _spec(job: Mapping[str, Any]) -> dict[str, Any]:
 
 
 class EnqueueOps(SyncRunner):
+    _enqueue_defaults: EnqueueDefaults | None = None  # Client(app=...)
+
     def enqueue(
         self,
         kind: str,
         payload: Any = None,
         *,
-        queue: str = "default",
+        queue: str | None = None,
         run_at: datetime | None = None,
-        priority: int = 0,
-        max_attempts: int = 20,
+        priority: int | None = None,
+        max_attempts: int | None = None,
         unique_key: str | None = None,
         unique_live_only: bool = False,
         group_key: str | None = None,
         meta: Mapping[str, Any] | None = None,
         conn: SyncConn | None = None,
     ) -> Enqueued:
-        """Enqueues one job. With ``conn``, inside the caller's transaction."""
+        """Enqueues one job. With ``conn``, inside the caller's transaction. ``queue``/``priority``/
+        ``max_attempts`` not given: the kind's declared defaults (``Client(app=...)``), else default/0/20."""
         return self._run(
             enqueue_call(
                 kind,
@@ -94,6 +106,7 @@ class EnqueueOps(SyncRunner):
                 unique_live_only=unique_live_only,
                 group_key=group_key,
                 meta=meta,
+                defaults=self._enqueue_defaults,
             ),
             conn,
         )
@@ -101,20 +114,23 @@ class EnqueueOps(SyncRunner):
     def enqueue_many(
         self, jobs: Iterable[Mapping[str, Any]], *, as_batch: bool = False, conn: SyncConn | None = None
     ) -> list[EnqueuedSpec]:
-        """Enqueues job specs (dicts of enqueue arguments, plus ``ref``/``depends_on``) all or nothing."""
-        return self._run(enqueue_many_call(jobs, as_batch), conn)
+        """Enqueues job specs (dicts of enqueue arguments, plus ``ref``/``depends_on``) all or nothing; a spec
+        without ``queue``/``priority``/``max_attempts`` gets its kind's declared ones (``Client(app=...)``)."""
+        return self._run(enqueue_many_call(jobs, as_batch, self._enqueue_defaults), conn)
 
 
 class AsyncEnqueueOps(AsyncRunner):
+    _enqueue_defaults: EnqueueDefaults | None = None  # AsyncClient(app=...)
+
     async def enqueue(
         self,
         kind: str,
         payload: Any = None,
         *,
-        queue: str = "default",
+        queue: str | None = None,
         run_at: datetime | None = None,
-        priority: int = 0,
-        max_attempts: int = 20,
+        priority: int | None = None,
+        max_attempts: int | None = None,
         unique_key: str | None = None,
         unique_live_only: bool = False,
         group_key: str | None = None,
@@ -133,6 +149,7 @@ class AsyncEnqueueOps(AsyncRunner):
                 unique_live_only=unique_live_only,
                 group_key=group_key,
                 meta=meta,
+                defaults=self._enqueue_defaults,
             ),
             conn,
         )
@@ -140,4 +157,4 @@ class AsyncEnqueueOps(AsyncRunner):
     async def enqueue_many(
         self, jobs: Iterable[Mapping[str, Any]], *, as_batch: bool = False, conn: AsyncConn | None = None
     ) -> list[EnqueuedSpec]:
-        return await self._run(enqueue_many_call(jobs, as_batch), conn)
+        return await self._run(enqueue_many_call(jobs, as_batch, self._enqueue_defaults), conn)

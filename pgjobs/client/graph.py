@@ -25,6 +25,7 @@ from typing import Any, Literal, LiteralString, Self
 from uuid import UUID
 
 from pgjobs.client._call import AsyncConn, AsyncRunner, Call, Rows, SyncConn, SyncRunner, jsonb, scalar
+from pgjobs.client.defaults import EnqueueDefaults
 from pgjobs.client.enqueue import _spec, enqueue_many_call
 from pgjobs.records import BatchStatus, EnqueuedSpec
 
@@ -121,6 +122,7 @@ class GraphBuilder:
         self._then: list[tuple[dict[str, Any], Trigger]] = []
         self._then_jobs: list[JobRef] = []
         self._submitted = False
+        self._defaults: EnqueueDefaults | None = None  # the client's app= declarations, set by the subclasses
 
     def enqueue(
         self,
@@ -230,7 +232,7 @@ class GraphBuilder:
 
     def _members_call(self) -> Call[list[EnqueuedSpec]]:
         self._submitted = True
-        return enqueue_many_call(self._specs, self.as_batch)
+        return enqueue_many_call(self._specs, self.as_batch, self._defaults)
 
     def _then_call(self) -> Call[list[EnqueuedSpec]] | None:
         if not self._then:
@@ -238,7 +240,7 @@ class GraphBuilder:
         if self.batch_id is None:
             raise RuntimeError("then(): the batch has no member, so there is nothing to continue")
         specs = [{**spec, "depends_on": [{"batch": self.batch_id, "on": on}]} for spec, on in self._then]
-        return enqueue_many_call(specs, False)
+        return enqueue_many_call(specs, False, self._defaults)
 
     def _record(self, rows: list[EnqueuedSpec], jobs: list[JobRef]) -> None:
         by_ref = {j.ref: j for j in jobs}
@@ -259,6 +261,7 @@ class SyncGraphBuilder(GraphBuilder):
         super().__init__(as_batch)
         self._runner = runner
         self._conn = conn
+        self._defaults = getattr(runner, "_enqueue_defaults", None)
 
     def submit(self) -> list[EnqueuedSpec]:
         """Enqueues everything in one transaction (the batch's continuations in a second call within it)."""
@@ -296,6 +299,7 @@ class AsyncGraphBuilder(GraphBuilder):
         super().__init__(as_batch)
         self._runner = runner
         self._conn = conn
+        self._defaults = getattr(runner, "_enqueue_defaults", None)
 
     async def submit(self) -> list[EnqueuedSpec]:
         if self._submitted:

@@ -1,8 +1,8 @@
-"""Reading state: job_status, stats, list_jobs (sql/status.sql)."""
+"""Reading state: job_status, stats, list_jobs, count_jobs (sql/status.sql)."""
 
 from __future__ import annotations
 
-from pgjobs.client._call import AsyncConn, AsyncRunner, Call, SyncConn, SyncRunner
+from pgjobs.client._call import AsyncConn, AsyncRunner, Call, SyncConn, SyncRunner, scalar
 from pgjobs.records import Job, JobState, JobStatus, QueueStat
 
 
@@ -41,6 +41,17 @@ def list_jobs_call(
     )
 
 
+def count_jobs_call(
+    state: JobState | str | None = None, queue: str | None = None, kind: str | None = None, search: str | None = None
+) -> Call[int]:
+    return Call(
+        "SELECT pgjobs.count_jobs(state => %(state)s::pgjobs.job_state, queue => %(queue)s, kind => %(kind)s,"
+        " search => %(search)s)",
+        {"state": None if state is None else str(state), "queue": queue, "kind": kind, "search": search},
+        lambda rows: int(scalar(rows) or 0),
+    )
+
+
 class StatusOps(SyncRunner):
     def job_status(self, id: int, *, conn: SyncConn | None = None) -> JobStatus | None:
         """The job with its incoming edges, or None when there is no such job."""
@@ -60,7 +71,20 @@ class StatusOps(SyncRunner):
         *,
         conn: SyncConn | None = None,
     ) -> list[Job]:
+        """Newest first; ``search`` matches kind, unique key or payload text (case-insensitive substring)."""
         return self._run(list_jobs_call(state, queue, kind, search, max_rows, skip_rows), conn)
+
+    def count_jobs(
+        self,
+        state: JobState | str | None = None,
+        queue: str | None = None,
+        kind: str | None = None,
+        search: str | None = None,
+        *,
+        conn: SyncConn | None = None,
+    ) -> int:
+        """How many jobs ``list_jobs`` with the same filters matches, all pages together."""
+        return self._run(count_jobs_call(state, queue, kind, search), conn)
 
 
 class AsyncStatusOps(AsyncRunner):
@@ -82,3 +106,14 @@ class AsyncStatusOps(AsyncRunner):
         conn: AsyncConn | None = None,
     ) -> list[Job]:
         return await self._run(list_jobs_call(state, queue, kind, search, max_rows, skip_rows), conn)
+
+    async def count_jobs(
+        self,
+        state: JobState | str | None = None,
+        queue: str | None = None,
+        kind: str | None = None,
+        search: str | None = None,
+        *,
+        conn: AsyncConn | None = None,
+    ) -> int:
+        return await self._run(count_jobs_call(state, queue, kind, search), conn)

@@ -86,6 +86,7 @@ class JobHandler:
     retry: RetryPolicy | None = None
     is_async: bool = True
     parent_results: bool = False
+    priority: int | None = None
 
     def retry_at(self, attempt: int, now: datetime | None = None) -> datetime | None:
         """When the handler's own ``retry`` policy wants attempt ``attempt`` retried (None: the SQL backoff)."""
@@ -101,11 +102,20 @@ class JobHandler:
         return None if value is None else when_to_datetime(value, now)
 
     def enqueue_defaults(self) -> dict[str, Any]:
-        """``queue`` and ``max_attempts`` as keyword arguments for ``enqueue``/``enqueue_many`` specs."""
+        """``queue``, ``priority`` and ``max_attempts`` as declared, as keyword arguments of ``enqueue``."""
         out: dict[str, Any] = {"queue": self.queue}
+        if self.priority is not None:
+            out["priority"] = self.priority
         if self.max_attempts is not None:
             out["max_attempts"] = self.max_attempts
         return out
+
+    def enqueue(self, client: Any, payload: Any = None, **options: Any) -> Any:
+        """``client.enqueue(kind, payload, **options)`` with this handler's declared defaults where
+        ``options`` has none: ``app.handlers["send_email"].enqueue(client, {...})``. With an
+        :class:`~pgjobs.AsyncClient` it returns the coroutine to await."""
+        given = {k: v for k, v in options.items() if v is not None}
+        return client.enqueue(self.kind, payload, **{**self.enqueue_defaults(), **given})
 
 
 def _is_async(func: Callable[..., Any]) -> bool:
@@ -134,11 +144,14 @@ class App:
         max_attempts: int | None = None,
         retry: RetryPolicy | None = None,
         parent_results: bool = False,
+        priority: int | None = None,
     ) -> Callable[[F], F]:
         """Registers the decorated function as the handler of ``kind``.
 
-        ``queue`` and ``max_attempts`` are the defaults for enqueueing this kind (``enqueue_defaults``); a
-        worker runs the kind from any queue it serves. ``timeout`` (seconds) bounds one attempt: the handler
+        ``queue``, ``priority`` and ``max_attempts`` are the defaults for enqueueing this kind: a
+        ``pgjobs.Client(dsn, app=app)`` applies them when an enqueue does not say otherwise, and
+        ``pgjobs worker --app`` without ``--queues`` serves every declared queue. A worker runs the kind from
+        any queue it serves. ``timeout`` (seconds) bounds one attempt: the handler
         is cancelled and the job fails with ``TimeoutError``. ``retry``: ``None`` (the SQL backoff), a list of
         delays in seconds by attempt (the last repeats), or ``f(attempt) -> seconds | timedelta | datetime``.
         ``parent_results=True``: the worker fills ``ctx.parent_results`` ({parent job id: result}, batch parents
@@ -150,6 +163,8 @@ class App:
             raise ValueError("queue must be a non-empty string")
         if max_attempts is not None and max_attempts < 1:
             raise ValueError(f"max_attempts must be >= 1, got {max_attempts}")
+        if priority is not None and not -32768 <= priority <= 32767:
+            raise ValueError(f"priority must fit a smallint (-32768..32767), got {priority}")
         seconds = timeout.total_seconds() if isinstance(timeout, timedelta) else timeout
         if seconds is not None and seconds <= 0:
             raise ValueError(f"timeout must be positive, got {timeout!r}")
@@ -166,6 +181,7 @@ class App:
                 retry=retry,
                 is_async=_is_async(func),
                 parent_results=parent_results,
+                priority=priority,
             )
             return func
 
@@ -207,6 +223,19 @@ class App:
     @property
     def kinds(self) -> list[str]:
         return sorted(self.handlers)
+
+    @property
+    def queues(self) -> list[str]:
+        """Every queue a handler (or periodic job) of this app is declared on, sorted."""
+        return sorted(
+            {h.queue for h in self.handlers.values()} | {getattr(s, "queue", "default") for s in self.periodic_specs}
+        )
+
+    def enqueue_defaults(self, kind: str) -> dict[str, Any]:
+        """The declared ``queue``/``priority``/``max_attempts`` of ``kind`` ({} for an undeclared kind): what
+        ``pgjobs.Client(dsn, app=app)`` applies (it satisfies :class:`pgjobs.client.defaults.EnqueueDefaults`)."""
+        handler = self.handlers.get(kind)
+        return handler.enqueue_defaults() if handler is not None else {}
 
     def handler(self, kind: str) -> JobHandler | None:
         return self.handlers.get(kind)

@@ -356,4 +356,5 @@ def test_worker_command_runs_jobs_and_stops_on_sigterm(dsn: str, tmp_path: Path)
 def test_bench_delegates_every_argument(capsys: pytest.CaptureFixture[str]) -> None:
     # `--help` after `bench` is the benchmark's own, not pgjobs'
     assert main(["bench", "--help"]) == 0
-    assert "python -m bench" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert out.startswith("usage: pgjobs bench") and "python -m bench" not in out  # issue 13: it said python -m

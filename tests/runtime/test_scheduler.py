@@ -110,7 +110,7 @@ def oracle_fires(cron: str, tz_name: str, start: datetime, end: datetime) -> lis
 
 
 def test_six_schedulers_racing_materialise_each_run_exactly_once(dsn: str, conn: psycopg.Connection[Any]) -> None:
-    crons = ["* * * * *", "*/2 * * * *", "*/3 * * * *", "*/5 * * * *", "0 * * * *", "* * * * * */20"]
+    crons = ["* * * * *", "*/2 * * * *", "*/3 * * * *", "*/5 * * * *", "0 * * * *", "*/20 * * * * *"]  # seconds first
     with Client(dsn) as client:
         for i in range(30):
             client.add_schedule(f"s{i:02}", f"kind{i % 3}", crons[i % len(crons)], now=T0)

@@ -40,7 +40,9 @@ def register(subparsers: Any) -> None:
     q = sub.add_parser("add", help="add (or update) a dynamic schedule")
     q.add_argument("name", help="the schedule's unique name")
     q.add_argument("kind", help="the job kind each run enqueues")
-    q.add_argument("cron", help="cron expression, e.g. '*/5 * * * *'; six fields put seconds first: '*/5 * * * * *' is every 5 s")
+    q.add_argument(
+        "cron", help="cron expression, e.g. '*/5 * * * *'; six fields put seconds first: '*/5 * * * * *' is every 5 s"
+    )
     q.add_argument("--timezone", "--tz", default="UTC", help="IANA time zone the cron is read in (UTC)")
     q.add_argument("--payload", type=_json_object, default={}, metavar="JSON", help="job payload ({})")
     q.add_argument("--queue", default="default")

@@ -555,7 +555,7 @@ def _run(args: argparse.Namespace, console: Console, plain: bool) -> int:
                     console.print(
                         f"[bold]pgjobs demo[/] on PostgreSQL {version} ({where}); ready in "
                         f"{time.perf_counter() - t0:.1f} s"
-                        + (f", applied {', '.join(migrated.applied)}" if migrated.applied else "")
+                        + (", schema installed" if migrated.applied else "")
                     )
                     demo = Run(target.describe())
                     anyio.run(_run_async, demo_dsn, demo, args, console, plain, signals)

@@ -20,6 +20,7 @@ from rich.console import Console
 from rich.table import Table
 
 from pgjobs.client import Client
+from pgjobs.errors import InvalidState
 from pgjobs.jsonable import to_jsonable
 from pgjobs.records import Schedule
 from pgjobs.runtime.scheduler import Scheduler
@@ -185,7 +186,12 @@ def cmd_resume(args: argparse.Namespace) -> int:
 
 def cmd_remove(args: argparse.Namespace) -> int:
     with Client(args.dsn, max_size=1) as client:
-        client.remove_schedule(args.name, force=args.force)
+        try:
+            client.remove_schedule(args.name, force=args.force)
+        except InvalidState as exc:
+            # the SQL message speaks to SQL callers ("pass force => true"); here the switch is --force
+            message = str(exc).replace("pass force => true", f"pgjobs schedules remove {args.name} --force")
+            raise InvalidState(message) from None
     _console().print(f"schedule {args.name!r} removed")
     return 0
 

@@ -28,7 +28,17 @@ from pgjobs.jsonable import to_jsonable
 
 
 def to_json(value: Any) -> bytes:
-    return json.dumps(to_jsonable(value)).encode()
+    return json.dumps(_public(to_jsonable(value))).encode()
+
+
+def _public(value: Any) -> Any:
+    """``value`` without ``lease_token``: the token is the running attempt's credential (whoever has it can
+    complete, fail or release the job), so the dashboard never hands it out."""
+    if isinstance(value, dict):
+        return {k: _public(v) for k, v in value.items() if k != "lease_token"}
+    if isinstance(value, list):
+        return [_public(v) for v in value]
+    return value
 
 
 class Dashboard:
@@ -173,8 +183,10 @@ def serve(dsn: str, host: str = "127.0.0.1", port: int = 8080) -> ThreadingHTTPS
 
 def register(subparsers: Any) -> None:
     parser = subparsers.add_parser("web", help="serve the dashboard (read-mostly; binds 127.0.0.1 by default)")
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=8080)
+    parser.add_argument(
+        "--host", default="127.0.0.1", help="address to bind (127.0.0.1; the dashboard has no authentication)"
+    )
+    parser.add_argument("--port", type=int, default=8080, help="TCP port (8080; 0 picks a free one)")
     parser.set_defaults(func=_run)
 
 

@@ -16,6 +16,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import pytest
 
 from pgjobs import Client
@@ -187,3 +188,52 @@ def test_worker_queues_default_to_the_declared_ones() -> None:
     assert worker_queues(None, 4, ["emails", "images"]) == {"emails": 4, "images": 4}
     assert worker_queues(None, 4, []) == {"default": 4}
     assert worker_queues({"emails": None, "x": 2}, 4, ["emails"]) == {"emails": 4, "x": 2}
+
+
+# ---------------------------------------------------------------------------------------------------------
+# item 8: the small ones
+
+
+def test_web_help_explains_host_and_port(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["web", "--help"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "--host HOST address to bind" in out and "--port PORT TCP port" in out
+
+
+def test_dashboard_api_hides_lease_tokens(dsn: str) -> None:
+    import threading
+    import urllib.request
+
+    from pgjobs.web.server import serve
+
+    with Client(dsn) as client:
+        client.enqueue("k")
+        claimed = client.claim("w", max_jobs=1)[0]
+    server = serve(dsn, "127.0.0.1", 0)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        base = f"http://127.0.0.1:{server.server_address[1]}"
+        for path in ("/api/jobs", f"/api/jobs/{claimed.id}"):
+            with urllib.request.urlopen(base + path, timeout=10) as resp:
+                body = resp.read().decode()
+            assert "lease_token" not in body and str(claimed.lease_token) not in body, path
+            assert '"leased_by": "w"' in body, path  # the rest of the row is there
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_removing_a_code_schedule_names_the_cli_switch(dsn: str, capsys: pytest.CaptureFixture[str]) -> None:
+    from datetime import UTC, datetime, timedelta
+
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(
+            "SELECT pgjobs.upsert_schedule('nightly', 'k', '0 3 * * *', %s, code_defined => true)",
+            (datetime.now(UTC) + timedelta(hours=1),),
+        )
+    capsys.readouterr()
+    assert main(["--dsn", dsn, "schedules", "remove", "nightly"]) == 1
+    err = capsys.readouterr().err
+    assert "pgjobs schedules remove nightly --force" in err and "force => true" not in err
+    assert main(["--dsn", dsn, "schedules", "remove", "nightly", "--force"]) == 0

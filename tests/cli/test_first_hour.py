@@ -237,3 +237,17 @@ def test_removing_a_code_schedule_names_the_cli_switch(dsn: str, capsys: pytest.
     err = capsys.readouterr().err
     assert "pgjobs schedules remove nightly --force" in err and "force => true" not in err
     assert main(["--dsn", dsn, "schedules", "remove", "nightly", "--force"]) == 0
+
+
+def test_the_distribution_is_pgjobs_queue_with_import_and_command_pgjobs() -> None:
+    # issue 13 item 7: "pgjobs" on the package index is somebody else's project
+    import importlib.metadata
+
+    import pgjobs
+
+    dist = importlib.metadata.distribution("pgjobs-queue")
+    scripts = {ep.name: ep.value for ep in dist.entry_points if ep.group == "console_scripts"}
+    assert scripts == {"pgjobs": "pgjobs.cli:main"}
+    assert pgjobs.__version__ == dist.version
+    pyproject = (REPO / "pyproject.toml").read_text()
+    assert 'name = "pgjobs-queue"' in pyproject and '"pgjobs-queue[embedded]"' in pyproject

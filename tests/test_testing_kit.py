@@ -189,3 +189,17 @@ def test_the_pytest_plugin_gives_a_migrated_database_per_test(tmp_path: Path, pg
     with psycopg.connect(pg_server_dsn, autocommit=True) as admin:
         left = admin.execute("SELECT count(*) FROM pg_database WHERE datname LIKE 'pgjobs_kit%%'").fetchone()
     assert left == (0,)  # template and per-test databases dropped
+
+
+def test_the_readme_testing_examples_pass_with_the_plugin(tmp_path: Path, pg_server_dsn: str) -> None:
+    import re
+
+    text = (REPO / "README.md").read_text()
+    section = text[text.index("## Testing your jobs") : text.index("## More documentation")]
+    blocks = re.findall(r"```python\n(.*?)```", section, flags=re.DOTALL)
+    assert len(blocks) == 2
+    for i, block in enumerate(blocks):
+        (tmp_path / f"test_readme_{i}.py").write_text(block)
+    proc = _run_pytest(tmp_path, "-p", "pgjobs.testing.plugin", "--pgjobs-server", pg_server_dsn)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "3 passed" in proc.stdout

@@ -124,3 +124,15 @@ def test_readme_points_to_every_example() -> None:
     text = (REPO / "README.md").read_text()
     missing = [name for name in EXPECTED if f"examples/{name}" not in text]
     assert not missing, f"README.md does not mention {missing}"
+
+
+def test_docs_exist_are_linked_and_draw_both_state_machines() -> None:
+    readme = (REPO / "README.md").read_text()
+    for page in ("docs/states.md", "docs/deploying.md", "docs/coming-from.md"):
+        assert (REPO / page).is_file() and f"]({page})" in readme, page
+    states = (REPO / "docs/states.md").read_text()
+    assert states.count("```mermaid\nstateDiagram-v2") == 2
+    from pgjobs.records import JobState
+
+    for state in JobState:  # every job state appears in the diagram
+        assert f"--> {state.value}" in states, state

@@ -26,6 +26,7 @@ from rich.console import Console
 from pgjobs.client import Client
 from pgjobs.jsonable import to_jsonable
 from pgjobs.ops import dsn as dsnmod
+from pgjobs.ops import probe
 from pgjobs.records import JobState
 
 EXIT_OK = 0
@@ -254,20 +255,15 @@ def not_migrated(dsn: str, detail: str = "", where: str | None = None) -> CliErr
 def check_database(dsn: str, need_schema: bool, where: str | None = None) -> None:
     """Raises :class:`CliError` (exit 2) when the server does not answer, (exit 3) when the schema is missing."""
     try:
-        with psycopg.connect(dsn, **connect_kwargs(dsn)) as conn:
-            if not need_schema:
-                return
-            row = conn.execute(
-                "SELECT n.oid IS NOT NULL,"
-                " EXISTS (SELECT 1 FROM pg_catalog.pg_proc AS p"
-                "         WHERE p.pronamespace = n.oid AND p.proname = 'job_status')"
-                " FROM (SELECT to_regnamespace('pgjobs')::oid AS oid) AS n"
-            ).fetchone()
+        if not need_schema:
+            psycopg.connect(dsn, **connect_kwargs(dsn)).close()
+            return
+        has_schema, has_functions = probe.schema_state(dsn, **connect_kwargs(dsn))
     except psycopg.OperationalError as exc:
         raise unreachable(dsn, exc, where) from None
-    if row is None or not row[0]:
+    if not has_schema:
         raise not_migrated(dsn, where=where)
-    if not row[1]:
+    if not has_functions:
         raise not_migrated(dsn, "its functions are not installed", where)
 
 
@@ -290,13 +286,10 @@ def open_client(dsn: str) -> Iterator[Client]:
 
 
 def functions_state(dsn: str, digest: str) -> str:
-    with psycopg.connect(dsn, **connect_kwargs(dsn)) as conn:
-        if conn.execute("SELECT to_regclass('pgjobs.sql_revision')").fetchone() == (None,):
-            return "not installed"
-        row = conn.execute("SELECT digest FROM pgjobs.sql_revision").fetchone()
-    if row is None:
+    installed = probe.installed_digest(dsn, **connect_kwargs(dsn))
+    if installed is None:
         return "not installed"
-    return "up to date" if row[0] == digest else "outdated (run `pgjobs migrate`)"
+    return "up to date" if installed == digest else "outdated (run `pgjobs migrate`)"
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -27,7 +27,6 @@ from typing import Any
 
 import anyio
 import psycopg
-from psycopg import sql
 from rich.console import Console
 from rich.live import Live
 
@@ -43,6 +42,7 @@ from pgjobs.cli.common import (
 )
 from pgjobs.cli.demo_view import Run, Snapshot, plain_line, read_snapshot, render, summary
 from pgjobs.ops import dsn as dsnmod
+from pgjobs.ops import probe, scratch
 
 DEMO_DATABASE = "pgjobs_demo"
 EXIT_SIGTERM = 143
@@ -256,16 +256,11 @@ def _demo_database() -> str:
 def _create_database(admin_dsn: str) -> str:
     """Creates this run's database, after dropping those left by demos that were killed (their pid is gone)."""
     name = _demo_database()
-    with psycopg.connect(admin_dsn, autocommit=True) as conn:
-        rows = conn.execute(
-            "SELECT datname FROM pg_database WHERE datname = %s OR datname ~ %s",
-            [DEMO_DATABASE, f"^{DEMO_DATABASE}_[0-9]+$"],
-        ).fetchall()
-        for (stale,) in rows:
-            pid = stale.rpartition("_")[2]
-            if stale == name or not pid.isdigit() or not _pid_alive(int(pid)):
-                conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(stale)))
-        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    for stale in probe.databases_named(admin_dsn, DEMO_DATABASE, f"^{DEMO_DATABASE}_[0-9]+$"):
+        pid = stale.rpartition("_")[2]
+        if stale == name or not pid.isdigit() or not _pid_alive(int(pid)):
+            scratch.drop(admin_dsn, stale)
+    probe.create_database(admin_dsn, name)
     return dsnmod.with_database(admin_dsn, name)
 
 
@@ -280,8 +275,8 @@ def _pid_alive(pid: int) -> bool:
 
 
 def _drop_database(admin_dsn: str) -> None:
-    with contextlib.suppress(psycopg.Error), psycopg.connect(admin_dsn, autocommit=True, connect_timeout=5) as conn:
-        conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(_demo_database())))
+    with contextlib.suppress(psycopg.Error):
+        scratch.drop(admin_dsn, _demo_database())
 
 
 def run(args: argparse.Namespace) -> int:
@@ -315,7 +310,7 @@ def _run(args: argparse.Namespace, console: Console, plain: bool) -> int:
                         check_database(target.dsn, need_schema=False)
                         demo_dsn = target.dsn
                         where = target.describe()
-                    version = _server_version(demo_dsn)
+                    version = probe.server_version(demo_dsn)
                     migrated = migrate(demo_dsn)
                     console.print(
                         f"[bold]pgjobs demo[/] on PostgreSQL {version} ({where}); ready in "
@@ -344,9 +339,3 @@ def _run(args: argparse.Namespace, console: Console, plain: bool) -> int:
             raise CliError(str(exc), EXIT_UNREACHABLE) from None
         except psycopg.OperationalError as exc:
             raise CliError(f"the database went away: {dsnmod.first_line(str(exc))}", EXIT_UNREACHABLE) from None
-
-
-def _server_version(dsn: str) -> str:
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        row = conn.execute("SELECT current_setting('server_version')").fetchone()
-    return str(row[0]).split()[0] if row else "?"

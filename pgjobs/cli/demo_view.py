@@ -14,6 +14,8 @@ from rich.table import Table
 from rich.text import Text
 
 from pgjobs.cli.common import describe_progress, error_line, progress_fraction, short
+from pgjobs.client import reports
+from pgjobs.client.status import job_status_call
 from pgjobs.records import JobState
 
 SETTLED = ("succeeded", "failed", "cancelled")
@@ -73,16 +75,9 @@ class Run:
 
 async def read_snapshot(conn: psycopg.AsyncConnection[Any], run: Run) -> Snapshot:
     show = run.showcase
-    cur = await conn.execute(
-        "SELECT state::text, count(*)::int FROM pgjobs.jobs WHERE id = ANY(%(ids)s) GROUP BY state",
-        {"ids": show.ids},
-    )
-    by_state = {state: n for state, n in await cur.fetchall()}
-    cur = await conn.execute(
-        "SELECT id, kind, state::text, attempt, progress, checkpoint FROM pgjobs.jobs WHERE id = ANY(%(ids)s)",
-        {"ids": [show.report_id, show.import_id]},
-    )
-    tracked = {row[0]: Tracked(*row) for row in await cur.fetchall()}
+    by_state = {state: n for state, n in await reports.arun(conn, reports.state_counts(show.ids))}
+    rows = await reports.arun(conn, reports.tracked([show.report_id, show.import_id]))
+    tracked = {row[0]: Tracked(*row) for row in rows}
     return Snapshot(len(show.ids), by_state, tracked, time.perf_counter() - run.started)
 
 
@@ -135,24 +130,11 @@ def plain_line(snap: Snapshot) -> str:
 def summary(dsn: str, run: Run, console: Console) -> None:
     show = run.showcase
     with psycopg.connect(dsn, autocommit=True) as conn:
-        rows = conn.execute(
-            "SELECT kind, state::text, count(*)::int, sum(attempt)::int, sum(jsonb_array_length(errors))::int"
-            " FROM pgjobs.jobs WHERE id = ANY(%(ids)s) GROUP BY kind, state ORDER BY kind, state",
-            {"ids": show.ids},
-        ).fetchall()
-        span = conn.execute(
-            "SELECT extract(epoch FROM max(completed_at) - min(created_at))::float8,"
-            " count(*) FILTER (WHERE attempt > 1)::int"
-            " FROM pgjobs.jobs WHERE id = ANY(%(ids)s) AND first_started_at IS NOT NULL",
-            {"ids": show.ids},
-        ).fetchone()
-        report = conn.execute(
-            "SELECT state::text, attempt, checkpoint, errors, result FROM pgjobs.jobs WHERE id = %s", (show.report_id,)
-        ).fetchone()
-        failed = conn.execute(
-            "SELECT kind, last_error FROM pgjobs.jobs WHERE id = ANY(%(ids)s) AND state = 'failed' ORDER BY id LIMIT 1",
-            {"ids": show.ids},
-        ).fetchone()
+        rows = reports.run(conn, reports.kind_summary(show.ids))
+        span = reports.run(conn, reports.span(show.ids))
+        job = reports.run(conn, job_status_call(show.report_id))
+        report = None if job is None else (job.state.value, job.attempt, job.checkpoint, job.errors, job.result)
+        failed = reports.run(conn, reports.first_failed(show.ids))
 
     kinds: dict[str, dict[str, int]] = {}
     totals: dict[str, int] = collections.Counter()

@@ -14,7 +14,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from pgjobs.client import Client
+from pgjobs.client import Client, reports
 from pgjobs.jsonable import to_jsonable
 from pgjobs.records import QueueSettings
 
@@ -158,14 +158,7 @@ def _live(client: Client, queues: list[str]) -> dict[str, dict[str, int]]:
     if not queues:
         return out
     with client.pool.connection() as conn:
-        rows = conn.execute(
-            "SELECT q.queue,"
-            " (SELECT count(*) FROM pgjobs.jobs AS j WHERE j.state = 'pending' AND j.queue = q.queue),"
-            " (SELECT count(*) FROM pgjobs.jobs AS j WHERE j.state = 'active' AND j.queue = q.queue),"
-            " (SELECT count(*) FROM pgjobs.group_cursors AS c WHERE c.queue = q.queue)"
-            " FROM unnest(%s::text[]) AS q(queue)",
-            [queues],
-        ).fetchall()
+        rows = reports.run(conn, reports.queue_live(queues))
     for queue, pending, active, groups in rows:
         out[queue] = {"pending": int(pending), "active": int(active), "groups": int(groups)}
     return out

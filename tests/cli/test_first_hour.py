@@ -122,7 +122,7 @@ def test_status_follow_json_streams_one_object_per_line(dsn: str) -> None:
             client.progress(claimed.id, claimed.lease_token, {"done": 1, "total": 2})
             seen: list[dict[str, Any]] = []
             while not any(e.get("state") == "active" for e in seen):
-                seen.append(json.loads(_read_line(proc, 10)))  # the job is still running: lines come as they happen
+                seen.append(json.loads(_read_line(proc, 30)))  # the job is still running: lines come as they happen
             assert all(e["type"] == "event" for e in seen)
             client.complete(claimed.id, claimed.lease_token, {"ok": True})
             out, err = proc.communicate(timeout=30)

@@ -1,6 +1,6 @@
 """``pgjobs schedules list|add|pause|resume|remove`` and ``pgjobs.runtime.scheduler``.
 
-:func:`register` adds the commands to the ``pgjobs`` parser (pgjobs/cli.py calls it). Each command is a
+:func:`register` adds the commands to the ``pgjobs`` parser (pgjobs/cli/main.py calls it). Each command is a
 function ``(args) -> int``; ``args.dsn`` is resolved by the main CLI, which also turns pgjobs errors
 (unknown schedule, code-defined schedule, bad cron ...) into one line on stderr and exit code 1.
 """

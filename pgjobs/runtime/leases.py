@@ -2,7 +2,8 @@
 
 * the **renewer**: every ``lease / 3`` one ``renew_leases`` for all held jobs. A job missing from its answer
   lost its lease (reclaimed elsewhere): its handler is cancelled and nothing is reported for it. A job
-  reported ``cancel_requested`` gets ``ctx.cancelled`` set (the fallback for a missed ``pgjobs_cancel``);
+  reported ``cancel_requested`` is cancelled (``HeldJob.cancel_requested``): this is how a ``pgjobs_cancel`` hint is
+  confirmed (the listener asks for a renewal at once) and how a missed one is caught;
 * the **heartbeat**: ``worker_heartbeat(name, meta)`` and ``reap_workers`` every ``heartbeat_interval``; no
   reaping until ``reap_after`` has passed since the server started and since this worker last failed to reach
   it (after an outage every worker's heartbeat is stale, and the first one back would take the others' running
@@ -37,7 +38,11 @@ async def renewer(w: WorkerState) -> None:
         if failures:
             await w._backoff(min(interval, backoff_delay(failures, 0.05, 1.0)))
         else:
-            await anyio.sleep(interval)
+            # every lease/3, or at once when a pgjobs_cancel hint names a job we hold (listener.on_notify)
+            w._renewer_wait = anyio.Event()
+            with anyio.move_on_after(interval):
+                await w._renewer_wait.wait()
+            w._renewer_wait = None
         failures = 0 if await renew_held(w) else failures + 1
 
 
@@ -71,8 +76,8 @@ async def renew_held(w: WorkerState, conn: psycopg.AsyncConnection[Any] | None =
             # Reclaimed elsewhere (or settled): this attempt's outcome no longer counts.
             if w._jobs.get(job.id) is job and job.phase == RUNNING:
                 job.interrupt("lease lost")
-        elif still[job.id] and job.ctx is not None:
-            job.ctx.cancelled.set("cancel requested")
+        elif still[job.id]:
+            job.cancel_requested()
     return True
 
 

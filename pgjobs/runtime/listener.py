@@ -1,8 +1,9 @@
 """Wake-ups: the LISTEN loop's handling and the poll fallback.
 
 * the **listener** (:class:`pgjobs.client.listen.Listener`): ``pgjobs_wake`` (payload: queue) wakes that
-  queue's claimer, ``pgjobs_cancel`` (payload: job id) sets the running job's ``ctx.cancelled``; it reconnects
-  with backoff and jitter, and wakes every claimer after a reconnect (a wake sent meanwhile is lost);
+  queue's claimer, ``pgjobs_cancel`` (payload: job id) makes the renewer read the held jobs'
+  ``cancel_requested`` now (a hint, confirmed in SQL before anything is cancelled); it reconnects with backoff
+  and jitter, and wakes every claimer after a reconnect (a wake sent meanwhile is lost);
 * the **poller**: wakes the claimers every ``poll_interval`` and at the next due ``run_at`` (``next_due_at``).
 """
 
@@ -44,14 +45,15 @@ def on_notify(w: WorkerState, channel: str, payload: str) -> None:
             q.more = True
             q.poke("wake")
     elif channel == CANCEL_CHANNEL:
+        # Only a hint: any role may NOTIFY any channel, so a forged payload must cancel nothing. For a job we
+        # hold, renew the leases now: renew_leases reports cancel_requested from the row, and only that
+        # cancels (leases.renew_held), a round trip after the hint.
         try:
-            job = w._jobs.get(int(payload))
+            held = int(payload) in w._jobs
         except ValueError:
             return
-        if job is not None and job.ctx is not None:
-            job.ctx.cancelled.set("cancel requested")
-        elif job is not None:
-            job.stop_reason = "cancel requested"
+        if held:
+            w._poke_renewer()
 
 
 async def poller(w: WorkerState) -> None:

@@ -38,7 +38,7 @@ async def slot(w: WorkerState, q: QueueState) -> None:
                 parked.pop().set()
             try:
                 reason = job.stop_reason
-                if reason == "shutdown" or reason == "lease lost":  # ended before it started
+                if reason in ("shutdown", "lease lost", "cancel requested"):  # ended before it started
                     await _skip(w, job)
                 else:
                     await _execute(w, job)
@@ -65,10 +65,13 @@ def _context(runtime: JobRuntime, job: HeldJob, flag: CancelFlag) -> JobContext 
 
 
 async def _skip(w: WorkerState, job: HeldJob) -> None:
-    """A job that ends before it starts: released at shutdown, or dropped when claimed again meanwhile."""
+    """A job that ends before it starts: released at shutdown, cancelled when its cancellation was confirmed
+    first (the handler never runs), or dropped when claimed again meanwhile."""
     job.phase = FINISHING
     if job.stop_reason == "shutdown":  # claimed but not started before the worker stopped
         await release(w, job, None)
+    elif job.stop_reason == "cancel requested":
+        await ack_cancel(w, job)
     else:  # "lease lost": claimed again before it started (see claimer.dispatch)
         w.lost += 1
 
@@ -93,8 +96,6 @@ async def _execute(w: WorkerState, job: HeldJob) -> None:
     payload = json.loads(job.payload)
     flag = CancelFlag(threaded=not handler.is_async)
     ctx = job.ctx = _context(w, job, flag)  # the worker is the context's JobRuntime
-    if job.stop_reason == "cancel requested":  # the cancel arrived before the slot picked it up
-        flag.set("cancel requested")
     error: BaseException | None = None
     result: Any = None
     timeout = handler.timeout

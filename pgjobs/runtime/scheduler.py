@@ -56,6 +56,9 @@ from pgjobs.records import Materialized, Schedule
 log = logging.getLogger("pgjobs.scheduler")
 
 CHANNEL = SCHEDULES_CHANNEL
+# How long a pass may hold off a stop (see Scheduler._loop): far above a pass's usual milliseconds (10,000 due
+# schedules take about a second), only a bound for a database that stopped answering.
+PASS_SHIELD = 60.0
 
 
 def utc_now() -> datetime:
@@ -302,13 +305,18 @@ class Scheduler:
             # A fresh event before the pass: a NOTIFY that arrives during the pass wakes the next sleep.
             self._wakeup = anyio.Event()
             try:
-                if not synced:
-                    await self.sync_code_schedules(self.app)
-                    synced = True
-                _, advanced = await self._tick()
-                wake_at = await self.next_wakeup()
+                # A pass is a few short transactions: shielded (for PASS_SHIELD seconds at most), a stop that
+                # arrives meanwhile waits for its end instead of interrupting a query (psycopg then logs a
+                # "query cancellation interrupted" warning and throws the connection away); the stop lands
+                # at the sleep below.
+                with anyio.CancelScope(shield=True), anyio.fail_after(PASS_SHIELD):
+                    if not synced:
+                        await self.sync_code_schedules(self.app)
+                        synced = True
+                    _, advanced = await self._tick()
+                    wake_at = await self.next_wakeup()
                 failures = 0
-            except (psycopg.Error, OSError, PgJobsError) as exc:
+            except (psycopg.Error, OSError, PgJobsError, TimeoutError) as exc:
                 # The database is unreachable or refused (not migrated yet ...): keep trying, with backoff,
                 # rather than bring down the worker this scheduler runs in.
                 failures += 1

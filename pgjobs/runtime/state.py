@@ -47,6 +47,9 @@ RECONNECT_CAP = 2.0
 # The worker's pool: how long a call waits for a connection (PoolTimeout is retried by call()), and how long the
 # pool retries a failed connect before giving up on it (the next call that needs one tries again, at once).
 POOL_WAIT = 5.0
+# How long one pooled round trip may hold off a cancellation (WorkerState._call): the pool's wait plus a margin
+# for the statement; a bound for a database that stopped answering, never reached by a healthy one.
+CALL_SHIELD = 30.0
 POOL_RECONNECT = 3.0
 # A claim needs no durable commit: if the server crashes before the claim's WAL reaches disk, the job simply
 # comes back unclaimed (attempt not counted), and this worker's later calls for it fail the token compare-and-set
@@ -92,6 +95,17 @@ class HeldJob:
         self.stop_reason: str | None = None  # why the worker cancelled the handler: timeout/lease/shutdown
         self.ctx: JobContext | SyncJobContext | None = None
         self.parents: str | None = None  # the parents' results (JSON text), for kinds that asked
+
+    def cancel_requested(self) -> None:
+        """Its cancellation was requested (as read from SQL, never from a notification alone): an async
+        handler is cancelled now; a sync one, whose thread cannot be killed, sees ``ctx.cancelled``. Either
+        way the attempt ends ``cancelled`` (``ack_cancel``)."""
+        if self.ctx is None:  # not started yet: the slot sets the flag before the handler runs
+            self.stop_reason = self.stop_reason or "cancel requested"
+        elif self.handler.is_async:
+            self.interrupt("cancel requested")
+        else:
+            self.ctx.cancelled.set("cancel requested")
 
     def interrupt(self, reason: str) -> None:
         """Cancels the running handler (first reason wins) and tells it through ctx.cancelled."""
@@ -168,6 +182,7 @@ class WorkerState:
         self._completer_wait: anyio.Event | None = None
         self._backoff_wait: anyio.Event | None = None  # set when connection retries should not wait any longer
         self._poller_wait: anyio.Event | None = None
+        self._renewer_wait: anyio.Event | None = None  # set to renew the leases now (a cancel hint came)
         self._stop_event: anyio.Event | None = None
         self._stopping = False
         self._hard_stop = False
@@ -179,7 +194,7 @@ class WorkerState:
         self._wants_parents = False  # any handler with parent_results=True (set when run() starts)
         self.listener: Listener | None = None
         self._cut_off_at: float | None = None  # anyio time of this worker's last failure to reach the database
-        self.started = threading.Event()  # set once the worker claims (tests, CLI)
+        self.started = threading.Event()  # set once connected, its claimers and slots running (public: README)
         self.claimed = self.completed = self.failed = self.released = self.cancelled = self.lost = 0
         self.claim_calls = self.complete_calls = 0
 
@@ -208,8 +223,12 @@ class WorkerState:
         while True:
             assert self._pool is not None
             try:
-                async with self._pool.connection() as conn:
-                    return await run_on(conn, call)
+                # Shielded: a stop (or a cancelled handler) that arrives during the round trip waits for its
+                # end. Interrupted, psycopg cancels the query, is interrupted again, throws the connection away
+                # and logs a warning (stop() right after run()), and the call's outcome is unknown.
+                with anyio.CancelScope(shield=True), anyio.fail_after(CALL_SHIELD):
+                    async with self._pool.connection() as conn:
+                        return await run_on(conn, call)
             except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
                 failures += 1
                 self._cut_off_at = anyio.current_time()
@@ -261,6 +280,10 @@ class WorkerState:
     def _poke_poller(self) -> None:
         if self._poller_wait is not None:
             self._poller_wait.set()
+
+    def _poke_renewer(self) -> None:
+        if self._renewer_wait is not None:
+            self._renewer_wait.set()
 
     def _loop_call_later(self, delay: float, fn: Any, *args: Any) -> asyncio.TimerHandle:
         assert self._loop is not None

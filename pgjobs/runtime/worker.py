@@ -31,7 +31,8 @@ import threading
 from collections.abc import Mapping, Sequence
 from datetime import timedelta
 from functools import partial
-from typing import Any
+from types import TracebackType
+from typing import Any, Self
 
 import anyio
 from anyio.abc import TaskGroup
@@ -123,6 +124,7 @@ class Worker(WorkerState):
         self.durable_completions = durable_completions
 
         self.claimers = claimers
+        self._exit_stack: contextlib.AsyncExitStack | None = None  # async with Worker(...)
         self._init_state()
 
     # ------------------------------------------------------------------------------------------ control
@@ -169,6 +171,23 @@ class Worker(WorkerState):
             for sig, previous in installed.items():
                 signal.signal(sig, previous)
         return 0
+
+    async def __aenter__(self) -> Self:
+        """``async with Worker(...) as worker:`` runs the worker in the background for the block (``run()`` in
+        a task group of its own) and stops it gracefully when the block ends, waiting for the stop. The block
+        does not wait for the start: ``worker.started`` (a :class:`threading.Event`) is set once the worker
+        has connected and claims."""
+        stack = contextlib.AsyncExitStack()
+        tg = await stack.enter_async_context(anyio.create_task_group())
+        tg.start_soon(self.run)
+        self._exit_stack = stack
+        return self
+
+    async def __aexit__(self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None) -> None:
+        stack, self._exit_stack = self._exit_stack, None
+        self.stop()
+        if stack is not None:
+            await stack.__aexit__(t, e, tb)
 
     @property
     def stats(self) -> WorkerStats:

@@ -76,7 +76,7 @@ def duplicates(conn: psycopg.Connection[Any]) -> list[tuple[Any, ...]]:
 
 def croniter_fires_utc(cron: str, start: datetime, end: datetime) -> list[datetime]:
     """croniter's own fires in (start, end], for UTC schedules."""
-    it = croniter(cron, start.replace(tzinfo=None))
+    it = croniter(cron, start.replace(tzinfo=None), second_at_beginning=True)  # six fields: seconds first
     out = []
     while (t := it.get_next(datetime).replace(tzinfo=UTC)) <= end:
         out.append(t)

@@ -1,6 +1,6 @@
 """A long job that saves a checkpoint after every chunk: when an attempt dies, the next one resumes.
 
-    PGJOBS_DSN=postgresql://localhost/app python examples/checkpoints.py
+PGJOBS_DSN=postgresql://localhost/app python examples/checkpoints.py
 """
 
 import os

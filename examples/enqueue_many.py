@@ -1,6 +1,6 @@
 """Many jobs in one call, all or nothing, with dependencies between them (``enqueue_many``).
 
-    PGJOBS_DSN=postgresql://localhost/app python examples/enqueue_many.py
+PGJOBS_DSN=postgresql://localhost/app python examples/enqueue_many.py
 """
 
 import os

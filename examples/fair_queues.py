@@ -1,6 +1,6 @@
 """A fair queue: every tenant (group_key) gets its turn, whatever one tenant has queued.
 
-    PGJOBS_DSN=postgresql://localhost/app python examples/fair_queues.py
+PGJOBS_DSN=postgresql://localhost/app python examples/fair_queues.py
 """
 
 import os

@@ -37,19 +37,20 @@ def resize(payload: dict, ctx: pgjobs.SyncJobContext) -> None:
 
 
 async def main() -> None:
-    worker = pgjobs.Worker(app, DSN, queues={q: 4 for q in app.queues}, poll_interval=0.5)
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(worker.run)
-        async with pgjobs.AsyncClient(DSN, app=app) as client:  # app=: the handlers' queue, max_attempts ...
-            email = await client.enqueue("send_email", {"to": "ada@example.com", "subject": "Welcome"})
-            frames = await client.enqueue("resize", {"frames": 3})
-            async for _ in client.subscribe(job_ids=[email.id, frames.id]):
-                pass  # ends once both jobs are terminal
-            for job_id in (email.id, frames.id):
-                job = await client.job_status(job_id)
-                assert job is not None
-                print(f"{job.kind}: {job.state.value} in queue {job.queue}, attempt {job.attempt} of {job.max_attempts}")
-        worker.stop()
+    # the worker runs for the block (every queue the app declares) and stops gracefully at its end
+    # (app=: the client enqueues with the handlers' declared queue, max_attempts ...)
+    async with (
+        pgjobs.Worker(app, DSN, queues=app.queues, poll_interval=0.5),
+        pgjobs.AsyncClient(DSN, app=app) as client,
+    ):
+        email = await client.enqueue("send_email", {"to": "ada@example.com", "subject": "Welcome"})
+        frames = await client.enqueue("resize", {"frames": 3})
+        async for _ in client.subscribe(job_ids=[email.id, frames.id]):
+            pass  # ends once both jobs are terminal
+        for job_id in (email.id, frames.id):
+            job = await client.job_status(job_id)
+            assert job is not None
+            print(f"{job.kind}: {job.state.value} in queue {job.queue}, attempt {job.attempt} of {job.max_attempts}")
     print("outbox:", outbox)
 
 

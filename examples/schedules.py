@@ -1,6 +1,6 @@
 """Recurring jobs: one declared in code, one added at run time. Six-field crons put seconds first.
 
-    PGJOBS_DSN=postgresql://localhost/app python examples/schedules.py
+PGJOBS_DSN=postgresql://localhost/app python examples/schedules.py
 """
 
 import os

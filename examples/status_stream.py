@@ -1,6 +1,6 @@
 """Follow a job from another process: every transition and progress report, as it happens.
 
-    PGJOBS_DSN=postgresql://localhost/app python examples/status_stream.py
+PGJOBS_DSN=postgresql://localhost/app python examples/status_stream.py
 """
 
 import os

@@ -1,6 +1,6 @@
 """Enqueue inside your own transaction: the job exists exactly when your data does.
 
-    PGJOBS_DSN=postgresql://localhost/app python examples/transactional_enqueue.py
+PGJOBS_DSN=postgresql://localhost/app python examples/transactional_enqueue.py
 """
 
 import os

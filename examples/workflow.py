@@ -1,6 +1,6 @@
 """Fan out 10 image resizes, fan in to one zip that reads their results, page someone if anything failed.
 
-    PGJOBS_DSN=postgresql://localhost/app python examples/workflow.py
+PGJOBS_DSN=postgresql://localhost/app python examples/workflow.py
 """
 
 import os
@@ -46,7 +46,7 @@ async def main() -> None:
     async with anyio.create_task_group() as tg:
         tg.start_soon(worker.run)
         async with pgjobs.AsyncClient(DSN) as client:
-            async for event in client.subscribe(batch_id=batch_id):
+            async for _event in client.subscribe(batch_id=batch_id):
                 status = await client.batch_status(batch_id)
                 if status is not None and status.state.value != "executing":
                     break  # the batch settled

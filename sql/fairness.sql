@@ -687,7 +687,7 @@ CREATE OR REPLACE FUNCTION pgjobs._fair_finish(v_q text, v_nstamped int, v_npick
                                                u_seq bigint, u_served boolean, v_lwm bigint, v_pos text,
                                                v_found boolean, v_productive boolean, u_empty boolean,
                                                v_maxid bigint, v_quiet boolean)
-RETURNS void
+RETURNS boolean   -- true: a value, so that the walk calls it as an expression, not as a query
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pgjobs, pg_temp
 AS $$
@@ -731,6 +731,7 @@ BEGIN
            updated_at = now()
      WHERE f.queue = v_q
        AND f.ctid = (SELECT x.ctid FROM fair_queues AS x WHERE x.queue = v_q FOR UPDATE SKIP LOCKED);
+    RETURN true;
 END;
 $$;
 
@@ -921,7 +922,7 @@ DECLARE
     u_seq bigint := v_ungrouped_seq; u_served boolean := false; u_owned boolean := false; u_busy boolean := false;
     -- one pick: the best candidate (b_src 1 L1, 2 U, 3 N, 4 L2), then the group and the head taken
     b_src int; b_i int; b_seq bigint; b_act int; b_hp int; b_hr timestamptz; b_hi bigint; v_win boolean;
-    v_key text; v_act int; v_id bigint; v_tid tid; v_kind text; v_k int; v_left int;
+    v_key text; v_act int; v_id bigint; v_tid tid; v_kind text; v_k int; v_left int; v_r record;
 BEGIN
     IF l_key IS NOT NULL THEN
         SELECT * INTO v_phase, v_bseq, v_bkey, v_lwm, v_walked, l1_key, l1_ctid, l1_seq, l1_act, l1_hp, l1_hr, l1_hi,
@@ -1015,9 +1016,10 @@ BEGIN
         IF b_src = 1 THEN
             v_key := l1_key[b_i];
             IF NOT l1_done[b_i] THEN
-                SELECT * INTO l1_done, l1_busy, l1_lid, l1_ltid, l1_lkind, l1_nseq, l1_oldat, v_stamped
-                  FROM _fair_lock_heads(v_q, b_i, v_left, v_open, v_ids, l1_key, l1_ctid, l1_done, l1_busy,
-                                        l1_lid, l1_ltid, l1_lkind, l1_nseq, l1_oldat, v_stamped);
+                v_r := _fair_lock_heads(v_q, b_i, v_left, v_open, v_ids, l1_key, l1_ctid, l1_done, l1_busy, l1_lid,
+                                        l1_ltid, l1_lkind, l1_nseq, l1_oldat, v_stamped);
+                l1_done := v_r.l1_done; l1_busy := v_r.l1_busy; l1_lid := v_r.l1_lid; l1_ltid := v_r.l1_ltid;
+                l1_lkind := v_r.l1_lkind; l1_nseq := v_r.l1_nseq; l1_oldat := v_r.l1_oldat; v_stamped := v_r.v_stamped;
             END IF;
             p1 := p1 + 1;
             v_act := l1_act[b_i];
@@ -1067,10 +1069,11 @@ BEGIN
                 END IF;
             END LOOP;
             IF v_id IS NULL THEN
-                SELECT * INTO pf_key, pf_id, pf_tid, pf_kind, v_id, v_tid, v_kind
-                  FROM _fair_take_again(v_q, v_key, v_open, v_ids, v_left,
-                                        cardinality(l2_key) - p2 + 1 + cardinality(l1_key) - p1 + 1, b_src, b_i,
-                                        l2_key, l2_out, pf_key, pf_id, pf_tid, pf_kind);
+                v_r := _fair_take_again(v_q, v_key, v_open, v_ids, v_left, cardinality(l2_key) - p2 + 1
+                                        + cardinality(l1_key) - p1 + 1, b_src, b_i, l2_key, l2_out, pf_key, pf_id,
+                                        pf_tid, pf_kind);
+                pf_key := v_r.pf_key; pf_id := v_r.pf_id; pf_tid := v_r.pf_tid; pf_kind := v_r.pf_kind;
+                v_id := v_r.v_id; v_tid := v_r.v_tid; v_kind := v_r.v_kind;
             END IF;
             CONTINUE picks WHEN v_id IS NULL;
         END IF;
@@ -1112,7 +1115,7 @@ BEGIN
     v_phase := 0; v_bkey := ''; v_first := true;
     END LOOP;
 
-    PERFORM _fair_finish(v_q, cardinality(v_stamped), v_npicked1, l1_key, l1_seq, l1_oldat, l1_nseq, l1_picked,
+    v_win := _fair_finish(v_q, cardinality(v_stamped), v_npicked1, l1_key, l1_seq, l1_oldat, l1_nseq, l1_picked,
                          v_unstamped, l2_key, l2_seq, l2_pick, l2_wrote, u_seq, u_served, v_lwm, v_pos, v_found,
                          v_productive, u_empty, v_maxid, v_quiet);
     ids := v_ids;
@@ -1162,8 +1165,7 @@ DECLARE
     u_probed  boolean := false;
     u_empty   boolean;                     -- what the last look for ungrouped work in this call found
     v_k       int;
-    f_ids     bigint[];
-    f_tids    tid[];
+    v_f       record;                      -- what _fair_fast or _fair_walk returned
     l_key     text[];                      -- the ring as the fast path read it, for the walk
     l_ctid    tid[];
     l_seq     bigint[];
@@ -1257,21 +1259,23 @@ BEGIN
        AND (v_open IS NULL OR v_k >= room)
        -- (a session can turn the fast path off: the tests compare it with the walk)
        AND current_setting('pgjobs.fair_walk_only', true) IS DISTINCT FROM 'on' THEN
-        SELECT f.ids, f.tids, f.r_key, f.r_ctid, f.r_seq, f.r_act, f.r_locked
-          INTO f_ids, f_tids, l_key, l_ctid, l_seq, l_act, l_dead
-          FROM _fair_fast(v_q, room, v_open, v_fq.ring_from, v_limit, a_key, a_cnt, u_out, u_seq, v_pos, v_found,
-                          v_productive, u_empty, v_maxid, v_quiet) AS f;
-        IF f_ids IS NOT NULL THEN
-            ids := f_ids;
-            tids := f_tids;
+        -- (calls as expressions, here and below: a SELECT ... FROM f() costs a query's start and a
+        -- materialised result, twice what the call does)
+        v_f := _fair_fast(v_q, room, v_open, v_fq.ring_from, v_limit, a_key, a_cnt, u_out, u_seq, v_pos, v_found,
+                          v_productive, u_empty, v_maxid, v_quiet);
+        IF v_f.ids IS NOT NULL THEN
+            ids := v_f.ids;
+            tids := v_f.tids;
             RETURN;
         END IF;
+        l_key := v_f.r_key; l_ctid := v_f.r_ctid; l_seq := v_f.r_seq; l_act := v_f.r_act; l_dead := v_f.r_locked;
     END IF;
-    SELECT w.ids, w.tids INTO ids, tids
-      FROM _fair_walk(v_q, room, kinds, quotas, serialized, v_cfg.max_active_per_group, v_cfg.noisy_min_active,
+    v_f := _fair_walk(v_q, room, kinds, quotas, serialized, v_cfg.max_active_per_group, v_cfg.noisy_min_active,
                       v_cfg.noisy_share, v_fq.ring_from, v_fq.ungrouped_seq, v_total, a_key, a_cnt, v_maxid, v_quiet,
                       v_pos, v_found, v_productive, u_out, u_probed, u_empty, u_hp, u_hr, u_hi, v_unserved,
-                      v_chunk, v_limit, l_key, l_ctid, l_seq, l_act, l_dead) AS w;
+                      v_chunk, v_limit, l_key, l_ctid, l_seq, l_act, l_dead);
+    ids := v_f.ids;
+    tids := v_f.tids;
 END;
 $$;
 

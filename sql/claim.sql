@@ -142,11 +142,14 @@ BEGIN
         PERFORM _promote_scheduled(v_plain, least(1000, greatest(100, 2 * max_jobs)));
     END IF;
 
-    IF v_controlled IS NULL AND v_limits IS NULL THEN
+    IF v_controlled IS NULL AND v_limits IS NULL
+       -- (a session can turn this path off: tests/sql/test_claim_paths.py runs the same workload
+       -- through both and compares what they pick, the rows they leave and the events they send)
+       AND current_setting('pgjobs.claim_fast_path', true) IS DISTINCT FROM 'off' THEN
         -- The usual call (plain queues, any kind): one statement leases the jobs, sends their
         -- status events, starts their batches and returns them, with no array of rows in
         -- between. The same statement as _claim_plain's for any kind (less the scheduled jobs,
-        -- promoted to pending above); keep the two in step.
+        -- promoted to pending above); kept in step by test_claim_paths.py.
         RETURN QUERY
         WITH cand AS (
             SELECT p.id, p.priority, p.run_at

@@ -609,10 +609,11 @@ END;
 $$;
 
 -- The pick of a group picked before in this call (rule 3: it went to the back of the ring), a noisy one
--- (rules 1 and 2), or one whose kind ran out since its head was locked: a row locked ahead for it
--- (pf_*: a row's pf_key is NULLed once used) whose kind is still open, else a new batch: its share of
--- the picks left, for it and the groups after it in L2 that have none locked ahead. Rows locked with
--- SKIP LOCKED; one locked ahead and not taken stays locked until commit: harmless.
+-- (rules 1 and 2), or one whose kind ran out since its head was locked, when no row locked ahead for it
+-- (pf_*: a row's pf_key is NULLed once used) has a kind still open (the walk looks at those first, without
+-- a call): a new batch, its share of the picks left, for it and the groups after it in L2 that have none
+-- locked ahead. Rows locked with SKIP LOCKED; one locked ahead and not taken stays locked until commit:
+-- harmless.
 CREATE OR REPLACE FUNCTION pgjobs._fair_take_again(v_q text, v_key text, v_open text[], v_ids bigint[],
                                                    v_left int, v_rest int, b_src int, b_i int,
                                                    l2_key text[], l2_out boolean[],
@@ -632,18 +633,7 @@ DECLARE
     l_lkind   text[];
     l_tid     tid[];
 BEGIN
-    LOOP
-        v_k := array_position(pf_key, v_key);
-        EXIT WHEN v_k IS NULL;
-        pf_key[v_k] := NULL;
-        IF v_open IS NULL OR pf_kind[v_k] = ANY (v_open) THEN
-            v_id := pf_id[v_k];
-            v_tid := pf_tid[v_k];
-            v_kind := pf_kind[v_k];
-            EXIT;
-        END IF;
-    END LOOP;
-    IF v_id IS NULL THEN
+    IF v_id IS NULL THEN   -- (OUT: always, but the block keeps the statement's layout)
         v_per := greatest(1, ceil(v_left::numeric / greatest(1, v_rest))::int);
         l_key := ARRAY[v_key];
         IF b_src = 4 THEN
@@ -697,7 +687,7 @@ CREATE OR REPLACE FUNCTION pgjobs._fair_finish(v_q text, v_nstamped int, v_npick
                                                u_seq bigint, u_served boolean, v_lwm bigint, v_pos text,
                                                v_found boolean, v_productive boolean, u_empty boolean,
                                                v_maxid bigint, v_quiet boolean)
-RETURNS void
+RETURNS boolean   -- true: a value, so that the walk calls it as an expression, not as a query
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pgjobs, pg_temp
 AS $$
@@ -741,6 +731,7 @@ BEGIN
            updated_at = now()
      WHERE f.queue = v_q
        AND f.ctid = (SELECT x.ctid FROM fair_queues AS x WHERE x.queue = v_q FOR UPDATE SKIP LOCKED);
+    RETURN true;
 END;
 $$;
 
@@ -826,115 +817,36 @@ BEGIN
 END;
 $$;
 
--- One pick's ranking (rules 1-4): the best non-noisy candidate among the front of L1, U, the noisy groups
--- that are not noisy any more, and the first non-noisy group picked earlier in this call: lowest
--- served_seq first; never-served ties go to the better head; when only noisy groups have work left, fewer
--- active jobs first, then least recently served. The front of L1 is passed first: a group at its cap
--- cannot be picked in this call; a noisy one moves to N. b_src: 0 when L1 is used up and the ring has
--- more (the walk reads the next chunk first: the best candidate always lies within what was read, since
--- every cursor not read yet comes later in the ring), 1 L1, 2 U, 3 N, 4 L2, NULL: nothing left.
-CREATE OR REPLACE FUNCTION pgjobs._fair_rank(v_q text, v_cap_group int, v_noisy_min int, v_noisy_share real,
-                                             v_total int, v_open text[], v_ids bigint[],
-                                             v_phase int, l1_key text[], l1_seq bigint[], l1_act int[],
-                                             l1_hp int[], l1_hr timestamptz[], l1_hi bigint[], l2_key text[],
-                                             l2_seq bigint[], l2_act int[], INOUT p1 int, INOUT p2 int,
-                                             INOUT l2_out boolean[], INOUT n_key text[], INOUT n_seq bigint[],
-                                             INOUT n_act int[], INOUT n_out boolean[], INOUT u_out boolean,
-                                             INOUT u_seq bigint, INOUT u_probed boolean, INOUT u_empty boolean,
-                                             INOUT u_hp int, INOUT u_hr timestamptz, INOUT u_hi bigint,
-                                             OUT b_src int, OUT b_i int, OUT b_seq bigint)
+
+-- Rule U in one pick's ranking (the ungrouped jobs take turns as one more member of the ring, never
+-- noisy): whether U beats the best candidate so far (b_*): a lower place in the ring, or for a tie between
+-- never-served, a better head (U's head is looked for once; none in sight: U goes to the back of the ring,
+-- so an all-grouped queue looks for ungrouped work once per round). The walk calls it only when U's place
+-- is not after the candidate's (about once per round of the ring), so most picks make no call.
+CREATE OR REPLACE FUNCTION pgjobs._fair_rank_u(v_q text, v_open text[], v_ids bigint[], b_src int, b_seq bigint,
+                                               b_hp int, b_hr timestamptz, b_hi bigint, INOUT u_out boolean,
+                                               INOUT u_seq bigint, INOUT u_probed boolean, INOUT u_empty boolean,
+                                               INOUT u_hp int, INOUT u_hr timestamptz, INOUT u_hi bigint,
+                                               OUT u_wins boolean)
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pgjobs, pg_temp
 AS $$
 #variable_conflict use_column
-DECLARE
-    v_act     int;
-    b_act     int;
-    b_hp      int;
-    b_hr      timestamptz;
-    b_hi      bigint;
 BEGIN
-    -- (An L1 group not picked yet keeps its active count, and the noisy threshold only rises as this
-    -- call leases jobs: a group that passes stays good.)
-    WHILE p1 <= cardinality(l1_key) LOOP
-        v_act := l1_act[p1];
-        IF v_act >= v_cap_group THEN
-            p1 := p1 + 1;
-        ELSIF v_act >= v_noisy_min AND v_act > v_noisy_share * v_total THEN
-            n_key := n_key || l1_key[p1];
-            n_seq := n_seq || l1_seq[p1];
-            n_act := n_act || v_act;
-            n_out := n_out || false;
-            p1 := p1 + 1;
-        ELSE
-            EXIT;
-        END IF;
-    END LOOP;
-    IF p1 > cardinality(l1_key) AND v_phase < 2 THEN
-        b_src := 0;
-        RETURN;
-    END IF;
-    b_src := NULL;
-    IF p1 <= cardinality(l1_key) THEN
-        b_src := 1; b_i := p1; b_seq := l1_seq[p1];
-        b_hp := l1_hp[p1]; b_hr := l1_hr[p1]; b_hi := l1_hi[p1];
-    END IF;
-    IF NOT u_out AND (b_src IS NULL OR u_seq <= b_seq) THEN
-        IF u_seq = 0 AND b_src IS NOT NULL AND b_seq = 0 AND NOT u_probed THEN
-            -- a tie between never-served: compare heads
-            SELECT h.hp, h.hr, h.hi INTO u_hp, u_hr, u_hi FROM _fair_ungrouped_head(v_q, v_open, v_ids) AS h;
-            u_probed := true;
-            u_empty := u_hi IS NULL;
-            IF u_hi IS NULL THEN
-                -- Nothing ungrouped in sight: the pseudo-group goes to the back of the ring,
-                -- so an all-grouped queue looks for ungrouped work once per round.
-                u_out := true;
-                u_seq := nextval('served_seq_seq');
-            END IF;
-        END IF;
-        IF NOT u_out AND (b_src IS NULL OR u_seq < b_seq
-                          OR (u_hi IS NOT NULL AND (u_hp, u_hr, u_hi) < (b_hp, b_hr, b_hi))) THEN
-            b_src := 2; b_seq := u_seq;
+    IF u_seq = 0 AND b_src IS NOT NULL AND b_seq = 0 AND NOT u_probed THEN
+        -- a tie between never-served: compare heads
+        SELECT h.hp, h.hr, h.hi INTO u_hp, u_hr, u_hi FROM _fair_ungrouped_head(v_q, v_open, v_ids) AS h;
+        u_probed := true;
+        u_empty := u_hi IS NULL;
+        IF u_hi IS NULL THEN
+            -- Nothing ungrouped in sight: the pseudo-group goes to the back of the ring,
+            -- so an all-grouped queue looks for ungrouped work once per round.
+            u_out := true;
+            u_seq := nextval('served_seq_seq');
         END IF;
     END IF;
-    FOR i IN 1 .. cardinality(n_key) LOOP
-        CONTINUE WHEN n_out[i];
-        CONTINUE WHEN n_act[i] >= v_noisy_min AND n_act[i] > v_noisy_share * v_total;
-        IF b_src IS NULL OR n_seq[i] < b_seq THEN
-            b_src := 3; b_i := i; b_seq := n_seq[i];
-        END IF;
-    END LOOP;
-    WHILE p2 <= cardinality(l2_key) AND l2_out[p2] LOOP
-        p2 := p2 + 1;
-    END LOOP;
-    FOR i IN p2 .. cardinality(l2_key) LOOP
-        CONTINUE WHEN l2_out[i];
-        IF l2_act[i] >= v_cap_group THEN
-            l2_out[i] := true;   -- at its cap: out for the rest of this call
-            CONTINUE;
-        END IF;
-        CONTINUE WHEN l2_act[i] >= v_noisy_min AND l2_act[i] > v_noisy_share * v_total;
-        IF b_src IS NULL OR l2_seq[i] < b_seq THEN
-            b_src := 4; b_i := i; b_seq := l2_seq[i];
-        END IF;
-        EXIT;
-    END LOOP;
-
-    IF b_src IS NULL THEN
-        -- Only noisy groups have work left: fewer active jobs first, then least recently served.
-        FOR i IN 1 .. cardinality(n_key) LOOP
-            CONTINUE WHEN n_out[i];
-            IF b_src IS NULL OR (n_act[i], n_seq[i]) < (b_act, b_seq) THEN
-                b_src := 3; b_i := i; b_act := n_act[i]; b_seq := n_seq[i];
-            END IF;
-        END LOOP;
-        FOR i IN p2 .. cardinality(l2_key) LOOP
-            CONTINUE WHEN l2_out[i];
-            IF b_src IS NULL OR (l2_act[i], l2_seq[i]) < (b_act, b_seq) THEN
-                b_src := 4; b_i := i; b_act := l2_act[i]; b_seq := l2_seq[i];
-            END IF;
-        END LOOP;
-    END IF;
+    u_wins := NOT u_out AND (b_src IS NULL OR u_seq < b_seq
+                             OR (u_hi IS NOT NULL AND (u_hp, u_hr, u_hi) < (b_hp, b_hr, b_hi)));
 END;
 $$;
 
@@ -944,6 +856,22 @@ $$;
 -- noisy: rule 1, ranked by rule 2 once only noisy ones are left) and L2 (the groups picked in this call,
 -- in pick order: back of the ring). A quiet claim that comes up short sweeps again (longer) and goes on
 -- with what that finds. The queue's state is saved at the end (_fair_finish).
+-- Each pick passes the front of L1 first: a group at its cap cannot be picked in this call; a noisy one
+-- moves to N (an L1 group not picked yet keeps its active count, and the noisy threshold only rises as
+-- this call leases jobs: a group that passes stays good). L1 used up, the next chunk of the ring is read
+-- first: the best candidate always lies within what was read, since every cursor not read yet comes later
+-- in the ring. The best non-noisy candidate among the front of L1, U, the noisy groups that are not noisy
+-- any more, and the first non-noisy group picked earlier in this call: lowest served_seq first;
+-- never-served ties go to the better head; when only noisy groups have work left, fewer active jobs
+-- first, then least recently served.
+-- State: L1 (l1_*), the cursors read, in ring order (never-served ones of a chunk by head), consumed from
+-- p1; N (n_*), groups found noisy (fewer than 1 / noisy_share of them); L2 (l2_*), the groups picked in
+-- this call, in pick order (ascending new served_seq); pf_*, rows locked ahead for groups picked again
+-- (pf_key NULLed once a row is used); u_buf*, ungrouped rows locked ahead (used from u_bp); u_*, U's place
+-- and head. Heads are taken locked (SKIP LOCKED passes rows other transactions hold), locked ahead a batch
+-- per statement: for a run of L1 entries, as many as picks are left; for a group picked again (or U), its
+-- share of the picks left. A row locked ahead and then not taken (the ranking went elsewhere, or its kind
+-- ran out) stays locked until commit and is passed over by other claimers meanwhile: harmless.
 CREATE OR REPLACE FUNCTION pgjobs._fair_walk(v_q text, room int, kinds text[], quotas int[], serialized boolean,
                                              v_cap_group int, v_noisy_min int, v_noisy_share real,
                                              v_ring_from bigint, v_ungrouped_seq bigint, v_total int,
@@ -969,72 +897,33 @@ DECLARE
     v_refreshed boolean := false;          -- the second pass of a quiet claim that came up short
     v_npicked1 int := 0;                   -- picks of groups whose cursor the batch stamped
     v_unstamped boolean := false;          -- a group picked whose cursor is not stamped yet
-    v_phase   int := 0;                    -- 0: never-served cursors, 1: served ones, 2: done
-    v_bseq    bigint;                      -- the walk's boundary: the last (served_seq, group_key) read
-    v_bkey    text := '';
-    v_first   boolean := true;
-    v_walked  int := 0;
-    -- L1: cursors read, in ring order (never-served ones of a chunk by head), consumed from p1.
-    l1_key    text[] := '{}';
-    l1_seq    bigint[] := '{}';
-    l1_act    int[] := '{}';
-    l1_hp     int[] := '{}';
-    l1_hr     timestamptz[] := '{}';
-    l1_hi     bigint[] := '{}';
-    l1_lid    bigint[] := '{}';            -- the head locked for the entry (batch), or NULL
-    l1_ltid   tid[] := '{}';               -- its ctid (the lease reads the rows by ctid)
-    l1_ctid   tid[] := '{}';               -- the ctid of the entry's cursor as read
-    l1_lkind  text[] := '{}';
-    l1_done   boolean[] := '{}';           -- its head was looked for
-    l1_busy   boolean[] := '{}';           -- its cursor is held by another claim
-    l1_nseq   bigint[] := '{}';            -- the served_seq stamped on its cursor by the batch
-    l1_oldat  timestamptz[] := '{}';       -- the cursor's last_served_at before that
-    l1_picked boolean[] := '{}';
-    p1        int := 1;
-    -- rows locked ahead for groups picked again: pf_key is NULLed once a row is used
-    pf_key    text[] := '{}';
-    pf_id     bigint[] := '{}';
-    pf_tid    tid[] := '{}';
-    pf_kind   text[] := '{}';
-    u_buf     bigint[] := '{}';            -- ungrouped rows locked ahead, used from u_bp
-    u_buftid  tid[] := '{}';
-    u_bufkind text[] := '{}';
-    u_bp      int := 1;
-    v_left    int;
-    -- N: groups the walk found noisy (fewer than 1 / noisy_share of them).
-    n_key     text[] := '{}';
-    n_seq     bigint[] := '{}';
-    n_act     int[] := '{}';
-    n_out     boolean[] := '{}';
-    -- L2: the groups picked in this call, in pick order (ascending new served_seq).
-    l2_key    text[] := '{}';
-    l2_seq    bigint[] := '{}';
-    l2_act    int[] := '{}';
-    l2_out    boolean[] := '{}';
-    l2_pick   boolean[] := '{}';           -- picked (false: only moved back, being served elsewhere)
-    l2_wrote  boolean[] := '{}';           -- its served_seq is already stamped on the cursor
-    p2        int := 1;
-    -- U: the ungrouped jobs' pseudo-group.
-    u_seq     bigint := v_ungrouped_seq;
-    u_served  boolean := false;
-    u_owned   boolean := false;            -- this claim holds the fair_queues row
-    u_busy    boolean := false;            -- another claim does
-    -- the best candidate of a pick: 1 L1, 2 U, 3 N, 4 L2
-    b_src     int;
-    b_i       int;
-    b_seq     bigint;
-    v_key     text;
-    v_act     int;
-    v_id      bigint;
-    v_tid     tid;
-    v_kind    text;
-    v_k       int;
+    -- where the walk is: phase 0 never-served cursors, 1 served ones, 2 done; the last (served_seq,
+    -- group_key) read; cursors read so far
+    -- (no never-served cursor: the walk starts on the served part)
+    v_phase int := CASE WHEN v_unserved THEN 0 ELSE 1 END; v_bkey text := ''; v_first boolean := true;
+    v_bseq bigint := CASE WHEN NOT v_unserved THEN v_ring_from - 1 END; v_walked int := 0;
+    -- L1, per entry: key, served_seq, active jobs, head (priority, run_at, id: never-served entries), the
+    -- head a batch locked for it (id, ctid, kind), its cursor's ctid as read, whether its head was looked
+    -- for, whether another claim holds its cursor, the served_seq the batch stamped and the last_served_at
+    -- before that, whether it was picked
+    l1_key text[] := '{}'; l1_seq bigint[] := '{}'; l1_act int[] := '{}';
+    l1_hp int[] := '{}'; l1_hr timestamptz[] := '{}'; l1_hi bigint[] := '{}';
+    l1_lid bigint[] := '{}'; l1_ltid tid[] := '{}'; l1_lkind text[] := '{}'; l1_ctid tid[] := '{}';
+    l1_done boolean[] := '{}'; l1_busy boolean[] := '{}'; l1_nseq bigint[] := '{}';
+    l1_oldat timestamptz[] := '{}'; l1_picked boolean[] := '{}'; p1 int := 1;
+    pf_key text[] := '{}'; pf_id bigint[] := '{}'; pf_tid tid[] := '{}'; pf_kind text[] := '{}';
+    u_buf bigint[] := '{}'; u_buftid tid[] := '{}'; u_bufkind text[] := '{}'; u_bp int := 1;
+    n_key text[] := '{}'; n_seq bigint[] := '{}'; n_act int[] := '{}'; n_out boolean[] := '{}';
+    -- L2, per entry: key, served_seq, active jobs, out for this call, picked (false: only moved back,
+    -- being served elsewhere), its served_seq already stamped on the cursor
+    l2_key text[] := '{}'; l2_seq bigint[] := '{}'; l2_act int[] := '{}'; l2_out boolean[] := '{}';
+    l2_pick boolean[] := '{}'; l2_wrote boolean[] := '{}'; p2 int := 1;
+    -- U: u_owned, this claim holds the fair_queues row (U's turn); u_busy, another claim does
+    u_seq bigint := v_ungrouped_seq; u_served boolean := false; u_owned boolean := false; u_busy boolean := false;
+    -- one pick: the best candidate (b_src 1 L1, 2 U, 3 N, 4 L2), then the group and the head taken
+    b_src int; b_i int; b_seq bigint; b_act int; b_hp int; b_hr timestamptz; b_hi bigint; v_win boolean;
+    v_key text; v_act int; v_id bigint; v_tid tid; v_kind text; v_k int; v_left int; v_r record;
 BEGIN
-    IF NOT v_unserved THEN
-        -- no never-served cursor: the walk starts on the served part
-        v_phase := 1;
-        v_bseq := v_ring_from - 1;
-    END IF;
     IF l_key IS NOT NULL THEN
         SELECT * INTO v_phase, v_bseq, v_bkey, v_lwm, v_walked, l1_key, l1_ctid, l1_seq, l1_act, l1_hp, l1_hr, l1_hi,
                       l1_lid, l1_ltid, l1_lkind, l1_done, l1_busy, l1_nseq, l1_oldat, l1_picked
@@ -1045,15 +934,19 @@ BEGIN
     LOOP
     <<picks>>
     WHILE cardinality(v_ids) < room LOOP
-        SELECT * INTO p1, p2, l2_out, n_key, n_seq, n_act, n_out, u_out, u_seq, u_probed, u_empty, u_hp, u_hr, u_hi,
-                      b_src, b_i, b_seq
-          FROM _fair_rank(v_q, v_cap_group, v_noisy_min, v_noisy_share, v_total, v_open, v_ids, v_phase, l1_key,
-                          l1_seq, l1_act, l1_hp, l1_hr, l1_hi,
-                          l2_key, l2_seq, l2_act, p1, p2, l2_out, n_key, n_seq, n_act, n_out, u_out, u_seq, u_probed,
-                          u_empty, u_hp, u_hr, u_hi);
-        -- L1 used up: read the next chunk of the ring first. The best candidate always lies
-        -- within what was read, since every cursor not read yet comes later in the ring.
-        IF b_src = 0 THEN
+        WHILE p1 <= cardinality(l1_key) LOOP
+            v_act := l1_act[p1];
+            IF v_act >= v_cap_group THEN
+                p1 := p1 + 1;
+            ELSIF v_act >= v_noisy_min AND v_act > v_noisy_share * v_total THEN
+                n_key := n_key || l1_key[p1]; n_seq := n_seq || l1_seq[p1];
+                n_act := n_act || v_act; n_out := n_out || false;
+                p1 := p1 + 1;
+            ELSE
+                EXIT;
+            END IF;
+        END LOOP;
+        IF p1 > cardinality(l1_key) AND v_phase < 2 THEN   -- L1 used up: the next chunk first
             SELECT * INTO v_phase, v_bseq, v_bkey, v_first, v_lwm, v_walked, l1_key, l1_ctid, l1_seq, l1_act,
                           l1_hp, l1_hr, l1_hi, l1_lid, l1_ltid, l1_lkind, l1_done, l1_busy, l1_nseq, l1_oldat,
                           l1_picked
@@ -1064,34 +957,76 @@ BEGIN
             CONTINUE picks;
         END IF;
 
+        -- The best non-noisy candidate (see the header).
+        b_src := NULL;
+        IF p1 <= cardinality(l1_key) THEN
+            b_src := 1; b_i := p1; b_seq := l1_seq[p1];
+            b_hp := l1_hp[p1]; b_hr := l1_hr[p1]; b_hi := l1_hi[p1];
+        END IF;
+        IF NOT u_out AND (b_src IS NULL OR u_seq <= b_seq) THEN
+            SELECT * INTO u_out, u_seq, u_probed, u_empty, u_hp, u_hr, u_hi, v_win
+              FROM _fair_rank_u(v_q, v_open, v_ids, b_src, b_seq, b_hp, b_hr, b_hi, u_out, u_seq, u_probed, u_empty,
+                                u_hp, u_hr, u_hi);
+            IF v_win THEN
+                b_src := 2; b_seq := u_seq;
+            END IF;
+        END IF;
+        FOR i IN 1 .. cardinality(n_key) LOOP
+            CONTINUE WHEN n_out[i];
+            CONTINUE WHEN n_act[i] >= v_noisy_min AND n_act[i] > v_noisy_share * v_total;
+            IF b_src IS NULL OR n_seq[i] < b_seq THEN
+                b_src := 3; b_i := i; b_seq := n_seq[i];
+            END IF;
+        END LOOP;
+        WHILE p2 <= cardinality(l2_key) AND l2_out[p2] LOOP
+            p2 := p2 + 1;
+        END LOOP;
+        FOR i IN p2 .. cardinality(l2_key) LOOP
+            CONTINUE WHEN l2_out[i];
+            IF l2_act[i] >= v_cap_group THEN
+                l2_out[i] := true;   -- at its cap: out for the rest of this call
+                CONTINUE;
+            END IF;
+            CONTINUE WHEN l2_act[i] >= v_noisy_min AND l2_act[i] > v_noisy_share * v_total;
+            IF b_src IS NULL OR l2_seq[i] < b_seq THEN
+                b_src := 4; b_i := i; b_seq := l2_seq[i];
+            END IF;
+            EXIT;
+        END LOOP;
+
+        IF b_src IS NULL THEN
+            -- Only noisy groups have work left: fewer active jobs first, then least recently served.
+            FOR i IN 1 .. cardinality(n_key) LOOP
+                CONTINUE WHEN n_out[i];
+                IF b_src IS NULL OR (n_act[i], n_seq[i]) < (b_act, b_seq) THEN
+                    b_src := 3; b_i := i; b_act := n_act[i]; b_seq := n_seq[i];
+                END IF;
+            END LOOP;
+            FOR i IN p2 .. cardinality(l2_key) LOOP
+                CONTINUE WHEN l2_out[i];
+                IF b_src IS NULL OR (l2_act[i], l2_seq[i]) < (b_act, b_seq) THEN
+                    b_src := 4; b_i := i; b_act := l2_act[i]; b_seq := l2_seq[i];
+                END IF;
+            END LOOP;
+        END IF;
         EXIT picks WHEN b_src IS NULL;
 
-        -- Take the chosen group's head, locked (SKIP LOCKED passes rows other transactions hold).
-        -- Heads are locked ahead, a batch per statement: for a run of L1 entries, as many as
-        -- picks are left; for a group picked again (or U), its share of the picks left. A row
-        -- locked ahead and then not taken (the ranking went elsewhere, or its kind ran out) stays
-        -- locked until commit and is passed over by other claimers meanwhile: harmless.
-        v_id := NULL;
-        v_tid := NULL;
-        v_left := room - cardinality(v_ids);
+        -- Take the chosen group's head, locked ahead in batches (see the header).
+        v_id := NULL; v_tid := NULL; v_left := room - cardinality(v_ids);
         IF b_src = 1 THEN
             v_key := l1_key[b_i];
             IF NOT l1_done[b_i] THEN
-                -- lock-and-stamp a run of L1 from here (see _fair_lock_heads)
-                SELECT * INTO l1_done, l1_busy, l1_lid, l1_ltid, l1_lkind, l1_nseq, l1_oldat, v_stamped
-                  FROM _fair_lock_heads(v_q, b_i, v_left, v_open, v_ids, l1_key, l1_ctid, l1_done, l1_busy,
-                                        l1_lid, l1_ltid, l1_lkind, l1_nseq, l1_oldat, v_stamped);
+                v_r := _fair_lock_heads(v_q, b_i, v_left, v_open, v_ids, l1_key, l1_ctid, l1_done, l1_busy, l1_lid,
+                                        l1_ltid, l1_lkind, l1_nseq, l1_oldat, v_stamped);
+                l1_done := v_r.l1_done; l1_busy := v_r.l1_busy; l1_lid := v_r.l1_lid; l1_ltid := v_r.l1_ltid;
+                l1_lkind := v_r.l1_lkind; l1_nseq := v_r.l1_nseq; l1_oldat := v_r.l1_oldat; v_stamped := v_r.v_stamped;
             END IF;
             p1 := p1 + 1;
             v_act := l1_act[b_i];
             IF l1_busy[b_i] THEN
                 -- being served by another claim: to the back of the ring, not taken now
-                l2_key := l2_key || v_key;
-                l2_seq := l2_seq || nextval('served_seq_seq');
-                l2_act := l2_act || v_act;
-                l2_out := l2_out || false;
-                l2_pick := l2_pick || false;
-                l2_wrote := l2_wrote || false;
+                l2_key := l2_key || v_key; l2_seq := l2_seq || nextval('served_seq_seq'); l2_act := l2_act || v_act;
+                l2_out := l2_out || false; l2_pick := l2_pick || false; l2_wrote := l2_wrote || false;
                 CONTINUE picks;
             ELSIF l1_lid[b_i] IS NOT NULL AND (v_open IS NULL OR l1_lkind[b_i] = ANY (v_open)) THEN
                 v_id := l1_lid[b_i];
@@ -1109,13 +1044,9 @@ BEGIN
                 CONTINUE picks;
             END IF;
         ELSIF b_src = 3 THEN
-            v_key := n_key[b_i];
-            n_out[b_i] := true;
-            v_act := n_act[b_i];
+            v_key := n_key[b_i]; n_out[b_i] := true; v_act := n_act[b_i];
         ELSIF b_src = 4 THEN
-            v_key := l2_key[b_i];
-            l2_out[b_i] := true;
-            v_act := l2_act[b_i];
+            v_key := l2_key[b_i]; l2_out[b_i] := true; v_act := l2_act[b_i];
         END IF;
 
         IF b_src = 2 THEN
@@ -1127,35 +1058,37 @@ BEGIN
                                         u_served);
             CONTINUE picks WHEN v_id IS NULL;
         ELSIF v_id IS NULL THEN
-            -- a group picked before in this call, a noisy one, or one whose kind ran out: its rows
-            -- locked ahead, else a new batch, for it and the groups after it in L2 that have none
-            SELECT * INTO pf_key, pf_id, pf_tid, pf_kind, v_id, v_tid, v_kind
-              FROM _fair_take_again(v_q, v_key, v_open, v_ids, v_left,
-                                    cardinality(l2_key) - p2 + 1 + cardinality(l1_key) - p1 + 1, b_src, b_i,
-                                    l2_key, l2_out, pf_key, pf_id, pf_tid, pf_kind);
+            -- a group picked before in this call, a noisy one, or one whose kind ran out: its rows locked ahead
+            LOOP
+                v_k := array_position(pf_key, v_key);
+                EXIT WHEN v_k IS NULL;
+                pf_key[v_k] := NULL;
+                IF v_open IS NULL OR pf_kind[v_k] = ANY (v_open) THEN
+                    v_id := pf_id[v_k]; v_tid := pf_tid[v_k]; v_kind := pf_kind[v_k];
+                    EXIT;
+                END IF;
+            END LOOP;
             IF v_id IS NULL THEN
-                CONTINUE picks;
+                v_r := _fair_take_again(v_q, v_key, v_open, v_ids, v_left, cardinality(l2_key) - p2 + 1
+                                        + cardinality(l1_key) - p1 + 1, b_src, b_i, l2_key, l2_out, pf_key, pf_id,
+                                        pf_tid, pf_kind);
+                pf_key := v_r.pf_key; pf_id := v_r.pf_id; pf_tid := v_r.pf_tid; pf_kind := v_r.pf_kind;
+                v_id := v_r.v_id; v_tid := v_r.v_tid; v_kind := v_r.v_kind;
             END IF;
+            CONTINUE picks WHEN v_id IS NULL;
         END IF;
         IF b_src = 1 AND l1_picked[b_i] THEN
-            l2_key := l2_key || v_key;
-            l2_seq := l2_seq || l1_nseq[b_i];     -- already stamped on its cursor
-            l2_act := l2_act || (v_act + 1);
-            l2_out := l2_out || false;
-            l2_pick := l2_pick || true;
-            l2_wrote := l2_wrote || true;
+            -- (its served_seq is already stamped on its cursor)
+            l2_key := l2_key || v_key; l2_seq := l2_seq || l1_nseq[b_i]; l2_act := l2_act || (v_act + 1);
+            l2_out := l2_out || false; l2_pick := l2_pick || true; l2_wrote := l2_wrote || true;
         ELSIF b_src <> 2 THEN
             IF b_src = 1 AND l1_nseq[b_i] IS NOT NULL THEN
                 l1_picked[b_i] := true;           -- stamped, and taken after all (kind re-probe)
                 v_npicked1 := v_npicked1 + 1;
             END IF;
             v_unstamped := true;
-            l2_key := l2_key || v_key;
-            l2_seq := l2_seq || nextval('served_seq_seq');
-            l2_act := l2_act || (v_act + 1);
-            l2_out := l2_out || false;
-            l2_pick := l2_pick || true;
-            l2_wrote := l2_wrote || false;
+            l2_key := l2_key || v_key; l2_seq := l2_seq || nextval('served_seq_seq'); l2_act := l2_act || (v_act + 1);
+            l2_out := l2_out || false; l2_pick := l2_pick || true; l2_wrote := l2_wrote || false;
         END IF;
 
         v_ids := v_ids || v_id;
@@ -1179,12 +1112,10 @@ BEGIN
     SELECT * INTO v_pos, v_found, v_productive
       FROM _fair_sweep(v_q, serialized, 16 * c_discover_steps, v_pos, v_found, v_productive);
     u_out := u_probed AND u_empty;
-    v_phase := 0;
-    v_bkey := '';
-    v_first := true;
+    v_phase := 0; v_bkey := ''; v_first := true;
     END LOOP;
 
-    PERFORM _fair_finish(v_q, cardinality(v_stamped), v_npicked1, l1_key, l1_seq, l1_oldat, l1_nseq, l1_picked,
+    v_win := _fair_finish(v_q, cardinality(v_stamped), v_npicked1, l1_key, l1_seq, l1_oldat, l1_nseq, l1_picked,
                          v_unstamped, l2_key, l2_seq, l2_pick, l2_wrote, u_seq, u_served, v_lwm, v_pos, v_found,
                          v_productive, u_empty, v_maxid, v_quiet);
     ids := v_ids;
@@ -1234,8 +1165,7 @@ DECLARE
     u_probed  boolean := false;
     u_empty   boolean;                     -- what the last look for ungrouped work in this call found
     v_k       int;
-    f_ids     bigint[];
-    f_tids    tid[];
+    v_f       record;                      -- what _fair_fast or _fair_walk returned
     l_key     text[];                      -- the ring as the fast path read it, for the walk
     l_ctid    tid[];
     l_seq     bigint[];
@@ -1329,21 +1259,23 @@ BEGIN
        AND (v_open IS NULL OR v_k >= room)
        -- (a session can turn the fast path off: the tests compare it with the walk)
        AND current_setting('pgjobs.fair_walk_only', true) IS DISTINCT FROM 'on' THEN
-        SELECT f.ids, f.tids, f.r_key, f.r_ctid, f.r_seq, f.r_act, f.r_locked
-          INTO f_ids, f_tids, l_key, l_ctid, l_seq, l_act, l_dead
-          FROM _fair_fast(v_q, room, v_open, v_fq.ring_from, v_limit, a_key, a_cnt, u_out, u_seq, v_pos, v_found,
-                          v_productive, u_empty, v_maxid, v_quiet) AS f;
-        IF f_ids IS NOT NULL THEN
-            ids := f_ids;
-            tids := f_tids;
+        -- (calls as expressions, here and below: a SELECT ... FROM f() costs a query's start and a
+        -- materialised result, twice what the call does)
+        v_f := _fair_fast(v_q, room, v_open, v_fq.ring_from, v_limit, a_key, a_cnt, u_out, u_seq, v_pos, v_found,
+                          v_productive, u_empty, v_maxid, v_quiet);
+        IF v_f.ids IS NOT NULL THEN
+            ids := v_f.ids;
+            tids := v_f.tids;
             RETURN;
         END IF;
+        l_key := v_f.r_key; l_ctid := v_f.r_ctid; l_seq := v_f.r_seq; l_act := v_f.r_act; l_dead := v_f.r_locked;
     END IF;
-    SELECT w.ids, w.tids INTO ids, tids
-      FROM _fair_walk(v_q, room, kinds, quotas, serialized, v_cfg.max_active_per_group, v_cfg.noisy_min_active,
+    v_f := _fair_walk(v_q, room, kinds, quotas, serialized, v_cfg.max_active_per_group, v_cfg.noisy_min_active,
                       v_cfg.noisy_share, v_fq.ring_from, v_fq.ungrouped_seq, v_total, a_key, a_cnt, v_maxid, v_quiet,
                       v_pos, v_found, v_productive, u_out, u_probed, u_empty, u_hp, u_hr, u_hi, v_unserved,
-                      v_chunk, v_limit, l_key, l_ctid, l_seq, l_act, l_dead) AS w;
+                      v_chunk, v_limit, l_key, l_ctid, l_seq, l_act, l_dead);
+    ids := v_f.ids;
+    tids := v_f.tids;
 END;
 $$;
 

@@ -176,3 +176,62 @@ def test_specs_routed_to_the_general_path_keep_their_rules(conn: psycopg.Connect
     with pytest.raises(psycopg.Error) as info:
         conn.execute("SELECT * FROM pgjobs.enqueue_many(jobs => %s::jsonb)", (json.dumps([{"kind": "k"}] * 2),))
     assert info.value.sqlstate == "PJ001"
+
+
+# Keys only the general path takes (a string unique key, dependencies): _check_specs_fast meets them there.
+GENERAL_VALUES: dict[str, list[Any]] = {
+    "unique_key": [ABSENT, "u1", "u2"],
+    "depends_on": [ABSENT, ABSENT, [], [{"ref": "r"}], "x", None],
+}
+
+
+def general_spec_strategy() -> st.SearchStrategy[Any]:
+    extra = st.fixed_dictionaries({k: st.sampled_from(v) for k, v in GENERAL_VALUES.items()})
+
+    def merge(pair: tuple[Any, dict[str, Any]]) -> Any:
+        spec, more = pair
+        if not isinstance(spec, dict):
+            return spec
+        return {**spec, **{k: v for k, v in more.items() if v is not ABSENT}}
+
+    return st.tuples(spec_strategy(), extra).map(merge)
+
+
+def _error(conn: psycopg.Connection[Any], query: str, jobs: Any) -> str | None:
+    """The PJ002 message of ``query`` on ``jobs``, or None; whatever it did is rolled back."""
+    try:
+        with conn.transaction(force_rollback=True):
+            conn.execute(query, (json.dumps(jobs),)).fetchall()
+    except psycopg.Error as exc:
+        assert exc.sqlstate == "PJ002", exc
+        return str(exc.diag.message_primary)
+    return None
+
+
+def _one_pass_takes(jobs: Any) -> bool:
+    """Whether enqueue_many would send ``jobs`` down _insert_plain_specs (no bounded queue exists here)."""
+    return isinstance(jobs, list) and not any(
+        isinstance(s, dict) and ("depends_on" in s or isinstance(s.get("unique_key"), str)) for s in jobs
+    )
+
+
+@pytest.mark.filterwarnings("ignore::hypothesis.errors.NonInteractiveExampleWarning")
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    jobs=st.one_of(
+        st.lists(general_spec_strategy(), min_size=1, max_size=4),
+        st.sampled_from([[], {}, 5, "x", None, {"kind": "k"}]),
+    )
+)
+def test_the_three_spec_checks_agree(conn: psycopg.Connection[Any], jobs: Any) -> None:
+    """_check_specs (the wording pass), _check_specs_fast (the general path's pre-filter, which calls
+    _check_specs only when some spec might be bad) and the check inside _insert_plain_specs' one pass are
+    three copies of one set of rules: on any input they refuse alike, with the same message, or accept
+    alike."""
+    slow = _error(conn, "SELECT pgjobs._check_specs(%s::jsonb, 'jobs')", jobs)
+    fast = _error(conn, "SELECT pgjobs._check_specs_fast(%s::jsonb, 'jobs')", jobs)
+    assert fast == slow, f"_check_specs_fast: {fast!r}, _check_specs: {slow!r}, specs {jobs}"
+    if _one_pass_takes(jobs):
+        one_pass = _error(conn, "SELECT * FROM pgjobs._insert_plain_specs(%s::jsonb)", jobs)
+        assert one_pass == slow, f"_insert_plain_specs: {one_pass!r}, _check_specs: {slow!r}, specs {jobs}"
+    assert conn.execute("SELECT count(*) FROM pgjobs.jobs").fetchone() == (0,)

@@ -8,7 +8,7 @@ BEGIN;
 -- Partial on group_key and on these two states, so neither ungrouped jobs (every plain queue's usual
 -- case) nor the claim and completion of any job ever touch it.
 CREATE INDEX jobs_group_later_idx ON pgjobs.jobs (queue, group_key)
-    WHERE group_key IS NOT NULL AND state IN ('waiting', 'scheduled');
+    WHERE group_key IS NOT NULL AND state OPERATOR(pg_catalog.=) ANY ('{waiting,scheduled}');
 
 -- The round-robin order: least recently served first. A group served gets the next value of
 -- served_seq_seq (0 = never served), so walking this index is walking the ring.

@@ -27,7 +27,7 @@ ALTER TABLE pgjobs.jobs
     DROP CONSTRAINT jobs_max_attempts_positive,
     DROP CONSTRAINT jobs_active_has_lease,
     ADD CONSTRAINT jobs_valid CHECK (kind <> '' AND queue <> '' AND max_attempts >= 1
-                                     AND (state <> 'active' OR lease_token IS NOT NULL));
+                                     AND (state OPERATOR(pg_catalog.<>) 'active' OR lease_token IS NOT NULL));
 ALTER INDEX pgjobs.jobs_pending_idx SET (deduplicate_items = off);
 ALTER INDEX pgjobs.jobs_group_idx SET (deduplicate_items = off);
 COMMIT;

@@ -68,7 +68,7 @@ CREATE TABLE pgjobs.jobs (
     CONSTRAINT jobs_kind_not_empty CHECK (kind <> ''),
     CONSTRAINT jobs_queue_not_empty CHECK (queue <> ''),
     CONSTRAINT jobs_max_attempts_positive CHECK (max_attempts >= 1),
-    CONSTRAINT jobs_active_has_lease CHECK (state <> 'active' OR lease_token IS NOT NULL)
+    CONSTRAINT jobs_active_has_lease CHECK (state OPERATOR(pg_catalog.<>) 'active' OR lease_token IS NOT NULL)
 ) WITH (fillfactor = 85);
 
 -- Tuned for a hot, update-heavy queue table: vacuum early and often.
@@ -82,20 +82,20 @@ ALTER TABLE pgjobs.jobs SET (
 -- Each non-terminal state has its own small partial index, so a row lives in at most one of
 -- them and an insert or transition touches one. The claim path reads them in this order:
 -- pending by (priority, run_at, id); scheduled by due time; expired leases.
-CREATE INDEX jobs_pending_idx   ON pgjobs.jobs (queue, priority, run_at, id) WHERE state = 'pending';
-CREATE INDEX jobs_scheduled_idx ON pgjobs.jobs (queue, run_at) WHERE state = 'scheduled';
-CREATE INDEX jobs_active_idx    ON pgjobs.jobs (queue, lease_expires_at) WHERE state = 'active';
-CREATE INDEX jobs_waiting_idx   ON pgjobs.jobs (queue) WHERE state = 'waiting';
+CREATE INDEX jobs_pending_idx   ON pgjobs.jobs (queue, priority, run_at, id) WHERE state OPERATOR(pg_catalog.=) 'pending';
+CREATE INDEX jobs_scheduled_idx ON pgjobs.jobs (queue, run_at) WHERE state OPERATOR(pg_catalog.=) 'scheduled';
+CREATE INDEX jobs_active_idx    ON pgjobs.jobs (queue, lease_expires_at) WHERE state OPERATOR(pg_catalog.=) 'active';
+CREATE INDEX jobs_waiting_idx   ON pgjobs.jobs (queue) WHERE state OPERATOR(pg_catalog.=) 'waiting';
 -- Lets reap_workers find a silent worker's jobs without a scan.
-CREATE INDEX jobs_leased_by_idx ON pgjobs.jobs (leased_by) WHERE state = 'active';
+CREATE INDEX jobs_leased_by_idx ON pgjobs.jobs (leased_by) WHERE state OPERATOR(pg_catalog.=) 'active';
 CREATE INDEX jobs_batch_idx     ON pgjobs.jobs (batch_id) WHERE batch_id IS NOT NULL;
 CREATE INDEX jobs_group_idx     ON pgjobs.jobs (queue, group_key, priority, run_at, id)
-    WHERE state = 'pending' AND group_key IS NOT NULL;
+    WHERE state OPERATOR(pg_catalog.=) 'pending' AND group_key IS NOT NULL;
 -- The idempotency key space: a row holds its (kind, unique_key) forever, or, when
 -- unique_live_only, only while it is not terminal. The index, not a check, decides races.
 CREATE UNIQUE INDEX jobs_unique_key_idx ON pgjobs.jobs (kind, unique_key)
     WHERE unique_key IS NOT NULL
-      AND (NOT unique_live_only OR state IN ('waiting', 'scheduled', 'pending', 'active'));
+      AND (NOT unique_live_only OR state OPERATOR(pg_catalog.=) ANY ('{waiting,scheduled,pending,active}'));
 
 CREATE TABLE pgjobs.edges (
     child_id        bigint NOT NULL REFERENCES pgjobs.jobs (id) ON DELETE CASCADE,

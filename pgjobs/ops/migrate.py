@@ -26,6 +26,9 @@ from psycopg.conninfo import conninfo_to_dict
 from yoyo import get_backend
 from yoyo.migrations import Migration, MigrationList, StepCollector
 
+from pgjobs.ops import guard
+from pgjobs.ops.guard import MigrationRefused as MigrationRefused
+
 ROOT = Path(__file__).resolve().parent.parent.parent
 
 
@@ -106,14 +109,24 @@ def _yoyo_migrations() -> MigrationList:
 
 
 def yoyo_uri(dsn: str) -> str:
-    """A yoyo URI (psycopg 3 driver) for any libpq DSN, URI or key=value, sockets included."""
+    """A yoyo URI (psycopg 3 driver) for any libpq DSN, URI or key=value, sockets included.
+
+    yoyo's connection runs with ``search_path = pgjobs_migrations`` (``pg_catalog`` is searched first when
+    not listed): its tables are created there, and the migration scripts it runs resolve no name in a
+    schema another role can create in (``public``)."""
     params: dict[str, Any] = {k: v for k, v in conninfo_to_dict(dsn).items() if v is not None}
     dbname = params.pop("dbname", "postgres")
+    params["schema"] = guard.BOOKKEEPING_SCHEMA
     return f"postgresql+psycopg:///{dbname}?{urlencode(params)}"
 
 
+ROLES_FILE = "roles.sql"
+
+
 def sql_files() -> list[Path]:
-    return sorted(SQL_DIR.glob("*.sql"))
+    """The function files in install order: by name, then ``roles.sql`` last (it grants what the others
+    created, in the same transaction)."""
+    return sorted(SQL_DIR.glob("*.sql"), key=lambda f: (f.name == ROLES_FILE, f.name))
 
 
 def sql_digest() -> str:
@@ -126,12 +139,28 @@ def sql_digest() -> str:
 
 @contextmanager
 def _migration_lock(dsn: str) -> Iterator[psycopg.Connection[Any]]:
+    """The migrator's own connection (search path pinned), holding the advisory lock, after the checks of
+    :func:`pgjobs.ops.guard.prepare` passed (:class:`~pgjobs.ops.guard.MigrationRefused` otherwise)."""
     with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute("SELECT pg_advisory_lock(%s)", (_LOCK_KEY,))
+        guard.pin_search_path(conn)
+        conn.execute("SELECT pg_catalog.pg_advisory_lock(%s)", (_LOCK_KEY,))
         try:
+            guard.prepare(conn)
             yield conn
         finally:
-            conn.execute("SELECT pg_advisory_unlock(%s)", (_LOCK_KEY,))
+            conn.execute("SELECT pg_catalog.pg_advisory_unlock(%s)", (_LOCK_KEY,))
+
+
+@contextmanager
+def _backend(dsn: str, conn: psycopg.Connection[Any]) -> Iterator[Any]:
+    """yoyo's backend on the bookkeeping schema, the previous layout's history carried over first."""
+    backend = get_backend(yoyo_uri(dsn))
+    try:
+        backend.ensure_internal_schema_updated()
+        guard.carry_over_legacy_history(conn, [c.name for c in plan()])
+        yield backend
+    finally:
+        backend.connection.close()
 
 
 def _validate_routines(conn: psycopg.Connection[Any]) -> None:
@@ -168,6 +197,9 @@ def install_functions(conn: psycopg.Connection[Any], force: bool = False) -> boo
         for (signature,) in rows:
             conn.execute(pgsql.SQL("DROP ROUTINE IF EXISTS {} CASCADE").format(pgsql.SQL(signature)))
         conn.execute("SET LOCAL check_function_bodies = off")
+        # the files' own statements (signatures, defaults, DO blocks) resolve names in pg_catalog first,
+        # never in a schema other roles can create in
+        conn.execute("SET LOCAL search_path = pg_catalog, pgjobs")
         for f in sql_files():
             conn.execute(f.read_text())
         _validate_routines(conn)
@@ -188,50 +220,37 @@ class MigrateResult:
 def migrate(dsn: str) -> MigrateResult:
     """Applies pending migrations, then installs the SQL functions. Idempotent and concurrency-safe."""
     with _migration_lock(dsn) as conn:
-        backend = get_backend(yoyo_uri(dsn))
-        try:
+        with _backend(dsn, conn) as backend:
             migrations = _yoyo_migrations()
             to_apply = backend.to_apply(migrations)
             if to_apply:
                 with backend.lock():
                     backend.apply_migrations(to_apply)
-        finally:
-            backend.connection.close()
         installed = install_functions(conn)
     return MigrateResult([m.id for m in to_apply], installed)
 
 
 def rollback(dsn: str, to: str | None = None) -> list[str]:
     """Reverts deployed changes, newest first, down to (not including) ``to``; all when None."""
-    with _migration_lock(dsn):
-        backend = get_backend(yoyo_uri(dsn))
-        try:
-            migrations = _yoyo_migrations()
-            to_rollback = backend.to_rollback(migrations)
-            if to is not None:
-                names = [m.id for m in to_rollback]
-                if to not in [c.name for c in plan()]:
-                    raise ValueError(f"unknown change {to!r}; the plan has {[c.name for c in plan()]}")
-                to_rollback = MigrationList(to_rollback[: names.index(to)] if to in names else to_rollback)
-            if to_rollback:
-                with backend.lock():
-                    backend.rollback_migrations(to_rollback)
-        finally:
-            backend.connection.close()
+    with _migration_lock(dsn) as conn, _backend(dsn, conn) as backend:
+        migrations = _yoyo_migrations()
+        to_rollback = backend.to_rollback(migrations)
+        if to is not None:
+            names = [m.id for m in to_rollback]
+            if to not in [c.name for c in plan()]:
+                raise ValueError(f"unknown change {to!r}; the plan has {[c.name for c in plan()]}")
+            to_rollback = MigrationList(to_rollback[: names.index(to)] if to in names else to_rollback)
+        if to_rollback:
+            with backend.lock():
+                backend.rollback_migrations(to_rollback)
     return [m.id for m in to_rollback]
 
 
 def verify(dsn: str) -> list[str]:
     """Runs the verify script of every deployed change; raises on the first that fails."""
     with psycopg.connect(dsn, autocommit=True) as conn:
-        deployed = {
-            r[0]
-            for r in conn.execute(
-                "SELECT migration_id FROM _yoyo_migration"
-                if conn.execute("SELECT to_regclass('_yoyo_migration')").fetchone() != (None,)
-                else "SELECT NULL WHERE false"
-            ).fetchall()
-        }
+        guard.pin_search_path(conn)
+        deployed = _deployed(conn)
         checked = []
         for change in plan():
             if change.name in deployed:
@@ -240,11 +259,27 @@ def verify(dsn: str) -> list[str]:
     return checked
 
 
+def _deployed(conn: psycopg.Connection[Any]) -> set[str]:
+    """The deployed changes, read from the bookkeeping schema, or from the previous layout's
+    ``public._yoyo_migration`` while its history has not been carried over (read only: no migrate ran)."""
+    names = [c.name for c in plan()]
+    for table in ("pgjobs_migrations._yoyo_migration", "public._yoyo_migration"):
+        if conn.execute("SELECT pg_catalog.to_regclass(%s)", (table,)).fetchone() == (None,):
+            continue
+        rows = conn.execute(
+            pgsql.SQL("SELECT migration_id FROM {} WHERE migration_id OPERATOR(pg_catalog.=) ANY (%s)").format(
+                pgsql.SQL(table)
+            ),
+            (names,),
+        ).fetchall()
+        if rows:
+            return {str(r[0]) for r in rows}
+    return set()
+
+
 def status(dsn: str) -> dict[str, bool]:
     """Each change of the plan, and whether it is deployed."""
-    backend = get_backend(yoyo_uri(dsn))
-    try:
-        pending = {m.id for m in backend.to_apply(_yoyo_migrations())}
-    finally:
-        backend.connection.close()
-    return {c.name: c.name not in pending for c in plan()}
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        guard.pin_search_path(conn)
+        deployed = _deployed(conn)
+    return {c.name: c.name in deployed for c in plan()}

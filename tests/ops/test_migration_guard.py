@@ -194,12 +194,10 @@ def test_qualified_ddl_binds_pg_catalog_operators_even_past_the_check(
     assert pwned(blank_dsn) == []
 
 
-def test_a_bookkeeping_schema_created_by_another_role_is_refused(
-    blank_dsn: str, attacker: Callable[..., Conn]
-) -> None:
+def test_a_bookkeeping_schema_created_by_another_role_is_refused(blank_dsn: str, attacker: Callable[..., Conn]) -> None:
     evil = attacker()
     evil.execute("CREATE SCHEMA pgjobs_migrations")
-    evil.execute("CREATE TABLE pgjobs_migrations.yoyo_lock (locked int DEFAULT 1 PRIMARY KEY, ctime timestamp, pid int)")
+    evil.execute("CREATE TABLE pgjobs_migrations.yoyo_lock (locked int PRIMARY KEY, ctime timestamp, pid int)")
     with pytest.raises(guard.MigrationRefused, match="schema pgjobs_migrations is owned by pjt_"):
         m.migrate(blank_dsn)
     assert pwned(blank_dsn) == []

@@ -110,13 +110,10 @@ BEGIN
     END IF;
     DELETE FROM jobs AS j WHERE j.id = delete.id;
     IF v_batch IS NOT NULL THEN
-        -- A batch's counters must keep equalling a recount of its members.
-        UPDATE batches AS b
-           SET total = b.total - 1,
-               succeeded = b.succeeded - (v_state = 'succeeded')::int,
-               failed = b.failed - (v_state = 'failed')::int,
-               cancelled = b.cancelled - (v_state = 'cancelled')::int
-         WHERE b.id = v_batch;
+        -- A batch's counters and state must keep equalling a recount of its members: a `failed` batch
+        -- whose only failed member is deleted is `succeeded` now (or `cancelled`). What the batch's own
+        -- continuations did when it settled stays done.
+        PERFORM _recount_batches(ARRAY[v_batch]);
     END IF;
     RETURN true;
 END;
@@ -140,6 +137,9 @@ BEGIN
             MESSAGE = format('purge ages must not be negative, got succeeded_before=%s, failed_before=%s',
                              succeeded_before, failed_before);
     END IF;
+    -- (limits: checks.sql) now() minus 100 million years is out of timestamp range
+    PERFORM _check_interval('succeeded_before', succeeded_before, non_negative => true, nullable => true);
+    PERFORM _check_interval('failed_before', failed_before, non_negative => true, nullable => true);
     WITH gone AS (
         DELETE FROM jobs AS j
          WHERE j.batch_id IS NULL
@@ -172,10 +172,8 @@ DECLARE
     v_row queues;
     v_was_paused boolean;
 BEGIN
-    IF queue IS NULL OR queue = '' THEN
-        RAISE EXCEPTION USING ERRCODE = 'PJ002',
-            MESSAGE = format('queue must be a non-empty string, got %s', coalesce(quote_literal(queue), 'NULL'));
-    ELSIF max_length < 0 THEN
+    PERFORM _check_name('queue', queue);  -- limits: checks.sql
+    IF max_length < 0 THEN
         RAISE EXCEPTION USING ERRCODE = 'PJ002', MESSAGE = format('max_length must be >= 0 (0 removes the limit), got %s', max_length);
     ELSIF max_active < 0 THEN
         RAISE EXCEPTION USING ERRCODE = 'PJ002', MESSAGE = format('max_active must be >= 0 (0 removes the limit), got %s', max_active);
@@ -188,7 +186,7 @@ BEGIN
         RAISE EXCEPTION USING ERRCODE = 'PJ002', MESSAGE = format('noisy_share must be in (0, 1], got %s', noisy_share);
     ELSIF status_events NOT IN ('all', 'terminal', 'none') THEN
         RAISE EXCEPTION USING ERRCODE = 'PJ002',
-            MESSAGE = format('status_events must be ''all'', ''terminal'' or ''none'', got %L', status_events);
+            MESSAGE = format('status_events must be ''all'', ''terminal'' or ''none'', got %s', _shown(status_events));
     END IF;
 
     INSERT INTO queues AS q (queue) VALUES (configure_queue.queue) ON CONFLICT (queue) DO NOTHING;

@@ -22,25 +22,28 @@ AS $$
 DECLARE
     v_bad text;
 BEGIN
-    IF worker IS NULL OR worker = '' THEN
-        RAISE EXCEPTION USING ERRCODE = 'PJ002',
-            MESSAGE = format('worker must be a non-empty string, got %s', coalesce(quote_literal(worker), 'NULL'));
-    ELSIF queues IS NULL OR cardinality(queues) = 0 OR array_position(queues, NULL) IS NOT NULL
+    -- (limits: checks.sql)
+    PERFORM _check_name('worker', worker);
+    PERFORM _check_array('queues', queues);
+    IF queues IS NULL OR cardinality(queues) = 0 OR array_position(queues, NULL) IS NOT NULL
           OR array_position(queues, '') IS NOT NULL THEN
         RAISE EXCEPTION USING ERRCODE = 'PJ002',
-            MESSAGE = format('queues must be a non-empty array of non-empty names, got %s', coalesce(queues::text, 'NULL'));
+            MESSAGE = format('queues must be a non-empty array of non-empty names, got %s', _shown(queues::text));
     ELSIF max_jobs IS NULL OR max_jobs < 1 THEN
         RAISE EXCEPTION USING ERRCODE = 'PJ002',
             MESSAGE = format('max_jobs must be >= 1, got %s', coalesce(max_jobs::text, 'NULL'));
+    ELSIF max_jobs > 10000 THEN
+        RAISE EXCEPTION USING ERRCODE = 'PJ002', MESSAGE = format('max_jobs must be at most 10000, got %s', max_jobs);
     ELSIF lease IS NULL OR lease <= interval '0' THEN
         RAISE EXCEPTION USING ERRCODE = 'PJ002',
             MESSAGE = format('lease must be a positive interval, got %s', coalesce(lease::text, 'NULL'));
     ELSIF kind_limits IS NOT NULL AND jsonb_typeof(kind_limits) <> 'object' THEN
         RAISE EXCEPTION USING ERRCODE = 'PJ002',
-            MESSAGE = format('kind_limits must be a JSON object {"kind": n}, got %s', kind_limits);
+            MESSAGE = format('kind_limits must be a JSON object {"kind": n}, got %s', _shown(kind_limits::text));
     END IF;
+    PERFORM _check_interval('lease', lease, positive => true);
     IF kind_limits IS NOT NULL THEN
-        SELECT format('%s: %s', quote_literal(e.key), e.value) INTO v_bad
+        SELECT format('%s: %s', _shown(e.key), _shown(e.value::text)) INTO v_bad
           FROM jsonb_each(kind_limits) AS e
          WHERE jsonb_typeof(e.value) <> 'number' OR (e.value::text)::numeric < 0
             OR (e.value::text)::numeric % 1 <> 0
@@ -78,8 +81,11 @@ DECLARE
 BEGIN
     -- The common arguments pass these inline tests; only the rest pay for the helper's checks.
     IF worker IS NULL OR worker = '' OR queues IS NULL OR cardinality(queues) = 0
+       -- (limits: checks.sql; array_position raises on a multidimensional array, so its test goes first)
+       OR array_ndims(queues) > 1
        OR array_position(queues, NULL) IS NOT NULL OR array_position(queues, '') IS NOT NULL
        OR max_jobs IS NULL OR max_jobs < 1 OR lease IS NULL OR lease <= interval '0'
+       OR max_jobs > 10000 OR lease > interval '100 years' OR octet_length(worker) > 200
        OR kind_limits IS NOT NULL THEN
         PERFORM _check_claim_args(worker, queues, max_jobs, lease, kind_limits);
     END IF;

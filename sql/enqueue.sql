@@ -10,9 +10,11 @@
 -- into those first restores the planner's default choice for the rest of the function
 -- (set_config(..., true) inside a function with a SET clause ends with the function).
 
--- Raises PJ002 when a job spec is unusable; the message names the bad value.
+-- Raises PJ002 when a job spec is unusable; the message names the bad value. Limits: checks.sql.
 CREATE OR REPLACE FUNCTION pgjobs._check_job_args(kind text, queue text, payload jsonb,
-                                                  max_attempts int, label text DEFAULT 'job')
+                                                  max_attempts int, label text DEFAULT 'job',
+                                                  unique_key text DEFAULT NULL, group_key text DEFAULT NULL,
+                                                  run_at timestamptz DEFAULT NULL)
 RETURNS void
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pgjobs, pg_temp
@@ -20,19 +22,18 @@ SET plan_cache_mode = force_generic_plan
 SET jit = off
 AS $$
 BEGIN
-    IF kind IS NULL OR kind = '' THEN
-        RAISE EXCEPTION USING ERRCODE = 'PJ002',
-            MESSAGE = format('%s: kind must be a non-empty string, got %s', label, coalesce(quote_literal(kind), 'NULL'));
-    ELSIF queue IS NULL OR queue = '' THEN
-        RAISE EXCEPTION USING ERRCODE = 'PJ002',
-            MESSAGE = format('%s: queue must be a non-empty string, got %s', label, coalesce(quote_literal(queue), 'NULL'));
-    ELSIF payload IS NULL THEN
+    PERFORM _check_name(label || ': kind', kind);
+    PERFORM _check_name(label || ': queue', queue);
+    IF payload IS NULL THEN
         RAISE EXCEPTION USING ERRCODE = 'PJ002',
             MESSAGE = format('%s: payload must not be NULL (use ''{}'' for none)', label);
     ELSIF max_attempts IS NULL OR max_attempts < 1 THEN
         RAISE EXCEPTION USING ERRCODE = 'PJ002',
             MESSAGE = format('%s: max_attempts must be >= 1, got %s', label, coalesce(max_attempts::text, 'NULL'));
     END IF;
+    PERFORM _check_name(label || ': unique_key', unique_key, 1000, true);
+    PERFORM _check_name(label || ': group_key', group_key, 1000, true);
+    PERFORM _check_time(label || ': run_at', run_at);
 END;
 $$;
 
@@ -107,9 +108,14 @@ BEGIN
     -- The hot path costs one statement per step: argument checks inline (the helper only words
     -- the error), one read of the queue's settings, the insert, and the notifications built
     -- here rather than through _notify_status (a jsonb round trip that cost more than the insert).
+    -- (limits: checks.sql)
     IF enqueue.kind IS NULL OR enqueue.kind = '' OR enqueue.queue IS NULL OR enqueue.queue = ''
-       OR enqueue.payload IS NULL OR enqueue.max_attempts IS NULL OR enqueue.max_attempts < 1 THEN
-        PERFORM _check_job_args(enqueue.kind, enqueue.queue, enqueue.payload, enqueue.max_attempts);
+       OR enqueue.payload IS NULL OR enqueue.max_attempts IS NULL OR enqueue.max_attempts < 1
+       OR octet_length(enqueue.kind) > 200 OR octet_length(enqueue.queue) > 200
+       OR octet_length(enqueue.unique_key) > 1000 OR octet_length(enqueue.group_key) > 1000
+       OR NOT (enqueue.run_at >= '0001-01-01 00:00:00+00' AND enqueue.run_at < '10000-01-01 00:00:00+00') THEN
+        PERFORM _check_job_args(enqueue.kind, enqueue.queue, enqueue.payload, enqueue.max_attempts, 'job',
+                                enqueue.unique_key, enqueue.group_key, enqueue.run_at);
     END IF;
     SELECT q.max_length, q.status_events INTO v_max, v_events FROM queues AS q WHERE q.queue = enqueue.queue;
 
@@ -248,7 +254,7 @@ AS $$
 BEGIN
     PERFORM _check_specs(jobs, 'jobs');
     RAISE EXCEPTION USING ERRCODE = 'PJ002',
-        MESSAGE = format('jobs: spec %s is not valid', left(spec::text, 200));
+        MESSAGE = format('jobs: spec %s is not valid', _shown(spec::text));
 END;
 $$;
 
@@ -270,16 +276,22 @@ AS $$
 DECLARE
     v_now   timestamptz := now();
     v_quiet text[] := ARRAY(SELECT q.queue FROM queues AS q WHERE q.status_events <> 'all');
+    v_far   boolean;
 BEGIN
     IF jsonb_path_exists(jobs, 'lax $[*].run_at ? (@.type() == "string")') THEN
         BEGIN
-            PERFORM (x.e ->> 'run_at')::timestamptz
-               FROM jsonb_array_elements(jobs) AS x(e)
-              WHERE jsonb_typeof(x.e -> 'run_at') = 'string';
+            -- (limits: checks.sql) a time must be finite, in years 1 to 9999
+            v_far := EXISTS (SELECT 1 FROM jsonb_array_elements(jobs) AS x(e)
+                              WHERE jsonb_typeof(x.e -> 'run_at') = 'string'
+                                AND NOT ((x.e ->> 'run_at')::timestamptz >= '0001-01-01 00:00:00+00'
+                                         AND (x.e ->> 'run_at')::timestamptz < '10000-01-01 00:00:00+00'));
         EXCEPTION WHEN data_exception THEN
             PERFORM _check_specs(jobs, 'jobs');
             RAISE;
         END;
+        IF v_far THEN
+            PERFORM _check_specs(jobs, 'jobs');
+        END IF;
     END IF;
 
     RETURN QUERY
@@ -297,6 +309,8 @@ BEGIN
          WHERE CASE WHEN x.e ->> 'kind' = ''
                          OR jsonb_typeof(x.e -> 'queue') <> 'string' OR x.e ->> 'queue' = ''
                          OR jsonb_typeof(x.e -> 'payload') = 'null'
+                         -- (limits: checks.sql)
+                         OR octet_length(x.e ->> 'kind') > 200 OR octet_length(x.e ->> 'queue') > 200
                       THEN _refuse_spec(jobs, x.e)
                     WHEN x.lean THEN true
                     WHEN x.e - '{kind,payload,queue,run_at,priority,max_attempts,unique_key,unique_live_only,group_key,meta,ref}'::text[] <> '{}'
@@ -305,6 +319,7 @@ BEGIN
                          -- a string key took the other path; any other non-null one is wrong
                          OR jsonb_typeof(x.e -> 'unique_key') <> 'null'
                          OR jsonb_typeof(x.e -> 'group_key') NOT IN ('string', 'null')
+                         OR octet_length(x.e ->> 'group_key') > 1000
                          OR jsonb_typeof(x.e -> 'unique_live_only') NOT IN ('boolean', 'null')
                          OR jsonb_typeof(x.e -> 'ref') NOT IN ('string', 'number', 'null')
                          OR CASE jsonb_typeof(x.e -> 'priority')
@@ -405,6 +420,9 @@ BEGIN
                 OR e.spec - '{kind,payload,queue,run_at,priority,max_attempts,unique_key,unique_live_only,group_key,meta,ref,depends_on}'::text[] <> '{}'
                 OR jsonb_typeof(r.kind) IS DISTINCT FROM 'string' OR r.kind = '""'
                 OR (e.spec ? 'queue' AND (jsonb_typeof(r.queue) IS DISTINCT FROM 'string' OR r.queue = '""'))
+                -- (limits: checks.sql)
+                OR octet_length(r.kind #>> '{}') > 200 OR octet_length(r.queue #>> '{}') > 200
+                OR octet_length(r.unique_key #>> '{}') > 1000 OR octet_length(r.group_key #>> '{}') > 1000
                 OR (e.spec ? 'payload' AND r.payload IS NULL)
                 OR (e.spec ? 'meta' AND jsonb_typeof(r.meta) IS DISTINCT FROM 'object')
                 OR (e.spec ? 'priority'
@@ -456,42 +474,54 @@ DECLARE
 BEGIN
     IF jobs IS NULL OR jsonb_typeof(jobs) <> 'array' THEN
         RAISE EXCEPTION USING ERRCODE = 'PJ002',
-            MESSAGE = format('%s must be a JSON array of job specs, got %s', label, coalesce(left(jobs::text, 200), 'NULL'));
+            MESSAGE = format('%s must be a JSON array of job specs, got %s', label, _shown(jobs::text));
     END IF;
     SELECT c.n, c.spec, c.problem INTO v_bad
       FROM (SELECT s.n, s.spec,
                    CASE
-                     WHEN jsonb_typeof(s.spec) <> 'object' THEN format('a job spec must be a JSON object, got %s', s.spec)
+                     WHEN jsonb_typeof(s.spec) <> 'object' THEN format('a job spec must be a JSON object, got %s', _shown(s.spec::text))
                      WHEN s.spec - '{kind,payload,queue,run_at,priority,max_attempts,unique_key,unique_live_only,group_key,meta,ref,depends_on}'::text[] <> '{}'
-                       THEN format('unknown key(s) %s', (SELECT string_agg(quote_literal(k), ', ')
+                       THEN format('unknown key(s) %s', (SELECT left(string_agg(quote_literal(k), ', '), 200)
                                                           FROM jsonb_object_keys(s.spec - '{kind,payload,queue,run_at,priority,max_attempts,unique_key,unique_live_only,group_key,meta,ref,depends_on}'::text[]) AS k))
                      WHEN jsonb_typeof(s.spec -> 'kind') IS DISTINCT FROM 'string' OR s.spec ->> 'kind' = ''
-                       THEN format('kind must be a non-empty string, got %s', coalesce((s.spec -> 'kind')::text, 'nothing'))
+                       THEN format('kind must be a non-empty string, got %s', coalesce(_shown((s.spec -> 'kind')::text), 'nothing'))
                      WHEN s.spec ? 'queue' AND (jsonb_typeof(s.spec -> 'queue') <> 'string' OR s.spec ->> 'queue' = '')
-                       THEN format('queue must be a non-empty string, got %s', s.spec -> 'queue')
+                       THEN format('queue must be a non-empty string, got %s', _shown((s.spec -> 'queue')::text))
+                     -- (limits: checks.sql)
+                     WHEN octet_length(s.spec ->> 'kind') > 200
+                       THEN format('kind must be at most 200 bytes, got %s', _shown(s.spec ->> 'kind'))
+                     WHEN octet_length(s.spec ->> 'queue') > 200
+                       THEN format('queue must be at most 200 bytes, got %s', _shown(s.spec ->> 'queue'))
                      WHEN jsonb_typeof(s.spec -> 'payload') = 'null'
                        THEN 'payload must not be null (use {} for none)'
                      WHEN s.spec ? 'meta' AND jsonb_typeof(s.spec -> 'meta') <> 'object'
-                       THEN format('meta must be a JSON object, got %s', s.spec -> 'meta')
+                       THEN format('meta must be a JSON object, got %s', _shown((s.spec -> 'meta')::text))
                      WHEN s.spec ? 'priority' AND (jsonb_typeof(s.spec -> 'priority') <> 'number'
                                                    OR (s.spec ->> 'priority')::numeric NOT BETWEEN -32768 AND 32767
                                                    OR (s.spec ->> 'priority')::numeric % 1 <> 0)
-                       THEN format('priority must be an integer between -32768 and 32767, got %s', s.spec -> 'priority')
+                       THEN format('priority must be an integer between -32768 and 32767, got %s', _shown((s.spec -> 'priority')::text))
                      WHEN s.spec ? 'max_attempts' AND (jsonb_typeof(s.spec -> 'max_attempts') <> 'number'
                                                        OR (s.spec ->> 'max_attempts')::numeric NOT BETWEEN 1 AND 2147483647
                                                        OR (s.spec ->> 'max_attempts')::numeric % 1 <> 0)
-                       THEN format('max_attempts must be an integer >= 1, got %s', s.spec -> 'max_attempts')
+                       THEN format('max_attempts must be an integer >= 1, got %s', _shown((s.spec -> 'max_attempts')::text))
                      WHEN jsonb_typeof(s.spec -> 'run_at') NOT IN ('string', 'null')
                           OR (jsonb_typeof(s.spec -> 'run_at') = 'string' AND NOT _is_timestamp(s.spec ->> 'run_at'))
-                       THEN format('run_at must be an ISO 8601 timestamp, got %s', s.spec -> 'run_at')
+                       THEN format('run_at must be an ISO 8601 timestamp, got %s', _shown((s.spec -> 'run_at')::text))
+                     WHEN jsonb_typeof(s.spec -> 'run_at') = 'string' AND NOT _time_ok((s.spec ->> 'run_at')::timestamptz)
+                       THEN format('run_at must be a finite time in years 1 to 9999, got %s',
+                                   _shown(s.spec ->> 'run_at'))
                      WHEN jsonb_typeof(s.spec -> 'unique_key') NOT IN ('string', 'null')
-                       THEN format('unique_key must be a string, got %s', s.spec -> 'unique_key')
+                       THEN format('unique_key must be a string, got %s', _shown((s.spec -> 'unique_key')::text))
+                     WHEN octet_length(s.spec ->> 'unique_key') > 1000
+                       THEN format('unique_key must be at most 1000 bytes, got %s', _shown(s.spec ->> 'unique_key'))
                      WHEN jsonb_typeof(s.spec -> 'group_key') NOT IN ('string', 'null')
-                       THEN format('group_key must be a string, got %s', s.spec -> 'group_key')
+                       THEN format('group_key must be a string, got %s', _shown((s.spec -> 'group_key')::text))
+                     WHEN octet_length(s.spec ->> 'group_key') > 1000
+                       THEN format('group_key must be at most 1000 bytes, got %s', _shown(s.spec ->> 'group_key'))
                      WHEN jsonb_typeof(s.spec -> 'unique_live_only') NOT IN ('boolean', 'null')
-                       THEN format('unique_live_only must be a boolean, got %s', s.spec -> 'unique_live_only')
+                       THEN format('unique_live_only must be a boolean, got %s', _shown((s.spec -> 'unique_live_only')::text))
                      WHEN jsonb_typeof(s.spec -> 'ref') NOT IN ('string', 'number', 'null')
-                       THEN format('ref must be a string, got %s', s.spec -> 'ref')
+                       THEN format('ref must be a string, got %s', _shown((s.spec -> 'ref')::text))
                    END AS problem
               FROM jsonb_array_elements(jobs) WITH ORDINALITY AS s(spec, n)) AS c
      WHERE c.problem IS NOT NULL
@@ -501,7 +531,7 @@ BEGIN
         RAISE EXCEPTION USING ERRCODE = 'PJ002',
             MESSAGE = format('%s[%s]%s: %s', label, v_bad.n - 1,
                              CASE WHEN jsonb_typeof(v_bad.spec) = 'object' AND v_bad.spec ? 'ref'
-                                  THEN format(' (ref %s)', v_bad.spec ->> 'ref') ELSE '' END,
+                                  THEN format(' (ref %s)', left(v_bad.spec ->> 'ref', 100)) ELSE '' END,
                              v_bad.problem);
     END IF;
 END;

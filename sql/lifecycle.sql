@@ -3,6 +3,14 @@
 -- expired, cancelled, already finished) changes nothing and returns false/NULL. That is a
 -- benign outcome the caller expects, never an error.
 --
+-- A requested cancellation (cancel() on a running job sets cancel_requested) decides how the attempt
+-- ends, whichever call ends it: complete, complete_many, fail, dead_letter and release all end such a
+-- job `cancelled` (complete keeps the result it was given; the job's success continuations are
+-- cancelled like any cancelled parent's), and ack_cancel ends a job `cancelled` only when its
+-- cancellation was requested: without a request it returns false and changes nothing (a forged
+-- pgjobs_cancel notification then cannot end a job). The call still returns true / the new state: the
+-- token held the job and the attempt ended.
+--
 -- Plans: every compare-and-set below finds its row by primary key and tests `state::text =
 -- 'active'`. Written as `state = 'active'`, the test would let the planner read the partial
 -- index of active jobs (jobs_active_idx) from end to end, filtering on id, whenever the
@@ -41,9 +49,8 @@ SET plan_cache_mode = force_generic_plan
 SET jit = off
 AS $$
 BEGIN
-    IF lease IS NULL OR lease <= interval '0' THEN
-        RAISE EXCEPTION USING ERRCODE = 'PJ002',
-            MESSAGE = format('lease must be a positive interval, got %s', coalesce(lease::text, 'NULL'));
+    IF lease IS NULL OR lease <= interval '0' OR lease > interval '100 years' THEN  -- (limits: checks.sql)
+        PERFORM _check_interval('lease', lease, positive => true);
     END IF;
 END;
 $$;
@@ -93,6 +100,8 @@ SET plan_cache_mode = force_generic_plan
 SET jit = off
 AS $$
 BEGIN
+    PERFORM _check_array('ids', ids);
+    PERFORM _check_array('lease_tokens', lease_tokens);
     IF ids IS NULL OR lease_tokens IS NULL
        OR coalesce(cardinality(ids), 0) <> coalesce(cardinality(lease_tokens), 0) THEN
         RAISE EXCEPTION USING ERRCODE = 'PJ002',
@@ -158,17 +167,19 @@ DECLARE
     v_job record;
 BEGIN
     UPDATE jobs AS j
-       SET state = 'succeeded', completed_at = now(), result = complete.result,
+       SET state = CASE WHEN j.cancel_requested THEN 'cancelled'::job_state ELSE 'succeeded' END,
+           completed_at = now(), result = complete.result,
            lease_token = NULL, lease_expires_at = NULL
      WHERE j.id = complete.id AND j.lease_token = complete.lease_token AND j.state::text = 'active'
-    RETURNING j.id, j.queue, j.kind, j.attempt, j.batch_id, j.has_dependents INTO v_job;
+    RETURNING j.id, j.state, j.queue, j.kind, j.attempt, j.batch_id, j.has_dependents INTO v_job;
     IF NOT FOUND THEN
         RETURN false;
     END IF;
     PERFORM _notify_status(jsonb_build_array(jsonb_build_object(
-        'id', v_job.id, 'state', 'succeeded', 'queue', v_job.queue, 'kind', v_job.kind,
+        'id', v_job.id, 'state', v_job.state, 'queue', v_job.queue, 'kind', v_job.kind,
         'attempt', v_job.attempt, 'batch_id', v_job.batch_id)));
-    IF continuations IS NOT NULL THEN
+    -- (a cancelled job adds no continuations: what it would have started was cancelled with it)
+    IF continuations IS NOT NULL AND v_job.state = 'succeeded' THEN
         PERFORM set_config('plan_cache_mode', 'auto', true);  -- see the note at the top of this file
         PERFORM _add_continuations(v_job.id, continuations);
         v_job.has_dependents := true;
@@ -198,8 +209,10 @@ DECLARE
     v_longest int;
     v_follow  bigint[];
 BEGIN
-    IF ids IS NULL OR lease_tokens IS NULL OR cardinality(ids) <> cardinality(lease_tokens) THEN
+    IF ids IS NULL OR lease_tokens IS NULL OR cardinality(ids) <> cardinality(lease_tokens)
+       OR array_ndims(ids) > 1 OR array_ndims(lease_tokens) > 1 OR array_ndims(results) > 1 THEN
         PERFORM _check_pairs(ids, lease_tokens);
+        PERFORM _check_array('results', results);
     END IF;
     IF results IS NOT NULL AND cardinality(results) <> cardinality(ids) THEN
         RAISE EXCEPTION USING ERRCODE = 'PJ002',
@@ -209,14 +222,15 @@ BEGIN
     v_none := ARRAY(SELECT q.queue FROM queues AS q WHERE q.status_events = 'none');
     WITH upd AS (
         UPDATE jobs AS j
-           SET state = 'succeeded', completed_at = now(), result = t.res,
+           SET state = CASE WHEN j.cancel_requested THEN 'cancelled'::job_state ELSE 'succeeded' END,
+               completed_at = now(), result = t.res,
                lease_token = NULL, lease_expires_at = NULL
           FROM unnest(ids, lease_tokens, results) AS t(id, tok, res)
          WHERE j.id = t.id AND j.lease_token = t.tok AND j.state::text = 'active'
         RETURNING j.id, j.queue, j.batch_id, j.has_dependents,
                   -- The job's status event, worded here as _status_event words it.
                   '{"id": ' || j.id || ', "kind": ' || to_json(j.kind)::text || ', "queue": '
-                  || to_json(j.queue)::text || ', "state": "succeeded", "attempt": ' || j.attempt
+                  || to_json(j.queue)::text || ', "state": "' || j.state::text || '", "attempt": ' || j.attempt
                   || ', "batch_id": ' || coalesce(j.batch_id::text, 'null') || '}' AS event
     )
     SELECT array_agg(u.id), array_agg(u.event) FILTER (WHERE u.queue <> ALL (v_none)),
@@ -256,6 +270,9 @@ SET jit = off
 AS $$
 #variable_conflict use_column
 BEGIN
+    IF fail.retry_at IS NOT NULL THEN
+        PERFORM _check_time('retry_at', fail.retry_at);
+    END IF;
     RETURN _end_attempt(fail.id, fail.lease_token, fail.error, fail.retry_at, false);
 END;
 $$;
@@ -333,6 +350,9 @@ AS $$
 DECLARE
     v_job record;
 BEGIN
+    IF release.run_at IS NOT NULL THEN
+        PERFORM _check_time('run_at', release.run_at);
+    END IF;
     UPDATE jobs AS j
        SET state = CASE WHEN j.cancel_requested THEN 'cancelled'::job_state
                         WHEN release.run_at > now() THEN 'scheduled'
@@ -360,7 +380,8 @@ BEGIN
 END;
 $$;
 
--- A worker acknowledges a requested cancellation: the running job ends 'cancelled'.
+-- A worker acknowledges a requested cancellation: the running job ends 'cancelled'. Without a request
+-- (cancel_requested false) it returns false and the job runs on under its lease.
 CREATE OR REPLACE FUNCTION pgjobs.ack_cancel(id bigint, lease_token uuid)
 RETURNS boolean
 LANGUAGE plpgsql
@@ -376,6 +397,7 @@ BEGIN
        SET state = 'cancelled', completed_at = now(), lease_token = NULL, lease_expires_at = NULL,
            cancel_requested = true
      WHERE j.id = ack_cancel.id AND j.lease_token = ack_cancel.lease_token AND j.state::text = 'active'
+       AND j.cancel_requested  -- only a requested cancellation: a forged pgjobs_cancel must end nothing
     RETURNING j.id, j.queue, j.kind, j.attempt, j.batch_id, j.has_dependents INTO v_job;
     IF NOT FOUND THEN
         RETURN false;

@@ -31,7 +31,7 @@ LANGUAGE plpgsql
 SET search_path = pg_catalog, pgjobs, pg_temp
 AS $$
 BEGIN
-    RAISE EXCEPTION USING ERRCODE = 'PJ003', MESSAGE = format('schedule %s not found', coalesce(quote_literal(name), 'NULL'));
+    RAISE EXCEPTION USING ERRCODE = 'PJ003', MESSAGE = format('schedule %s not found', _shown(name));
 END;
 $$;
 
@@ -41,10 +41,7 @@ LANGUAGE plpgsql
 SET search_path = pg_catalog, pgjobs, pg_temp
 AS $$
 BEGIN
-    IF name IS NULL OR name = '' THEN
-        RAISE EXCEPTION USING ERRCODE = 'PJ002',
-            MESSAGE = format('schedule name must be a non-empty string, got %s', coalesce(quote_literal(name), 'NULL'));
-    END IF;
+    PERFORM _check_name('schedule name', name);  -- limits: checks.sql
 END;
 $$;
 
@@ -63,10 +60,10 @@ AS $$
 DECLARE
     v_fields text[] := regexp_split_to_array(btrim(cron, E' \t\n\r'), E'\\s+');
 BEGIN
-    IF cron IS NULL OR btrim(cron, E' \t\n\r') = '' THEN
+    IF cron IS NULL OR btrim(cron, E' \t\n\r') = '' OR octet_length(cron) > 200 THEN
         RAISE EXCEPTION USING ERRCODE = 'PJ002',
-            MESSAGE = format('schedule %L: cron must be a non-empty cron expression, got %s',
-                             name, coalesce(quote_literal(cron), 'NULL'));
+            MESSAGE = format('schedule %s: cron must be a non-empty cron expression of at most 200 bytes, got %s',
+                             _shown(name), _shown(cron));
     END IF;
     IF cardinality(v_fields) = 1
        AND lower(v_fields[1]) IN ('@yearly', '@annually', '@monthly', '@weekly', '@daily', '@midnight', '@hourly') THEN
@@ -75,8 +72,8 @@ BEGIN
     IF cardinality(v_fields) NOT BETWEEN 5 AND 7
        OR EXISTS (SELECT 1 FROM unnest(v_fields) AS f WHERE f !~ '^[0-9A-Za-z*/,?#-]+$') THEN
         RAISE EXCEPTION USING ERRCODE = 'PJ002',
-            MESSAGE = format('schedule %L: invalid cron expression %L (expected 5 fields "minute hour day month '
-                             'weekday", optionally seconds and year, or an alias such as @hourly)', name, cron);
+            MESSAGE = format('schedule %s: invalid cron expression %s (expected 5 fields "minute hour day month '
+                             'weekday", optionally seconds and year, or an alias such as @hourly)', _shown(name), _shown(cron));
     END IF;
 END;
 $$;
@@ -112,6 +109,8 @@ DECLARE
     v_row   schedules;
 BEGIN
     PERFORM _check_schedule_name(upsert_schedule.name);
+    -- Everything a run of this schedule will insert is checked now (issue 11: a schedule whose run
+    -- could never be inserted used to fail every materialize_schedules batch it was part of).
     PERFORM _check_job_args(upsert_schedule.kind, upsert_schedule.queue, upsert_schedule.payload,
                             upsert_schedule.max_attempts, format('schedule %L', upsert_schedule.name));
     PERFORM _check_cron(upsert_schedule.name, upsert_schedule.cron);
@@ -119,14 +118,16 @@ BEGIN
         RAISE EXCEPTION USING ERRCODE = 'PJ002',
             MESSAGE = format('schedule %L: next_run_at must be a finite timestamp, got %s',
                              upsert_schedule.name, coalesce(upsert_schedule.next_run_at::text, 'NULL'));
-    ELSIF upsert_schedule.timezone IS NULL OR upsert_schedule.timezone = '' THEN
+    END IF;
+    PERFORM _check_time(format('schedule %L: next_run_at', upsert_schedule.name), upsert_schedule.next_run_at);
+    IF upsert_schedule.timezone IS NULL OR upsert_schedule.timezone = '' OR octet_length(upsert_schedule.timezone) > 100 THEN
         RAISE EXCEPTION USING ERRCODE = 'PJ002',
             MESSAGE = format('schedule %L: timezone must be an IANA time zone name, got %s',
-                             upsert_schedule.name, coalesce(quote_literal(upsert_schedule.timezone), 'NULL'));
+                             upsert_schedule.name, _shown(upsert_schedule.timezone));
     ELSIF upsert_schedule.missed IS NULL OR upsert_schedule.missed NOT IN ('once', 'skip') THEN
         RAISE EXCEPTION USING ERRCODE = 'PJ002',
             MESSAGE = format('schedule %L: missed must be ''once'' or ''skip'', got %s',
-                             upsert_schedule.name, coalesce(quote_literal(upsert_schedule.missed), 'NULL'));
+                             upsert_schedule.name, _shown(upsert_schedule.missed));
     ELSIF upsert_schedule.priority IS NULL OR upsert_schedule.priority NOT BETWEEN -32768 AND 32767 THEN
         RAISE EXCEPTION USING ERRCODE = 'PJ002',
             MESSAGE = format('schedule %L: priority must be an integer between -32768 and 32767, got %s',
@@ -220,6 +221,7 @@ BEGIN
         RAISE EXCEPTION USING ERRCODE = 'PJ002',
             MESSAGE = format('next_run_at must be a finite timestamp, got %s', resume_schedule.next_run_at);
     END IF;
+    PERFORM _check_time('next_run_at', resume_schedule.next_run_at);
     SELECT s.paused INTO v_was FROM schedules AS s WHERE s.name = resume_schedule.name FOR UPDATE;
     IF NOT FOUND THEN
         PERFORM _schedule_not_found(resume_schedule.name);
@@ -278,6 +280,7 @@ BEGIN
         RAISE EXCEPTION USING ERRCODE = 'PJ002',
             MESSAGE = 'keep must be an array of schedule names (''{}'' prunes every code-defined schedule), got NULL';
     END IF;
+    PERFORM _check_array('keep', keep);
     DELETE FROM schedules AS s
      WHERE s.code_defined AND s.name <> ALL (array_remove(prune_code_schedules.keep, NULL));
     GET DIAGNOSTICS v_count = ROW_COUNT;
@@ -302,10 +305,8 @@ AS $$
 BEGIN
     IF due_schedules.now IS NULL THEN
         RAISE EXCEPTION USING ERRCODE = 'PJ002', MESSAGE = 'now must be a timestamp, got NULL';
-    ELSIF max_rows IS NULL OR max_rows < 0 THEN
-        RAISE EXCEPTION USING ERRCODE = 'PJ002',
-            MESSAGE = format('max_rows must be >= 0, got %s', coalesce(max_rows::text, 'NULL'));
     END IF;
+    PERFORM _check_count('max_rows', max_rows, 0, 100000);
     IF coalesce(skip_locked, false) THEN
         RETURN QUERY
         SELECT s.* FROM schedules AS s
@@ -444,15 +445,17 @@ LANGUAGE plpgsql
 SET search_path = pg_catalog, pgjobs, pg_temp
 AS $$
 BEGIN
+    PERFORM _check_time(format('schedule %s: expected_run_at', _shown(label)), expected_run_at);
+    PERFORM _check_time(format('schedule %s: next_run_at', _shown(label)), next_run_at);
     IF expected_run_at IS NULL OR NOT isfinite(expected_run_at) THEN
         RAISE EXCEPTION USING ERRCODE = 'PJ002',
-            MESSAGE = format('schedule %L: expected_run_at must be a finite timestamp, got %s', label,
+            MESSAGE = format('schedule %s: expected_run_at must be a finite timestamp, got %s', _shown(label),
                              coalesce(expected_run_at::text, 'NULL'));
     ELSIF next_run_at IS NULL OR NOT isfinite(next_run_at) OR next_run_at <= expected_run_at THEN
         -- A schedule only moves forward: otherwise the same run could come due again.
         RAISE EXCEPTION USING ERRCODE = 'PJ002',
-            MESSAGE = format('schedule %L: next_run_at must be a finite timestamp after expected_run_at %s, got %s',
-                             label, expected_run_at, coalesce(next_run_at::text, 'NULL'));
+            MESSAGE = format('schedule %s: next_run_at must be a finite timestamp after expected_run_at %s, got %s',
+                             _shown(label), expected_run_at, coalesce(next_run_at::text, 'NULL'));
     END IF;
 END;
 $$;
@@ -465,12 +468,20 @@ $$;
 -- NULL for a skipped run, created is false when the run's job already existed.
 CREATE OR REPLACE FUNCTION pgjobs.materialize_schedules(names text[], expected_run_ats timestamptz[],
                                                         next_run_ats timestamptz[], skip_runs boolean[] DEFAULT NULL)
-RETURNS TABLE (name text, expected_run_at timestamptz, next_run_at timestamptz, job_id bigint, created boolean)
+RETURNS TABLE (name text, expected_run_at timestamptz, next_run_at timestamptz, job_id bigint, created boolean,
+               error text)
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pgjobs, pg_temp
 AS $$
 #variable_conflict use_column
 DECLARE
+    v_errors    text[];
+    v_old_runs  timestamptz[];
+    v_old_jobs  bigint[];
+    v_err_names text[];
+    v_one       record;
+    v_code      text;
+    v_msg       text;
     v_bad   record;
     v_names text[];
     v_runs  timestamptz[];
@@ -481,6 +492,10 @@ DECLARE
     v_created   boolean[];
     v_run_names text[];
 BEGIN
+    PERFORM _check_array('names', names);
+    PERFORM _check_array('expected_run_ats', expected_run_ats);
+    PERFORM _check_array('next_run_ats', next_run_ats);
+    PERFORM _check_array('skip_runs', skip_runs);
     IF names IS NULL OR expected_run_ats IS NULL OR next_run_ats IS NULL
        OR cardinality(names) <> cardinality(expected_run_ats) OR cardinality(names) <> cardinality(next_run_ats)
        OR (skip_runs IS NOT NULL AND cardinality(skip_runs) <> cardinality(names)) THEN
@@ -491,8 +506,8 @@ BEGIN
     END IF;
     SELECT r.name, r.e, r.x INTO v_bad
       FROM unnest(names, expected_run_ats, next_run_ats) AS r(name, e, x)
-     WHERE r.name IS NULL OR r.name = '' OR r.e IS NULL OR NOT isfinite(r.e)
-        OR r.x IS NULL OR NOT isfinite(r.x) OR r.x <= r.e
+     WHERE r.name IS NULL OR r.name = '' OR octet_length(r.name) > 200 OR r.e IS NULL OR NOT _time_ok(r.e)
+        OR r.x IS NULL OR NOT _time_ok(r.x) OR r.x <= r.e
      LIMIT 1;
     IF FOUND THEN
         PERFORM _check_schedule_name(v_bad.name);
@@ -501,7 +516,7 @@ BEGIN
     SELECT r.name INTO v_bad FROM unnest(names) AS r(name) GROUP BY r.name HAVING count(*) > 1 LIMIT 1;
     IF FOUND THEN
         RAISE EXCEPTION USING ERRCODE = 'PJ002',
-            MESSAGE = format('schedule %L appears more than once in names', v_bad.name);
+            MESSAGE = format('schedule %s appears more than once in names', _shown(v_bad.name));
     END IF;
 
     -- Lock the schedules still at their expected run, in a fixed order (two callers never deadlock),
@@ -525,26 +540,68 @@ BEGIN
           FROM unnest(names, expected_run_ats, next_run_ats,
                       coalesce(skip_runs, array_fill(false, ARRAY[cardinality(names)]))) AS r(name, e, x, skip)
          WHERE r.name = ANY (v_names)
+    ), old AS (
+        -- (the statement's snapshot: the values before upd) what a run that fails gives back
+        SELECT s.name, s.last_run_at, s.last_job_id FROM schedules AS s WHERE s.name = ANY (v_names)
     ), upd AS (
         UPDATE schedules AS s
            SET next_run_at = p.x,
                last_run_at = CASE WHEN p.skip THEN s.last_run_at ELSE p.e END,
                last_job_id = coalesce(p.id, s.last_job_id),
                updated_at = now()
-          FROM plan AS p
+          FROM plan AS p JOIN old AS o ON o.name = p.name
          WHERE s.name = p.name AND s.next_run_at = p.e
-        RETURNING s.name, p.e, p.x, p.id, coalesce(p.skip, false) AS skip
+        RETURNING s.name, p.e, p.x, p.id, coalesce(p.skip, false) AS skip, o.last_run_at AS old_run,
+                  o.last_job_id AS old_job
     )
     SELECT array_agg(u.name ORDER BY u.name), array_agg(u.e ORDER BY u.name), array_agg(u.x ORDER BY u.name),
-           array_agg(u.id ORDER BY u.name), array_agg(u.skip ORDER BY u.name)
-      INTO v_names, v_runs, v_nexts, v_ids, v_skips
+           array_agg(u.id ORDER BY u.name), array_agg(u.skip ORDER BY u.name),
+           array_agg(u.old_run ORDER BY u.name), array_agg(u.old_job ORDER BY u.name)
+      INTO v_names, v_runs, v_nexts, v_ids, v_skips, v_old_runs, v_old_jobs
       FROM upd AS u;
 
-    SELECT array_agg(e.job_id ORDER BY e.name), array_agg(e.created ORDER BY e.name), array_agg(e.name ORDER BY e.name)
-      INTO v_job_ids, v_created, v_run_names
-      FROM _enqueue_runs(ARRAY(SELECT v_names[i] FROM generate_subscripts(v_names, 1) AS i WHERE NOT v_skips[i]),
-                         ARRAY(SELECT v_runs[i] FROM generate_subscripts(v_names, 1) AS i WHERE NOT v_skips[i]),
-                         ARRAY(SELECT v_ids[i] FROM generate_subscripts(v_names, 1) AS i WHERE NOT v_skips[i])) AS e;
+    BEGIN
+        SELECT array_agg(e.job_id ORDER BY e.name), array_agg(e.created ORDER BY e.name), array_agg(e.name ORDER BY e.name)
+          INTO v_job_ids, v_created, v_run_names
+          FROM _enqueue_runs(ARRAY(SELECT v_names[i] FROM generate_subscripts(v_names, 1) AS i WHERE NOT v_skips[i]),
+                             ARRAY(SELECT v_runs[i] FROM generate_subscripts(v_names, 1) AS i WHERE NOT v_skips[i]),
+                             ARRAY(SELECT v_ids[i] FROM generate_subscripts(v_names, 1) AS i WHERE NOT v_skips[i])) AS e;
+    EXCEPTION WHEN OTHERS THEN
+        -- One run that cannot be inserted must not stop every schedule (issue 11). A full queue
+        -- (PJ001) and serialization failures / deadlocks (class 40) still fail the call: the runs stay
+        -- due and the scheduler retries them (one at a time for a full queue). Any other error: the
+        -- runs are inserted one at a time, each in a subtransaction (the one place a loop is needed:
+        -- only a subtransaction contains an error); a run that fails is skipped (its schedule stays
+        -- advanced, as with the 'skip' policy), reported in `error` and as a WARNING.
+        GET STACKED DIAGNOSTICS v_code = RETURNED_SQLSTATE;
+        IF v_code = 'PJ001' OR left(v_code, 2) = '40' THEN
+            RAISE;
+        END IF;
+        v_job_ids := '{}'; v_created := '{}'; v_run_names := '{}'; v_errors := '{}'; v_err_names := '{}';
+        FOR i IN 1 .. cardinality(v_names) LOOP
+            CONTINUE WHEN v_skips[i];
+            BEGIN
+                SELECT e.job_id, e.created INTO v_one
+                  FROM _enqueue_runs(ARRAY[v_names[i]], ARRAY[v_runs[i]], ARRAY[v_ids[i]]) AS e;
+                v_job_ids := v_job_ids || v_one.job_id;
+                v_created := v_created || v_one.created;
+                v_run_names := v_run_names || v_names[i];
+            EXCEPTION WHEN OTHERS THEN
+                GET STACKED DIAGNOSTICS v_code = RETURNED_SQLSTATE, v_msg = MESSAGE_TEXT;
+                IF v_code = 'PJ001' OR left(v_code, 2) = '40' THEN
+                    RAISE;
+                END IF;
+                v_err_names := v_err_names || v_names[i];
+                v_errors := v_errors || left(format('%s: %s', v_code, v_msg), 500);
+                RAISE WARNING USING MESSAGE = format('schedule %s: the run at %s was skipped: %s', _shown(v_names[i]),
+                                                     v_runs[i], left(v_msg, 500));
+            END;
+        END LOOP;
+        -- The skipped runs made no job: their schedules keep the last run and job they had.
+        UPDATE schedules AS s SET last_run_at = o.run, last_job_id = o.job
+          FROM unnest(v_names, v_old_runs, v_old_jobs) AS o(name, run, job)
+         WHERE o.name = ANY (v_err_names) AND s.name = o.name;
+    END;
     IF NOT (true = ALL (v_created)) THEN
         -- Rare: a run had been enqueued before (its schedule was set back). Point at that job.
         UPDATE schedules AS s SET last_job_id = r.job_id
@@ -553,9 +610,10 @@ BEGIN
     END IF;
 
     RETURN QUERY
-    SELECT a.name, a.e, a.x, r.job_id, coalesce(r.created, false)
+    SELECT a.name, a.e, a.x, r.job_id, coalesce(r.created, false), f.error
       FROM unnest(v_names, v_runs, v_nexts, v_skips) AS a(name, e, x, skip)
       LEFT JOIN unnest(v_run_names, v_job_ids, v_created) AS r(name, job_id, created) ON r.name = a.name
+      LEFT JOIN unnest(v_err_names, v_errors) AS f(name, error) ON f.name = a.name
      ORDER BY a.name;
 END;
 $$;

@@ -56,6 +56,7 @@ BEGIN
     ELSIF skip_rows IS NULL OR skip_rows < 0 THEN
         RAISE EXCEPTION USING ERRCODE = 'PJ002', MESSAGE = format('skip_rows must be >= 0, got %s', coalesce(skip_rows::text, 'NULL'));
     END IF;
+    PERFORM _check_count('max_rows', max_rows, 0, 100000);  -- limits: checks.sql
     RETURN QUERY
     SELECT j.* FROM jobs AS j
      WHERE (list_jobs.state IS NULL OR j.state = list_jobs.state)

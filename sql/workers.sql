@@ -7,10 +7,7 @@ SET search_path = pg_catalog, pgjobs, pg_temp
 AS $$
 #variable_conflict use_column
 BEGIN
-    IF worker IS NULL OR worker = '' THEN
-        RAISE EXCEPTION USING ERRCODE = 'PJ002',
-            MESSAGE = format('worker must be a non-empty string, got %s', coalesce(quote_literal(worker), 'NULL'));
-    END IF;
+    PERFORM _check_name('worker', worker);  -- limits: checks.sql
     -- A NULL meta keeps what the worker reported before (EXCLUDED.meta is never NULL here).
     INSERT INTO workers AS w (id, meta) VALUES (worker, coalesce(meta, '{}'))
     ON CONFLICT (id) DO UPDATE SET last_seen = now(), meta = coalesce(worker_heartbeat.meta, w.meta);
@@ -37,6 +34,7 @@ BEGIN
         RAISE EXCEPTION USING ERRCODE = 'PJ002',
             MESSAGE = format('stale_after must not be negative, got %s', coalesce(stale_after::text, 'NULL'));
     END IF;
+    PERFORM _check_interval('stale_after', stale_after, non_negative => true);  -- limits: checks.sql
     WITH gone AS (
         DELETE FROM workers AS w WHERE w.last_seen < now() - stale_after RETURNING w.id)
     SELECT array_agg(gone.id) INTO v_gone FROM gone;

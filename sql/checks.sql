@@ -1,0 +1,141 @@
+-- Argument limits (issue 11): one helper per kind of check, each raising PJ002 with a message that
+-- names the argument and echoes its value (cut to 100 characters, so an 8,000-byte name does not make
+-- an 8,000-byte error). The limits keep every value inside what PostgreSQL can store, index and notify
+-- (btree rows of about 2,700 bytes, NOTIFY payloads under 8,000 bytes, timestamps up to year 294276):
+--
+--   names          kind, queue, worker, schedule name: 1 to 200 bytes
+--   keys           unique_key, group_key: at most 1,000 bytes (kind + unique_key and queue + group_key
+--                  stay far below the btree limit)
+--   intervals      at most 100 years either way (leases, ages, backoffs)
+--   timestamps     finite, in years 1 to 9999 as ISO 8601 writes them (run_at, retry_at, next_run_at, ...):
+--                  '9999-12-31' still means "far future"; 'infinity' and year 294276 are refused
+--   arrays         one-dimensional, at most 100,000 elements
+--   counts         max_jobs 1 to 10,000; max_rows up to 100,000
+--
+-- Hot paths do not call these for ordinary arguments: they test the same limits inline (the constants
+-- below, each marked "limits: checks.sql") and call the helper only to word the error.
+
+-- A value as an error message shows it: quoted, cut to 100 characters, with its size when cut.
+CREATE OR REPLACE FUNCTION pgjobs._shown(value text)
+RETURNS text
+LANGUAGE plpgsql
+IMMUTABLE
+SET search_path = pg_catalog, pgjobs, pg_temp
+AS $$
+BEGIN
+    IF value IS NULL THEN
+        RETURN 'NULL';
+    ELSIF length(value) > 100 THEN
+        RETURN format('%s... (%s bytes)', quote_literal(left(value, 100)), octet_length(value));
+    END IF;
+    RETURN quote_literal(value);
+END;
+$$;
+
+-- A name or key: non-empty (unless `nullable`, which also lets NULL through) and at most max_bytes.
+CREATE OR REPLACE FUNCTION pgjobs._check_name(label text, value text, max_bytes int DEFAULT 200,
+                                              nullable boolean DEFAULT false)
+RETURNS void
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pgjobs, pg_temp
+AS $$
+BEGIN
+    IF value IS NULL OR value = '' THEN
+        IF NOT nullable THEN
+            RAISE EXCEPTION USING ERRCODE = 'PJ002',
+                MESSAGE = format('%s must be a non-empty string, got %s', label, _shown(value));
+        END IF;
+    ELSIF octet_length(value) > max_bytes THEN
+        RAISE EXCEPTION USING ERRCODE = 'PJ002',
+            MESSAGE = format('%s must be at most %s bytes, got %s', label, max_bytes, _shown(value));
+    END IF;
+END;
+$$;
+
+-- An interval within 100 years either way; `positive`: > 0, `non_negative`: >= 0.
+CREATE OR REPLACE FUNCTION pgjobs._check_interval(label text, value interval, positive boolean DEFAULT false,
+                                                  non_negative boolean DEFAULT false, nullable boolean DEFAULT false)
+RETURNS void
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pgjobs, pg_temp
+AS $$
+BEGIN
+    IF value IS NULL THEN
+        IF NOT nullable THEN
+            RAISE EXCEPTION USING ERRCODE = 'PJ002', MESSAGE = format('%s must not be NULL', label);
+        END IF;
+    ELSIF positive AND value <= interval '0' THEN
+        RAISE EXCEPTION USING ERRCODE = 'PJ002',
+            MESSAGE = format('%s must be a positive interval, got %s', label, value);
+    ELSIF non_negative AND value < interval '0' THEN
+        RAISE EXCEPTION USING ERRCODE = 'PJ002', MESSAGE = format('%s must not be negative, got %s', label, value);
+    ELSIF value > interval '100 years' OR value < interval '-100 years' THEN
+        RAISE EXCEPTION USING ERRCODE = 'PJ002',
+            MESSAGE = format('%s must be at most 100 years, got %s', label, value);
+    END IF;
+END;
+$$;
+
+-- A point in time: finite, in years 1 to 9999 (NULL passes unless not `nullable`).
+CREATE OR REPLACE FUNCTION pgjobs._check_time(label text, value timestamptz, nullable boolean DEFAULT true)
+RETURNS void
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pgjobs, pg_temp
+AS $$
+BEGIN
+    IF value IS NULL THEN
+        IF NOT nullable THEN
+            RAISE EXCEPTION USING ERRCODE = 'PJ002', MESSAGE = format('%s must not be NULL', label);
+        END IF;
+    ELSIF NOT (value >= '0001-01-01 00:00:00+00' AND value < '10000-01-01 00:00:00+00') THEN
+        RAISE EXCEPTION USING ERRCODE = 'PJ002',
+            MESSAGE = format('%s must be a finite time in years 1 to 9999, got %s', label, value);
+    END IF;
+END;
+$$;
+
+-- The same test as an expression, for callers that check many values in one statement.
+CREATE OR REPLACE FUNCTION pgjobs._time_ok(value timestamptz)
+RETURNS boolean
+LANGUAGE sql
+STABLE
+SET search_path = pg_catalog, pgjobs, pg_temp
+AS $$
+    SELECT value IS NULL OR (value >= '0001-01-01 00:00:00+00' AND value < '10000-01-01 00:00:00+00');
+$$;
+
+-- An array: one-dimensional and at most 100,000 elements (NULL passes when `nullable`).
+CREATE OR REPLACE FUNCTION pgjobs._check_array(label text, value anyarray, nullable boolean DEFAULT true)
+RETURNS void
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pgjobs, pg_temp
+AS $$
+BEGIN
+    IF value IS NULL THEN
+        IF NOT nullable THEN
+            RAISE EXCEPTION USING ERRCODE = 'PJ002', MESSAGE = format('%s must not be NULL', label);
+        END IF;
+    ELSIF array_ndims(value) > 1 THEN
+        RAISE EXCEPTION USING ERRCODE = 'PJ002',
+            MESSAGE = format('%s must be a one-dimensional array, got %s dimensions: %s', label, array_ndims(value),
+                             _shown(value::text));
+    ELSIF cardinality(value) > 100000 THEN
+        RAISE EXCEPTION USING ERRCODE = 'PJ002',
+            MESSAGE = format('%s must have at most 100000 elements, got %s', label, cardinality(value));
+    END IF;
+END;
+$$;
+
+-- A count within [lo, hi].
+CREATE OR REPLACE FUNCTION pgjobs._check_count(label text, value bigint, lo bigint, hi bigint)
+RETURNS void
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pgjobs, pg_temp
+AS $$
+BEGIN
+    IF value IS NULL OR value < lo OR value > hi THEN
+        RAISE EXCEPTION USING ERRCODE = 'PJ002',
+            MESSAGE = format('%s must be between %s and %s, got %s', label, lo, hi, coalesce(value::text, 'NULL'));
+    END IF;
+END;
+$$;

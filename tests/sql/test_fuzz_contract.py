@@ -31,6 +31,7 @@ from psycopg import sql
 from tests.helpers.foundation import call, claim, enqueue
 from tests.helpers.invariants import digest, violations
 
+STATES = ["waiting", "scheduled", "pending", "active", "succeeded", "failed", "cancelled"]
 EXAMPLES = int(os.environ.get("PGJOBS_FUZZ_EXAMPLES", "250"))
 Conn = psycopg.Connection[Any]
 
@@ -146,9 +147,7 @@ def strategies(ids: list[int], tokens: list[str], names: list[str]) -> dict[str,
         "timestamp with time zone": _TIMESTAMP,
         "interval": _INTERVAL,
         "uuid": uuids,
-        "pgjobs.job_state": st.one_of(
-            st.none(), st.sampled_from(["waiting", "scheduled", "pending", "active", "succeeded", "failed", "cancelled"])
-        ),
+        "pgjobs.job_state": st.one_of(st.none(), st.sampled_from(STATES)),
     }
     out = dict(scalars)
     for name, elem in scalars.items():
@@ -181,7 +180,7 @@ def populate(conn: Conn) -> tuple[list[int], list[str], list[str]]:
     call(conn, "configure_queue", queue="q", max_length=100, fair=True)
     call(conn, "upsert_schedule", name="s1", kind="k", cron="* * * * *", next_run_at="2026-01-01T00:00:00Z")
     call(conn, "worker_heartbeat", worker="w1", meta={"host": "h"})
-    return ids + [10**6], tokens, ["s1", "w1", "q", "taken"]
+    return [*ids, 10**6], tokens, ["s1", "w1", "q", "taken"]
 
 
 def _call(conn: Conn, name: str, args: list[tuple[str, str, Any]]) -> None:

@@ -146,6 +146,7 @@ def test_an_infinite_or_absurd_run_at_is_refused(conn: Conn, when: str) -> None:
 
 # ---------------------------------------------------------------------------------------- item 5: limits
 LONG = "x" * 8001
+ZERO = "00000000-0000-0000-0000-000000000000"
 
 
 @pytest.mark.parametrize(
@@ -165,9 +166,8 @@ LONG = "x" * 8001
         ("claim", {"worker": "w", "max_jobs": 10_001}, "max_jobs"),
         ("claim", {"worker": "w", "lease": "100000000 years"}, "lease"),
         ("claim", {"worker": "w", "queues": [["a", "b"], ["c", "d"]]}, "queues"),
-        ("renew_lease", {"id": 1, "lease_token": "00000000-0000-0000-0000-000000000000", "lease": "1e8 years"}, "lease"),
-        ("renew_leases", {"ids": [1], "lease_tokens": ["00000000-0000-0000-0000-000000000000"], "lease": "1e8 years"},
-         "lease"),
+        ("renew_lease", {"id": 1, "lease_token": ZERO, "lease": "1e8 years"}, "lease"),
+        ("renew_leases", {"ids": [1], "lease_tokens": [ZERO], "lease": "1e8 years"}, "lease"),
         ("purge", {"succeeded_before": "100000000 years"}, "succeeded_before"),
         ("purge", {"failed_before": "100000000 years"}, "failed_before"),
         ("reap_workers", {"stale_after": "100000000 years"}, "stale_after"),
@@ -175,12 +175,15 @@ LONG = "x" * 8001
         ("configure_queue", {"queue": LONG, "paused": True}, "queue"),
         ("prune_code_schedules", {"keep": [["a", "b"], ["c", "d"]]}, "keep"),
         ("upsert_schedule", {"name": "n" * 2700, "kind": "k", "cron": "* * * * *", "next_run_at": NOW}, "name"),
-        ("upsert_schedule", {"name": "s", "kind": "k", "cron": "* * * * *", "next_run_at": NOW, "queue": LONG},
-         "queue"),
+        (
+            "upsert_schedule",
+            {"name": "s", "kind": "k", "cron": "* * * * *", "next_run_at": NOW, "queue": LONG},
+            "queue",
+        ),
         ("upsert_schedule", {"name": "s", "kind": LONG, "cron": "* * * * *", "next_run_at": NOW}, "kind"),
         ("pause_schedule", {"name": LONG}, "name"),
         ("list_jobs", {"max_rows": 2**31 - 1}, "max_rows"),
-    ],  # fmt: skip
+    ],
 )
 def test_values_beyond_the_documented_limits_are_refused_with_pj002(
     conn: Conn, function: str, kwargs: dict[str, Any], named: str

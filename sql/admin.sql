@@ -57,6 +57,7 @@ AS $$
 #variable_conflict use_column
 DECLARE
     v_job record;
+    v_edge record;
 BEGIN
     SELECT j.id, j.state, j.queue INTO v_job FROM jobs AS j WHERE j.id = retry.id FOR UPDATE;
     IF NOT FOUND THEN
@@ -65,6 +66,18 @@ BEGIN
     IF v_job.state NOT IN ('failed', 'cancelled') THEN
         RAISE EXCEPTION USING ERRCODE = 'PJ004',
             MESSAGE = format('job %s is %s; only failed or cancelled jobs can be retried', retry.id, v_job.state);
+    END IF;
+    -- A child cancelled because a dependency settled the wrong way would run with that edge unmet:
+    -- refused; retrying the parent reopens it (the edge waits for the parent again).
+    SELECT e.parent_job_id, e.parent_batch_id, e.trigger INTO v_edge
+      FROM edges AS e WHERE e.child_id = retry.id AND NOT e.satisfied
+     ORDER BY e.parent_job_id NULLS LAST, e.parent_batch_id
+     LIMIT 1;
+    IF FOUND THEN
+        RAISE EXCEPTION USING ERRCODE = 'PJ004',
+            MESSAGE = format('job %s cannot be retried: its dependency on %s (on %s) can no longer be met; retry that %s instead',
+                             retry.id, coalesce('job ' || v_edge.parent_job_id, 'batch ' || v_edge.parent_batch_id),
+                             v_edge.trigger, CASE WHEN v_edge.parent_job_id IS NULL THEN 'batch''s members' ELSE 'job' END);
     END IF;
     -- The job becomes live again, so it takes a slot of a bounded queue like an enqueue
     -- (PJ001 when the queue is full): max_length bounds the live jobs, however they got there.

@@ -3,7 +3,8 @@
 -- an 8,000-byte error). The limits keep every value inside what PostgreSQL can store, index and notify
 -- (btree rows of about 2,700 bytes, NOTIFY payloads under 8,000 bytes, timestamps up to year 294276):
 --
---   names          kind, queue, worker, schedule name: 1 to 200 bytes
+--   names          kind, queue, worker: 1 to 1,000 bytes; schedule name: 1 to 200 bytes (the unique key
+--                  of each of its runs, 'schedule:<name>@<time>', must stay within the key limit)
 --   keys           unique_key, group_key: at most 1,000 bytes (kind + unique_key and queue + group_key
 --                  stay far below the btree limit)
 --   intervals      at most 100 years either way (leases, ages, backoffs)
@@ -33,7 +34,7 @@ END;
 $$;
 
 -- A name or key: non-empty (unless `nullable`, which also lets NULL through) and at most max_bytes.
-CREATE OR REPLACE FUNCTION pgjobs._check_name(label text, value text, max_bytes int DEFAULT 200,
+CREATE OR REPLACE FUNCTION pgjobs._check_name(label text, value text, max_bytes int DEFAULT 1000,
                                               nullable boolean DEFAULT false)
 RETURNS void
 LANGUAGE plpgsql

@@ -85,7 +85,7 @@ BEGIN
        OR array_ndims(queues) > 1
        OR array_position(queues, NULL) IS NOT NULL OR array_position(queues, '') IS NOT NULL
        OR max_jobs IS NULL OR max_jobs < 1 OR lease IS NULL OR lease <= interval '0'
-       OR max_jobs > 10000 OR lease > interval '100 years' OR octet_length(worker) > 200
+       OR max_jobs > 10000 OR lease > interval '100 years' OR octet_length(worker) > 1000
        OR kind_limits IS NOT NULL THEN
         PERFORM _check_claim_args(worker, queues, max_jobs, lease, kind_limits);
     END IF;

@@ -111,7 +111,7 @@ BEGIN
     -- (limits: checks.sql)
     IF enqueue.kind IS NULL OR enqueue.kind = '' OR enqueue.queue IS NULL OR enqueue.queue = ''
        OR enqueue.payload IS NULL OR enqueue.max_attempts IS NULL OR enqueue.max_attempts < 1
-       OR octet_length(enqueue.kind) > 200 OR octet_length(enqueue.queue) > 200
+       OR octet_length(enqueue.kind) > 1000 OR octet_length(enqueue.queue) > 1000
        OR octet_length(enqueue.unique_key) > 1000 OR octet_length(enqueue.group_key) > 1000
        OR NOT (enqueue.run_at >= '0001-01-01 00:00:00+00' AND enqueue.run_at < '10000-01-01 00:00:00+00') THEN
         PERFORM _check_job_args(enqueue.kind, enqueue.queue, enqueue.payload, enqueue.max_attempts, 'job',
@@ -310,7 +310,7 @@ BEGIN
                          OR jsonb_typeof(x.e -> 'queue') <> 'string' OR x.e ->> 'queue' = ''
                          OR jsonb_typeof(x.e -> 'payload') = 'null'
                          -- (limits: checks.sql)
-                         OR octet_length(x.e ->> 'kind') > 200 OR octet_length(x.e ->> 'queue') > 200
+                         OR octet_length(x.e ->> 'kind') > 1000 OR octet_length(x.e ->> 'queue') > 1000
                       THEN _refuse_spec(jobs, x.e)
                     WHEN x.lean THEN true
                     WHEN x.e - '{kind,payload,queue,run_at,priority,max_attempts,unique_key,unique_live_only,group_key,meta,ref}'::text[] <> '{}'
@@ -421,7 +421,7 @@ BEGIN
                 OR jsonb_typeof(r.kind) IS DISTINCT FROM 'string' OR r.kind = '""'
                 OR (e.spec ? 'queue' AND (jsonb_typeof(r.queue) IS DISTINCT FROM 'string' OR r.queue = '""'))
                 -- (limits: checks.sql)
-                OR octet_length(r.kind #>> '{}') > 200 OR octet_length(r.queue #>> '{}') > 200
+                OR octet_length(r.kind #>> '{}') > 1000 OR octet_length(r.queue #>> '{}') > 1000
                 OR octet_length(r.unique_key #>> '{}') > 1000 OR octet_length(r.group_key #>> '{}') > 1000
                 OR (e.spec ? 'payload' AND r.payload IS NULL)
                 OR (e.spec ? 'meta' AND jsonb_typeof(r.meta) IS DISTINCT FROM 'object')
@@ -488,10 +488,10 @@ BEGIN
                      WHEN s.spec ? 'queue' AND (jsonb_typeof(s.spec -> 'queue') <> 'string' OR s.spec ->> 'queue' = '')
                        THEN format('queue must be a non-empty string, got %s', _shown((s.spec -> 'queue')::text))
                      -- (limits: checks.sql)
-                     WHEN octet_length(s.spec ->> 'kind') > 200
-                       THEN format('kind must be at most 200 bytes, got %s', _shown(s.spec ->> 'kind'))
-                     WHEN octet_length(s.spec ->> 'queue') > 200
-                       THEN format('queue must be at most 200 bytes, got %s', _shown(s.spec ->> 'queue'))
+                     WHEN octet_length(s.spec ->> 'kind') > 1000
+                       THEN format('kind must be at most 1000 bytes, got %s', _shown(s.spec ->> 'kind'))
+                     WHEN octet_length(s.spec ->> 'queue') > 1000
+                       THEN format('queue must be at most 1000 bytes, got %s', _shown(s.spec ->> 'queue'))
                      WHEN jsonb_typeof(s.spec -> 'payload') = 'null'
                        THEN 'payload must not be null (use {} for none)'
                      WHEN s.spec ? 'meta' AND jsonb_typeof(s.spec -> 'meta') <> 'object'

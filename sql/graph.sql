@@ -226,11 +226,14 @@ BEGIN
              WHERE NOT EXISTS (SELECT 1 FROM unnest(d_child, d_kind, d_key) AS o(child, kind, key)
                                 WHERE o.child = d.child AND o.kind = 'job' AND o.key = h.sibling_id::text)
         )
-        SELECT d_child || array_agg(e.child), d_kind || array_agg('job'::text), d_key || array_agg(e.key),
-               d_trig || array_agg('complete'::dep_trigger), d_pidx || array_agg(NULL::int)
+        -- (An aggregate without HAVING: SELECT INTO that finds no row sets its targets to NULL, which
+        -- dropped every dependency of the call when no extra one was needed.)
+        SELECT d_child || coalesce(array_agg(e.child), '{}'), d_kind || coalesce(array_agg('job'::text), '{}'),
+               d_key || coalesce(array_agg(e.key), '{}'),
+               d_trig || coalesce(array_agg('complete'::dep_trigger), '{}'),
+               d_pidx || coalesce(array_agg(NULL::int), '{}')
           INTO d_child, d_kind, d_key, d_trig, d_pidx
-          FROM extra AS e
-        HAVING count(*) > 0;
+          FROM extra AS e;
     END IF;
 
     -- 5. Existing parent batches, locked likewise.
@@ -310,10 +313,13 @@ BEGIN
                AND NOT (j.id = ANY (coalesce(x_ids, '{}')))
              ORDER BY j.id
                FOR NO KEY UPDATE)
-        SELECT coalesce(x_ids, '{}') || array_agg(h.id), coalesce(x_states, '{}') || array_agg(h.state::text)
+        -- (No HAVING: a SELECT INTO that finds no row sets x_ids to NULL, and the edges of step 8 then
+        -- read every existing parent as unknown: a `complete` edge on a live parent was satisfied at
+        -- once, an edge on a finished parent was left unsettled forever. Issue 11.)
+        SELECT coalesce(x_ids, '{}') || coalesce(array_agg(h.id), '{}'),
+               coalesce(x_states, '{}') || coalesce(array_agg(h.state::text), '{}')
           INTO x_ids, x_states
-          FROM holders AS h
-        HAVING count(*) > 0;
+          FROM holders AS h;
     END IF;
 
     -- 8. Edges of the created jobs, settled at insert when the parent has already settled.

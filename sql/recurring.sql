@@ -41,7 +41,7 @@ LANGUAGE plpgsql
 SET search_path = pg_catalog, pgjobs, pg_temp
 AS $$
 BEGIN
-    PERFORM _check_name('schedule name', name);  -- limits: checks.sql
+    PERFORM _check_name('schedule name', name, 200);  -- limits: checks.sql (a run's unique key carries it)
 END;
 $$;
 

@@ -70,12 +70,17 @@ def cmd_migrate(args: argparse.Namespace) -> int:
                 return EXIT_ERROR
         try:
             reverted = migrate.rollback(args.dsn, to=args.to)
+        except migrate.MigrationRefused as exc:  # planted objects: see README "The migrator"
+            raise CliError(str(exc)) from None
         except ValueError as exc:
             raise CliError(str(exc), EXIT_USAGE) from None
         out.print(f"reverted: {', '.join(reverted)}" if reverted else "nothing to revert")
         return EXIT_OK
     t0 = time.perf_counter()
-    result = migrate.migrate(args.dsn)
+    try:
+        result = migrate.migrate(args.dsn)
+    except migrate.MigrationRefused as exc:  # planted objects: see README "The migrator"
+        raise CliError(str(exc)) from None
     elapsed = time.perf_counter() - t0
     applied = f"applied {', '.join(result.applied)}" if result.applied else "schema up to date"
     functions = "functions installed" if result.functions_installed else "functions up to date"

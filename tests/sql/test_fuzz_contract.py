@@ -28,8 +28,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from psycopg import sql
 
-from tests.helpers.foundation import call, claim, enqueue
+from tests.helpers.foundation import call, claim, enqueue, module_conn
 from tests.helpers.invariants import digest, violations
+
+__all__ = ["module_conn"]  # the fixture, imported for pytest
 
 STATES = ["waiting", "scheduled", "pending", "active", "succeeded", "failed", "cancelled"]
 EXAMPLES = int(os.environ.get("PGJOBS_FUZZ_EXAMPLES", "250"))

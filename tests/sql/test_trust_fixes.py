@@ -211,10 +211,13 @@ def test_values_beyond_the_documented_limits_are_refused_with_pj002(
 
 
 def test_names_at_the_limits_are_accepted(conn: Conn) -> None:
-    row = enqueue(conn, "k" * 200, queue="q" * 200, unique_key="u" * 1000, group_key="g" * 1000)
+    row = enqueue(conn, "k" * 1000, queue="q" * 1000, unique_key="u" * 1000, group_key="g" * 1000)
     assert row["created"] is True
-    assert call(conn, "enqueue_many", jobs=[{"kind": "é" * 100, "queue": "q" * 200, "group_key": "g" * 1000}])
-    assert len(call(conn, "claim", worker="w" * 200, queues=["q" * 200], max_jobs=10_000, lease=timedelta(days=36000)))
+    assert call(conn, "enqueue_many", jobs=[{"kind": "é" * 500, "queue": "q" * 1000, "group_key": "g" * 1000}])
+    got = call(conn, "claim", worker="w" * 1000, queues=["q" * 1000], max_jobs=10_000, lease=timedelta(days=36000))
+    assert len(got) == 2
+    with raises_pj("PJ002", "kind"):
+        enqueue(conn, "é" * 501)  # bytes, not characters
 
 
 # ------------------------------------------------------------------------------ item 2: one bad schedule
@@ -255,3 +258,54 @@ def test_a_full_queue_still_fails_the_batch_so_the_run_stays_due(conn: Conn) -> 
     call(conn, "upsert_schedule", name="s", kind="k", cron="* * * * *", next_run_at=due, queue="small")
     with raises_pj("PJ001"):
         call(conn, "materialize_schedules", names=["s"], expected_run_ats=[due], next_run_ats=[due + timedelta(1)])
+
+
+# ------------------------------------------------------------------ item 1: an existing unique key in a call
+def test_an_existing_unique_key_in_enqueue_many_keeps_the_other_specs_dependencies(conn: Conn) -> None:
+    enqueue(conn, "a", unique_key="taken")
+    live = enqueue(conn, "k", run_at=NOW + timedelta(days=1))["id"]
+    rows = call(
+        conn,
+        "enqueue_many",
+        jobs=[{"kind": "c", "depends_on": [{"job": live, "on": "complete"}]}, {"kind": "a", "unique_key": "taken"}],
+    )
+    child = job(conn, rows[0]["id"])
+    assert (child["state"], child["remaining_deps"]) == ("waiting", 1)  # not claimable before its parent ran
+    assert rows[1]["created"] is False
+    assert violations(conn) == {}
+
+
+def test_an_existing_unique_key_in_enqueue_many_settles_edges_on_finished_parents(conn: Conn) -> None:
+    enqueue(conn, "a", unique_key="taken")
+    jid, tok = running(conn, "p", queue="p")
+    scalar(conn, "dead_letter", id=jid, lease_token=tok, error="x")
+    rows = call(
+        conn,
+        "enqueue_many",
+        jobs=[
+            {"kind": "s", "depends_on": [{"job": jid, "on": "success"}]},  # can never be met: cancelled
+            {"kind": "f", "depends_on": [{"job": jid, "on": "failure"}]},  # met: runs
+            {"kind": "a", "unique_key": "taken"},
+        ],
+    )
+    assert [job(conn, r["id"])["state"] for r in rows[:2]] == ["cancelled", "pending"]
+    assert violations(conn) == {}
+
+
+def test_a_child_cancelled_by_its_dependency_is_retried_through_its_parent(conn: Conn) -> None:
+    """Found by the lifecycle model: retry of a child whose edge settled unmet ran it with that edge unmet."""
+    rows = call(
+        conn,
+        "enqueue_many",
+        jobs=[{"kind": "p", "ref": "p"}, {"kind": "c", "depends_on": [{"ref": "p", "on": "failure"}]}],
+    )
+    parent, child = rows[0]["id"], rows[1]["id"]
+    assert scalar(conn, "cancel", id=parent) is True
+    assert job(conn, child)["state"] == "cancelled"
+    before = snapshot(conn)
+    with raises_pj("PJ004", f"job {child} cannot be retried", f"job {parent}"):
+        scalar(conn, "retry", id=child)
+    assert snapshot(conn) == before
+    assert scalar(conn, "retry", id=parent) is True  # reopens the child: it waits for its parent again
+    assert job(conn, child)["state"] == "waiting"
+    assert violations(conn) == {}

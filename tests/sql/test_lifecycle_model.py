@@ -188,7 +188,7 @@ class Lifecycle(RuleBasedStateMachine):
     def add_to_batch(self, data: st.DataObject, before: bool) -> None:
         jid = data.draw(st.sampled_from(sorted(self.held)))
         rows = self.sql(
-            "SELECT pgjobs.add_to_batch(id => %s, lease_token => %s, job => '{\"kind\": \"a\"}',"
+            'SELECT pgjobs.add_to_batch(id => %s, lease_token => %s, job => \'{"kind": "a"}\','
             " before_continuations => %s)",
             (jid, self.held[jid], before),
         )
@@ -224,7 +224,12 @@ class Lifecycle(RuleBasedStateMachine):
     @rule()
     def purge(self) -> None:
         self.sql("SELECT pgjobs.purge(succeeded_before => '0', failed_before => '0')")
-        gone = {r[0] for r in self.conn.execute("SELECT id FROM unnest(%s::bigint[]) AS t(id) EXCEPT SELECT id FROM pgjobs.jobs", (self.ids,))}
+        gone = {
+            r[0]
+            for r in self.conn.execute(
+                "SELECT id FROM unnest(%s::bigint[]) AS t(id) EXCEPT SELECT id FROM pgjobs.jobs", (self.ids,)
+            )
+        }
         for jid in gone:
             self.terminal.pop(jid, None)
             self.ids.remove(jid)

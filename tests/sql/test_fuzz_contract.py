@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import json
 import os
-import uuid
 from typing import Any
 
 import psycopg
@@ -201,7 +200,7 @@ def probe(module_conn: Conn) -> tuple[Conn, list[Any], dict[str, st.SearchStrate
     return module_conn, public_functions(module_conn), strategies(ids, tokens, names)
 
 
-@pytest.mark.timeout(900)
+@pytest.mark.timeout(max(600, EXAMPLES // 10))
 @settings(
     max_examples=EXAMPLES,
     deadline=None,
@@ -242,4 +241,3 @@ def test_the_probe_covers_every_public_function(
     assert len(functions) >= 40
     missing = {typ for _n, params, _d in functions for _a, typ in params} - set(strats)
     assert missing == set(), "give these argument types a strategy"
-    assert uuid.UUID(int=0)  # (uuid strategy sanity)

@@ -48,7 +48,9 @@ END;
 $$;
 
 -- A failed or cancelled job becomes pending again. Its attempt count is kept (history), and
--- max_attempts is raised when needed so the retry gets one more attempt.
+-- max_attempts is raised when needed so the retry gets one more attempt. A job cancelled before its
+-- dependencies settled waits for them again; one whose dependency settled unmet is refused (PJ004):
+-- it would run with that edge unmet (retrying the parent reopens it).
 CREATE OR REPLACE FUNCTION pgjobs.retry(id bigint)
 RETURNS boolean
 LANGUAGE plpgsql
@@ -58,6 +60,7 @@ AS $$
 DECLARE
     v_job record;
     v_edge record;
+    v_waits int;
 BEGIN
     SELECT j.id, j.state, j.queue INTO v_job FROM jobs AS j WHERE j.id = retry.id FOR UPDATE;
     IF NOT FOUND THEN
@@ -79,24 +82,32 @@ BEGIN
                              retry.id, coalesce('job ' || v_edge.parent_job_id, 'batch ' || v_edge.parent_batch_id),
                              v_edge.trigger, CASE WHEN v_edge.parent_job_id IS NULL THEN 'batch''s members' ELSE 'job' END);
     END IF;
+    -- A job cancelled while it waited still has unsettled edges: it waits again (read under the job's
+    -- lock: a parent settling concurrently updates this row after us, as waiting, or settled its edge
+    -- before this statement's snapshot).
+    SELECT count(*) INTO v_waits FROM edges AS e WHERE e.child_id = retry.id AND e.satisfied IS NULL;
     -- The job becomes live again, so it takes a slot of a bounded queue like an enqueue
     -- (PJ001 when the queue is full): max_length bounds the live jobs, however they got there.
     PERFORM _reserve_capacity(v_job.queue, 1);
     BEGIN
         UPDATE jobs AS j
-           SET state = 'pending', run_at = now(), completed_at = NULL, cancel_requested = false,
+           SET state = CASE WHEN v_waits > 0 THEN 'waiting'::job_state ELSE 'pending' END,
+               remaining_deps = v_waits, failed_deps = 0,
+               run_at = now(), completed_at = NULL, cancel_requested = false,
                max_attempts = greatest(j.max_attempts, j.attempt + 1),
                lease_token = NULL, lease_expires_at = NULL
          WHERE j.id = retry.id
-        RETURNING j.id, j.queue, j.kind, j.attempt, j.batch_id INTO v_job;
+        RETURNING j.id, j.state, j.queue, j.kind, j.attempt, j.batch_id INTO v_job;
     EXCEPTION WHEN unique_violation THEN
         RAISE EXCEPTION USING ERRCODE = 'PJ004',
             MESSAGE = format('job %s cannot be retried: another live job holds its unique key', retry.id);
     END;
     PERFORM _reopen(ARRAY[v_job.id]);
-    PERFORM pg_notify('pgjobs_wake', v_job.queue);
+    IF v_job.state = 'pending' THEN
+        PERFORM pg_notify('pgjobs_wake', v_job.queue);
+    END IF;
     PERFORM _notify_status(jsonb_build_array(jsonb_build_object(
-        'id', v_job.id, 'state', 'pending', 'queue', v_job.queue, 'kind', v_job.kind,
+        'id', v_job.id, 'state', v_job.state, 'queue', v_job.queue, 'kind', v_job.kind,
         'attempt', v_job.attempt, 'batch_id', v_job.batch_id)));
     RETURN true;
 END;

@@ -12,7 +12,8 @@ successful calls did. After each call:
   must be what it was before the call;
 * after a success, the model's invariants (tests/helpers/invariants.py) must hold.
 
-``PGJOBS_FUZZ_EXAMPLES`` sets the number of examples (CI: the default below, well under a minute).
+``PGJOBS_FUZZ_EXAMPLES`` sets the number of examples (CI: the default below, well under a minute); the examples
+are the same on every run unless ``PGJOBS_FUZZ_RANDOM`` is set.
 """
 
 from __future__ import annotations
@@ -205,7 +206,7 @@ def probe(module_conn: Conn) -> tuple[Conn, list[Any], dict[str, st.SearchStrate
     max_examples=EXAMPLES,
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow, HealthCheck.data_too_large],
-    derandomize=os.environ.get("PGJOBS_FUZZ_SEED") is None,
+    derandomize=os.environ.get("PGJOBS_FUZZ_RANDOM") is None,
 )
 @given(data=st.data())
 def test_hostile_arguments_raise_only_pj_errors_and_change_nothing(

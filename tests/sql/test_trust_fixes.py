@@ -309,3 +309,22 @@ def test_a_child_cancelled_by_its_dependency_is_retried_through_its_parent(conn:
     assert scalar(conn, "retry", id=parent) is True  # reopens the child: it waits for its parent again
     assert job(conn, child)["state"] == "waiting"
     assert violations(conn) == {}
+
+
+def test_a_child_cancelled_while_it_waited_waits_again_when_retried(conn: Conn) -> None:
+    """Found by the lifecycle model: such a retry made the child pending with its parent still live."""
+    rows = call(
+        conn,
+        "enqueue_many",
+        jobs=[{"kind": "p", "ref": "p"}, {"kind": "c", "depends_on": [{"ref": "p", "on": "success"}]}],
+    )
+    parent, child = rows[0]["id"], rows[1]["id"]
+    assert scalar(conn, "cancel", id=child) is True
+    assert scalar(conn, "retry", id=child) is True
+    row = job(conn, child)
+    assert (row["state"], row["remaining_deps"]) == ("waiting", 1)
+    assert violations(conn) == {}
+    c = claim_one(conn)
+    assert c["id"] == parent  # the child is not claimable before its parent ran
+    scalar(conn, "complete", id=parent, lease_token=c["lease_token"])
+    assert job(conn, child)["state"] == "pending"

@@ -73,6 +73,8 @@ DECLARE
         "stats": ["pgjobs_reader"],
         "list_jobs": ["pgjobs_reader"],
         "list_workers": ["pgjobs_reader"],
+        "list_queues": ["pgjobs_reader"],
+        "count_jobs": ["pgjobs_reader"],
         "list_schedules": ["pgjobs_reader"],
         "get_schedule": ["pgjobs_reader"],
         "read_events": ["pgjobs_reader"]

@@ -94,3 +94,14 @@ BEGIN
                     OR strpos(lower(j.payload::text), lower(count_jobs.search)) > 0));
 END;
 $$;
+
+-- Every configured queue's settings (the rows configure_queue wrote), by name: the queue list of the
+-- CLI and the dashboard, for roles that have no privilege on the table (issue 11).
+CREATE OR REPLACE FUNCTION pgjobs.list_queues()
+RETURNS SETOF pgjobs.queues
+LANGUAGE sql
+STABLE
+SET search_path = pg_catalog, pgjobs, pg_temp
+AS $$
+    SELECT q.* FROM queues AS q ORDER BY q.queue;
+$$;

@@ -65,7 +65,7 @@ def configure_queue_call(
 
 def queues_call() -> Call[list[QueueSettings]]:
     return Call(
-        "SELECT * FROM pgjobs.queues ORDER BY queue", {}, lambda rows: [QueueSettings.from_row(r) for r in rows]
+        "SELECT * FROM pgjobs.list_queues()", {}, lambda rows: [QueueSettings.from_row(r) for r in rows]
     )
 
 

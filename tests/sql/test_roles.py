@@ -32,7 +32,7 @@ WORKER = {
 }  # fmt: skip
 READER = {
     "job_status", "batch_status", "status_snapshot", "batch_graph", "stats", "list_jobs", "list_workers",
-    "list_schedules", "get_schedule", "read_events",
+    "list_queues", "count_jobs", "list_schedules", "get_schedule", "read_events",
 }  # fmt: skip
 ADMIN_ONLY = {
     "cancel", "cancel_batch", "retry", "delete", "delete_batch", "purge", "configure_queue", "pause_schedule",
@@ -177,6 +177,8 @@ def test_the_roles_do_the_work_through_the_functions_only(conn: Conn, logins: di
         with pytest.raises(psycopg.errors.InsufficientPrivilege):
             call(producer, "cancel", id=jid)
         assert call(admin, "purge", succeeded_before=0, failed_before=0)[0]["purge"] == 1
+        call(admin, "configure_queue", queue="q", paused=True)
+        assert [(r["queue"], r["paused"]) for r in call(reader, "list_queues")] == [("q", True)]
     assert conn.execute("SELECT count(*) FROM pgjobs.jobs").fetchone() == (0,)
 
 

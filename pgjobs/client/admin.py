@@ -64,9 +64,7 @@ def configure_queue_call(
 
 
 def queues_call() -> Call[list[QueueSettings]]:
-    return Call(
-        "SELECT * FROM pgjobs.list_queues()", {}, lambda rows: [QueueSettings.from_row(r) for r in rows]
-    )
+    return Call("SELECT * FROM pgjobs.list_queues()", {}, lambda rows: [QueueSettings.from_row(r) for r in rows])
 
 
 class AdminOps(SyncRunner):

@@ -34,7 +34,7 @@ from tests.helpers.invariants import digest, violations
 __all__ = ["module_conn"]  # the fixture, imported for pytest
 
 STATES = ["waiting", "scheduled", "pending", "active", "succeeded", "failed", "cancelled"]
-EXAMPLES = int(os.environ.get("PGJOBS_FUZZ_EXAMPLES", "250"))
+EXAMPLES = int(os.environ.get("PGJOBS_FUZZ_EXAMPLES", "1000"))
 Conn = psycopg.Connection[Any]
 
 # -------------------------------------------------------------------------------------------- values

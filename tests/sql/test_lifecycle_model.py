@@ -12,7 +12,7 @@ after every step checks:
 * a claimed job's every edge is satisfied;
 * a call that raises raises a PJ error and changes no row.
 
-Bounded for CI (``PGJOBS_MODEL_STEPS``, default 1,200 steps in all); ``PGJOBS_MODEL_STEPS=100000`` is the
+Bounded for CI (``PGJOBS_MODEL_STEPS``, default 4,000 steps at most); ``PGJOBS_MODEL_STEPS=100000`` is the
 long run of the issue's bar. Runs are derandomized (the same programs every time) unless
 ``PGJOBS_FUZZ_RANDOM`` is set; ``PGJOBS_MODEL_SHRINK=1`` shrinks a failure (slow).
 """
@@ -34,7 +34,7 @@ from tests.helpers.invariants import digest, violations
 
 __all__ = ["module_conn"]  # the fixture, imported for pytest
 
-STEPS = int(os.environ.get("PGJOBS_MODEL_STEPS", "1200"))
+STEPS = int(os.environ.get("PGJOBS_MODEL_STEPS", "4000"))
 STEPS_PER_RUN = 40
 Conn = psycopg.Connection[Any]
 TERMINAL = ("succeeded", "failed", "cancelled")

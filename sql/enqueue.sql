@@ -724,3 +724,176 @@ BEGIN
     END IF;
 END;
 $$;
+
+-- ---------------------------------------------------------------------------------------------
+-- Bulk enqueue at COPY speed: the client COPYs specs (binary) into a temporary staging table of
+-- its own session and calls enqueue_staged, which validates and inserts them set-based, with
+-- enqueue_many's contract (all or nothing, unique keys, dependencies, batches, events). Typed
+-- columns spare the per-key JSON extraction and checks of enqueue_many's document.
+-- The staging table's shape (the client creates it; these names and types, in this order):
+--   n bigint (the spec's position, from 0), kind text, queue text, payload jsonb, meta jsonb,
+--   run_at text, priority bigint, max_attempts bigint, unique_key text, unique_live_only boolean,
+--   group_key text, ref text, depends_on jsonb
+-- run_at is text and the integers bigint so that a bad value reaches the checks here and is
+-- refused with PJ002 naming it, as enqueue_many refuses it, rather than failing inside COPY.
+
+-- The staging table, checked: enqueue_staged reads it with its owner's rights (SECURITY DEFINER),
+-- so it must be a plain temporary table of the calling session, nothing that could run the caller's
+-- code as the owner on read: no view (its functions would run as the reader), no triggers, rules,
+-- row security or child tables, and only built-in column types. Returns its qualified name.
+CREATE OR REPLACE FUNCTION pgjobs._staging_table(staging regclass)
+RETURNS text
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pgjobs, pg_temp
+AS $$
+DECLARE
+    v_rel  record;
+    v_cols text[];
+BEGIN
+    SELECT c.relkind, c.relpersistence, c.relnamespace, c.relhastriggers, c.relhasrules, c.relrowsecurity,
+           c.relhassubclass, n.nspname, c.relname
+      INTO v_rel
+      FROM pg_class AS c JOIN pg_namespace AS n ON n.oid = c.relnamespace
+     WHERE c.oid = staging;
+    IF NOT FOUND OR v_rel.relpersistence <> 't' OR v_rel.relnamespace IS DISTINCT FROM pg_my_temp_schema() THEN
+        RAISE EXCEPTION USING ERRCODE = 'PJ002',
+            MESSAGE = format('staging must be a temporary table of this session, got %s', coalesce(staging::text, 'NULL'));
+    END IF;
+    IF v_rel.relkind <> 'r' OR v_rel.relhastriggers OR v_rel.relhasrules OR v_rel.relrowsecurity OR v_rel.relhassubclass THEN
+        RAISE EXCEPTION USING ERRCODE = 'PJ002',
+            MESSAGE = format('staging table %s must be a plain table (no view, triggers, rules, row security or children)',
+                             staging);
+    END IF;
+    SELECT array_agg(a.attname::text || ' ' || a.atttypid::regtype::text ORDER BY a.attnum)
+      INTO v_cols
+      FROM pg_attribute AS a
+     WHERE a.attrelid = staging AND a.attnum > 0 AND NOT a.attisdropped;
+    IF v_cols IS DISTINCT FROM ARRAY['n bigint', 'kind text', 'queue text', 'payload jsonb', 'meta jsonb', 'run_at text',
+                                     'priority bigint', 'max_attempts bigint', 'unique_key text',
+                                     'unique_live_only boolean', 'group_key text', 'ref text', 'depends_on jsonb'] THEN
+        RAISE EXCEPTION USING ERRCODE = 'PJ002',
+            MESSAGE = format('staging table %s has columns (%s), not enqueue_staged''s', staging,
+                             array_to_string(v_cols, ', '));
+    END IF;
+    RETURN format('%I.%I', v_rel.nspname, v_rel.relname);
+END;
+$$;
+
+-- The staged specs as enqueue_many's JSON document (in their order; absent values left out), for
+-- the specs that take the general path and for wording a refusal with _check_specs.
+CREATE OR REPLACE FUNCTION pgjobs._staged_specs(staging text)
+RETURNS jsonb
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pgjobs, pg_temp
+AS $$
+DECLARE
+    v_jobs jsonb;
+BEGIN
+    EXECUTE format($q$
+        SELECT coalesce(jsonb_agg(coalesce(
+                   (SELECT jsonb_object_agg(f.k, f.v)
+                      FROM (VALUES ('kind', to_jsonb(s.kind)), ('queue', to_jsonb(s.queue)), ('payload', s.payload),
+                                   ('meta', s.meta), ('run_at', to_jsonb(s.run_at)), ('priority', to_jsonb(s.priority)),
+                                   ('max_attempts', to_jsonb(s.max_attempts)), ('unique_key', to_jsonb(s.unique_key)),
+                                   ('unique_live_only', to_jsonb(s.unique_live_only)),
+                                   ('group_key', to_jsonb(s.group_key)), ('ref', to_jsonb(s.ref)),
+                                   ('depends_on', s.depends_on)) AS f(k, v)
+                     WHERE f.v IS NOT NULL), '{}') ORDER BY s.n), '[]')
+          FROM ONLY %s AS s$q$, staging) INTO v_jobs;
+    RETURN v_jobs;
+END;
+$$;
+
+CREATE OR REPLACE FUNCTION pgjobs.enqueue_staged(staging regclass, as_batch boolean DEFAULT false)
+RETURNS TABLE (ref text, id bigint, created boolean, batch_id bigint)
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pgjobs, pg_temp
+SET jit = off
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_table   text := _staging_table(staging);
+    v_general boolean;
+    v_bad     boolean;
+    v_dated   boolean;
+    v_quiet   text[] := ARRAY(SELECT q.queue FROM queues AS q WHERE q.status_events <> 'all');
+    v_refs    text[];
+    v_ids     bigint[];
+    v_wake    text[];
+    v_events  text[];
+    v_longest int;
+BEGIN
+    -- One pass decides the path and checks the plain specs. The general path (enqueue_many on the
+    -- specs as JSON) takes a batch, unique keys (their races are decided there, by the unique
+    -- index), dependencies, bounded queues (capacity is reserved there, under the queue's lock)
+    -- and names long enough that an event would need cutting.
+    EXECUTE format($q$
+        SELECT coalesce(bool_or(s.unique_key IS NOT NULL OR s.depends_on IS NOT NULL
+                                OR octet_length(s.kind) + octet_length(coalesce(s.queue, '')) > 140), false)
+                   OR EXISTS (SELECT 1 FROM queues AS q
+                               WHERE q.max_length IS NOT NULL
+                                 AND q.queue IN (SELECT coalesce(b.queue, 'default') FROM ONLY %1$s AS b)),
+               coalesce(bool_or(s.n IS NULL OR s.kind IS NULL OR s.kind = '' OR s.queue = ''
+                                OR jsonb_typeof(s.payload) = 'null' OR jsonb_typeof(s.meta) <> 'object'
+                                OR s.priority NOT BETWEEN -32768 AND 32767
+                                OR s.max_attempts NOT BETWEEN 1 AND 2147483647), false),
+               coalesce(bool_or(s.run_at IS NOT NULL), false)
+          FROM ONLY %1$s AS s$q$, v_table)
+      INTO v_general, v_bad, v_dated;
+    IF v_general OR coalesce(as_batch, false) THEN
+        PERFORM set_config('plan_cache_mode', 'auto', true);  -- see the note at the top of this file
+        RETURN QUERY SELECT * FROM enqueue_many(_staged_specs(v_table), coalesce(as_batch, false));
+        RETURN;
+    END IF;
+    IF v_bad THEN
+        -- _check_specs words the first problem (PJ002 naming the spec and the value).
+        PERFORM _check_specs(_staged_specs(v_table), 'jobs');
+        RAISE EXCEPTION USING ERRCODE = 'PJ002', MESSAGE = 'jobs: a staged spec is not valid';
+    END IF;
+    IF v_dated THEN
+        -- A bad timestamp would fail the insert's cast with the wrong error: one cast-only pass
+        -- first, and _check_specs words its failure.
+        BEGIN
+            EXECUTE format('SELECT count(s.run_at::timestamptz) FROM ONLY %s AS s', v_table);
+        EXCEPTION WHEN data_exception THEN
+            PERFORM _check_specs(_staged_specs(v_table), 'jobs');
+            RAISE;
+        END;
+    END IF;
+
+    -- Ids are drawn in the specs' order before the insert, so each spec's row is known without
+    -- reading anything back; the events are worded in RETURNING, as _insert_specs words them.
+    EXECUTE format($q$
+        WITH spec AS (
+            SELECT s.*, nextval('pgjobs.jobs_id_seq') AS id
+              FROM (SELECT s.n, s.ref, s.kind, coalesce(s.queue, 'default') AS queue, coalesce(s.payload, '{}') AS payload,
+                           coalesce(s.meta, '{}') AS meta, s.run_at::timestamptz AS run_at, s.priority,
+                           s.max_attempts, s.unique_live_only, s.group_key
+                      FROM ONLY %s AS s
+                     ORDER BY s.n
+                    OFFSET 0) AS s
+        ), ins AS (
+            INSERT INTO jobs AS j (id, kind, queue, payload, meta, state, priority, run_at, max_attempts,
+                                   unique_live_only, group_key)
+            SELECT s.id, s.kind, s.queue, s.payload, s.meta,
+                   CASE WHEN s.run_at > now() THEN 'scheduled'::job_state ELSE 'pending' END,
+                   coalesce(s.priority, 0), coalesce(s.run_at, now()), coalesce(s.max_attempts, 20),
+                   coalesce(s.unique_live_only, false), s.group_key
+              FROM spec AS s
+            RETURNING j.id, j.state, j.queue,
+                      '{"id": ' || j.id || ', "kind": ' || to_json(j.kind)::text || ', "queue": '
+                      || to_json(j.queue)::text || ', "state": "' || j.state::text
+                      || '", "attempt": 0, "batch_id": null}' AS event
+        )
+        SELECT (SELECT array_agg(s.ref ORDER BY s.n) FROM spec AS s), (SELECT array_agg(s.id ORDER BY s.n) FROM spec AS s),
+               array_agg(DISTINCT ins.queue) FILTER (WHERE ins.state = 'pending'),
+               array_agg(ins.event) FILTER (WHERE ins.queue <> ALL ($1)),
+               max(octet_length(ins.event)) FILTER (WHERE ins.queue <> ALL ($1))
+          FROM ins$q$, v_table)
+      INTO v_refs, v_ids, v_wake, v_events, v_longest
+      USING v_quiet;
+    PERFORM _wake(v_wake);
+    PERFORM _notify_status_texts(v_events, v_longest);
+    RETURN QUERY SELECT u.ref, u.id, true, NULL::bigint FROM unnest(v_refs, v_ids) AS u(ref, id);
+END;
+$$;

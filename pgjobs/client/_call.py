@@ -7,13 +7,13 @@ So the SQL text lives in one place per function, and the sync and async clients 
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, Generic, LiteralString, TypeVar
 
 import psycopg
-from psycopg.rows import dict_row
+from psycopg.rows import dict_row, tuple_row
 from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
@@ -21,6 +21,7 @@ from pgjobs.errors import translate
 
 T = TypeVar("T")
 Rows = list[dict[str, Any]]
+Tuples = list[tuple[Any, ...]]
 SyncConn = psycopg.Connection[Any]
 AsyncConn = psycopg.AsyncConnection[Any]
 
@@ -30,6 +31,17 @@ class Call(Generic[T]):
     query: LiteralString
     params: dict[str, Any]
     parse: Callable[[Rows], T]
+
+
+@dataclass(frozen=True, slots=True)
+class FastCall(Generic[T]):
+    """A hot-path call: positional parameters, tuple rows (no dict per row), and a server-side prepared
+    statement when the client allows it (``prepare=True``, the default): the statement is parsed and
+    planned once per connection instead of once per call."""
+
+    query: LiteralString
+    params: Sequence[Any]
+    parse: Callable[[Tuples], T]
 
 
 def jsonb(value: Any) -> Jsonb | None:
@@ -48,24 +60,46 @@ def scalar(rows: Rows) -> Any:
     return next(iter(rows[0].values())) if rows else None
 
 
+def prepare_mode(prepare: bool) -> bool | None:
+    """The ``prepare`` argument of psycopg's execute for ordinary calls: None (psycopg prepares a
+    statement after a few uses) when the client may prepare, False (never) when it may not, as behind
+    PgBouncer < 1.21 in transaction mode, where a prepared statement can land on another server."""
+    return None if prepare else False
+
+
 class SyncRunner:
     """Runs calls on a pooled autocommit connection, or on the caller's own connection."""
 
     _pool: ConnectionPool[Any]
+    _prepare: bool = True  # the client's ``prepare`` flag (Client(..., prepare=False) turns it off)
 
     def _run(self, call: Call[T], conn: SyncConn | None = None) -> T:
         try:
             if conn is not None:
-                return call.parse(self._fetch(conn, call))
+                return call.parse(self._fetch(conn, call, self._prepare))
             with self._pool.connection() as pooled:
-                return call.parse(self._fetch(pooled, call))
+                return call.parse(self._fetch(pooled, call, self._prepare))
+        except psycopg.Error as exc:
+            raise translate(exc) from exc
+
+    def _run_fast(self, call: FastCall[T], conn: SyncConn | None = None) -> T:
+        try:
+            if conn is not None:
+                cur = conn.cursor(row_factory=tuple_row)
+                cur.execute(call.query, call.params, prepare=self._prepare)
+                return call.parse(cur.fetchall())
+            with self._pool.connection() as pooled:
+                # Row factory named: a pool (or caller's connection) may default to another.
+                cur = pooled.cursor(row_factory=tuple_row)
+                cur.execute(call.query, call.params, prepare=self._prepare)
+                return call.parse(cur.fetchall())
         except psycopg.Error as exc:
             raise translate(exc) from exc
 
     @staticmethod
-    def _fetch(conn: SyncConn, call: Call[Any]) -> Rows:
+    def _fetch(conn: SyncConn, call: Call[Any], prepare: bool = True) -> Rows:
         with conn.cursor(row_factory=dict_row) as cur:
-            cur.execute(call.query, call.params)
+            cur.execute(call.query, call.params, prepare=prepare_mode(prepare))
             return cur.fetchall() if cur.description else []
 
 
@@ -73,20 +107,34 @@ class AsyncRunner:
     """The async twin of :class:`SyncRunner`."""
 
     _pool: AsyncConnectionPool[Any]
+    _prepare: bool = True
 
     async def _run(self, call: Call[T], conn: AsyncConn | None = None) -> T:
         try:
             if conn is not None:
-                return call.parse(await self._fetch(conn, call))
+                return call.parse(await self._fetch(conn, call, self._prepare))
             async with self._pool.connection() as pooled:
-                return call.parse(await self._fetch(pooled, call))
+                return call.parse(await self._fetch(pooled, call, self._prepare))
+        except psycopg.Error as exc:
+            raise translate(exc) from exc
+
+    async def _run_fast(self, call: FastCall[T], conn: AsyncConn | None = None) -> T:
+        try:
+            if conn is not None:
+                cur = conn.cursor(row_factory=tuple_row)
+                await cur.execute(call.query, call.params, prepare=self._prepare)
+                return call.parse(await cur.fetchall())
+            async with self._pool.connection() as pooled:
+                cur = pooled.cursor(row_factory=tuple_row)
+                await cur.execute(call.query, call.params, prepare=self._prepare)
+                return call.parse(await cur.fetchall())
         except psycopg.Error as exc:
             raise translate(exc) from exc
 
     @staticmethod
-    async def _fetch(conn: AsyncConn, call: Call[Any]) -> Rows:
+    async def _fetch(conn: AsyncConn, call: Call[Any], prepare: bool = True) -> Rows:
         async with conn.cursor(row_factory=dict_row) as cur:
-            await cur.execute(call.query, call.params)
+            await cur.execute(call.query, call.params, prepare=prepare_mode(prepare))
             return await cur.fetchall() if cur.description else []
 
 

@@ -24,11 +24,18 @@ from pgjobs.client.stream import StreamOps
 from pgjobs.client.workers import AsyncWorkerOps, WorkerOps
 
 
+def _conn_kwargs(prepare: bool) -> dict[str, Any]:
+    """Connection settings of a pool the client opens. ``prepare=False`` also stops psycopg's own
+    prepare-after-five-uses, for PgBouncer < 1.21 in transaction mode (a statement prepared on one
+    server connection is missing on the next)."""
+    return {"autocommit": True} if prepare else {"autocommit": True, "prepare_threshold": None}
+
+
 class Client(EnqueueOps, ClaimOps, LifecycleOps, AdminOps, StatusOps, WorkerOps, RecurringOps, GraphOps):
     """Synchronous client. ``Client(dsn)`` opens its own pool; ``Client(pool=...)`` shares yours.
 
-    ``app=``: a :class:`pgjobs.App` (or any :class:`~pgjobs.client.defaults.EnqueueDefaults`) whose declared
-    ``queue``/``priority``/``max_attempts`` apply when an enqueue of a declared kind does not give them."""
+    ``prepare=True`` (the default) runs the hot calls as server-side prepared statements; pass
+    ``prepare=False`` behind PgBouncer < 1.21 in transaction mode (no statement is then prepared)."""
 
     def __init__(
         self,
@@ -37,7 +44,7 @@ class Client(EnqueueOps, ClaimOps, LifecycleOps, AdminOps, StatusOps, WorkerOps,
         pool: ConnectionPool[Any] | None = None,
         min_size: int = 1,
         max_size: int = 10,
-        app: EnqueueDefaults | None = None,
+        prepare: bool = True,
     ) -> None:
         if app is not None and not isinstance(app, EnqueueDefaults):
             raise TypeError(f"app= needs an object with enqueue_defaults(kind), such as pgjobs.App; got {app!r}")
@@ -46,12 +53,13 @@ class Client(EnqueueOps, ClaimOps, LifecycleOps, AdminOps, StatusOps, WorkerOps,
             if dsn is None:
                 raise ValueError("Client needs a dsn or a pool")
             pool = ConnectionPool(
-                dsn, min_size=min_size, max_size=max_size, kwargs={"autocommit": True}, open=True, name="pgjobs"
+                dsn, min_size=min_size, max_size=max_size, kwargs=_conn_kwargs(prepare), open=True, name="pgjobs"
             )
             self._owns_pool = True
         else:
             self._owns_pool = False
         self._pool = pool
+        self._prepare = prepare
         self.dsn = dsn
 
     @property
@@ -80,8 +88,9 @@ class AsyncClient(
     AsyncGraphOps,
     StreamOps,
 ):
-    """Asynchronous client. Use ``async with AsyncClient(dsn) as client:`` (or ``await client.open()``);
-    ``app=`` as for :class:`Client`."""
+    """Asynchronous client. Use ``async with AsyncClient(dsn) as client:`` (or ``await client.open()``).
+
+    ``prepare`` as for :class:`Client`."""
 
     def __init__(
         self,
@@ -90,7 +99,7 @@ class AsyncClient(
         pool: AsyncConnectionPool[Any] | None = None,
         min_size: int = 1,
         max_size: int = 10,
-        app: EnqueueDefaults | None = None,
+        prepare: bool = True,
     ) -> None:
         if app is not None and not isinstance(app, EnqueueDefaults):
             raise TypeError(f"app= needs an object with enqueue_defaults(kind), such as pgjobs.App; got {app!r}")
@@ -99,12 +108,13 @@ class AsyncClient(
             if dsn is None:
                 raise ValueError("AsyncClient needs a dsn or a pool")
             pool = AsyncConnectionPool(
-                dsn, min_size=min_size, max_size=max_size, kwargs={"autocommit": True}, open=False, name="pgjobs"
+                dsn, min_size=min_size, max_size=max_size, kwargs=_conn_kwargs(prepare), open=False, name="pgjobs"
             )
             self._owns_pool = True
         else:
             self._owns_pool = False
         self._pool = pool
+        self._prepare = prepare
         self.dsn = dsn
 
     @property

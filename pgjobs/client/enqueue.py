@@ -1,18 +1,22 @@
-"""Producing work: ``pgjobs.enqueue`` and ``pgjobs.enqueue_many`` (sql/enqueue.sql).
-
-``queue``, ``priority`` and ``max_attempts`` left as None take the declared defaults of the kind when the
-client was made with ``app=`` (:mod:`pgjobs.client.defaults`), else the SQL defaults.
-"""
+"""Producing work: ``pgjobs.enqueue``, ``pgjobs.enqueue_many`` and ``pgjobs.enqueue_staged`` (sql/enqueue.sql)."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from datetime import datetime
-from typing import Any
+from typing import Any, Literal, LiteralString
 
-from pgjobs.client._call import AsyncConn, AsyncRunner, Call, Rows, SyncConn, SyncRunner, jsonb
-from pgjobs.client.defaults import EnqueueDefaults, fill_spec, resolve
-from pgjobs.records import Enqueued, EnqueuedSpec
+import psycopg
+from psycopg.rows import tuple_row
+from psycopg.types.json import Jsonb
+
+from pgjobs.client import staging
+from pgjobs.client._call import AsyncConn, AsyncRunner, Call, FastCall, Rows, SyncConn, SyncRunner, Tuples, jsonb
+from pgjobs.errors import translate
+from pgjobs.records import Enqueued, EnqueuedSpec, JobState
+
+Method = Literal["json", "copy"]
+Staged = tuple[list[str], list[tuple[Any, ...]]]
 
 
 def enqueue_call(
@@ -51,6 +55,62 @@ def enqueue_call(
     )
 
 
+# The hot path of a producer (one job, one commit): positional parameters, tuple rows, and (when the
+# client allows it) a statement prepared once per connection. The common spec (nothing but kind, payload
+# and queue) sends three parameters and lets the SQL defaults fill the rest; any other spec sends all ten.
+# Both name their arguments, so a reordering of enqueue's parameters cannot misplace a value.
+_ENQUEUE_COMMON: LiteralString = "SELECT id, created, state FROM pgjobs.enqueue(kind => %s, payload => %s, queue => %s)"
+_ENQUEUE_FULL: LiteralString = (
+    "SELECT id, created, state FROM pgjobs.enqueue(kind => %s, payload => %s, queue => %s, run_at => %s,"
+    " priority => %s::smallint, max_attempts => %s, unique_key => %s, unique_live_only => %s,"
+    " group_key => %s, meta => %s)"
+)
+
+
+def _enqueued(rows: Tuples) -> Enqueued:
+    row = rows[0]
+    return Enqueued(row[0], row[1], JobState(row[2]))
+
+
+def enqueue_fast_call(
+    kind: str,
+    payload: Any = None,
+    queue: str = "default",
+    run_at: datetime | None = None,
+    priority: int = 0,
+    max_attempts: int = 20,
+    unique_key: str | None = None,
+    unique_live_only: bool = False,
+    group_key: str | None = None,
+    meta: Mapping[str, Any] | None = None,
+) -> FastCall[Enqueued]:
+    """What ``enqueue`` sends: the same arguments as :func:`enqueue_call`, stored the same way."""
+    doc = Jsonb({} if payload is None else payload)
+    if (
+        run_at is None
+        and priority == 0
+        and max_attempts == 20
+        and unique_key is None
+        and not unique_live_only
+        and group_key is None
+        and not meta
+    ):
+        return FastCall(_ENQUEUE_COMMON, (kind, doc, queue), _enqueued)
+    params = (
+        kind,
+        doc,
+        queue,
+        run_at,
+        priority,
+        max_attempts,
+        unique_key,
+        unique_live_only,
+        group_key,
+        Jsonb(dict(meta) if meta else {}),
+    )
+    return FastCall(_ENQUEUE_FULL, params, _enqueued)
+
+
 def _specs(rows: Rows) -> list[EnqueuedSpec]:
     return [EnqueuedSpec.from_row(r) for r in rows]
 
@@ -64,6 +124,38 @@ def enqueue_many_call(
         {"jobs": jsonb(specs), "as_batch": as_batch},
         _specs,
     )
+
+
+def _copy_sync(conn: SyncConn, staged: Staged, as_batch: bool, prepare: bool) -> Tuples:
+    columns, rows = staged
+    # One transaction (a savepoint inside the caller's): the staged rows and the jobs made from them
+    # stand or fall together, and the rows vanish at its commit.
+    with conn.transaction():
+        cur = conn.cursor(row_factory=tuple_row)
+        cur.execute(staging.STAGE, prepare=False)
+        with cur.copy(staging.copy_statement(columns)) as copy:
+            copy.set_types(staging.copy_types(columns))
+            for row in rows:
+                copy.write_row(row)
+        cur.execute(staging.ENQUEUE_STAGED, (as_batch,), prepare=prepare)
+        return cur.fetchall()
+
+
+async def _copy_async(conn: AsyncConn, staged: Staged, as_batch: bool, prepare: bool) -> Tuples:
+    columns, rows = staged
+    async with conn.transaction():
+        cur = conn.cursor(row_factory=tuple_row)
+        await cur.execute(staging.STAGE, prepare=False)
+        async with cur.copy(staging.copy_statement(columns)) as copy:
+            copy.set_types(staging.copy_types(columns))
+            for row in rows:
+                await copy.write_row(row)
+        await cur.execute(staging.ENQUEUE_STAGED, (as_batch,), prepare=prepare)
+        return await cur.fetchall()
+
+
+def _spec_rows(rows: Tuples) -> list[EnqueuedSpec]:
+    return [EnqueuedSpec(r[0], r[1], r[2], r[3]) for r in rows]
 
 
 def _spec(job: Mapping[str, Any]) -> dict[str, Any]:
@@ -92,31 +184,44 @@ class EnqueueOps(SyncRunner):
         meta: Mapping[str, Any] | None = None,
         conn: SyncConn | None = None,
     ) -> Enqueued:
-        """Enqueues one job. With ``conn``, inside the caller's transaction. ``queue``/``priority``/
-        ``max_attempts`` not given: the kind's declared defaults (``Client(app=...)``), else default/0/20."""
-        return self._run(
-            enqueue_call(
-                kind,
-                payload,
-                queue=queue,
-                run_at=run_at,
-                priority=priority,
-                max_attempts=max_attempts,
-                unique_key=unique_key,
-                unique_live_only=unique_live_only,
-                group_key=group_key,
-                meta=meta,
-                defaults=self._enqueue_defaults,
+        """Enqueues one job. With ``conn``, inside the caller's transaction."""
+        return self._run_fast(
+            enqueue_fast_call(
+                kind, payload, queue, run_at, priority, max_attempts, unique_key, unique_live_only, group_key, meta
             ),
             conn,
         )
 
     def enqueue_many(
+        self,
+        jobs: Iterable[Mapping[str, Any]],
+        *,
+        as_batch: bool = False,
+        method: Method = "json",
+        conn: SyncConn | None = None,
+    ) -> list[EnqueuedSpec]:
+        """Enqueues job specs (dicts of enqueue arguments, plus ``ref``/``depends_on``) all or nothing.
+
+        ``method="copy"`` sends them through COPY (:meth:`enqueue_copy`), the fast path for large batches."""
+        if method == "copy":
+            return self.enqueue_copy(jobs, as_batch=as_batch, conn=conn)
+        return self._run(enqueue_many_call(jobs, as_batch), conn)
+
+    def enqueue_copy(
         self, jobs: Iterable[Mapping[str, Any]], *, as_batch: bool = False, conn: SyncConn | None = None
     ) -> list[EnqueuedSpec]:
-        """Enqueues job specs (dicts of enqueue arguments, plus ``ref``/``depends_on``) all or nothing; a spec
-        without ``queue``/``priority``/``max_attempts`` gets its kind's declared ones (``Client(app=...)``)."""
-        return self._run(enqueue_many_call(jobs, as_batch, self._enqueue_defaults), conn)
+        """``enqueue_many`` through COPY into a staging table: the same contract, for large batches."""
+        specs = jobs if isinstance(jobs, list) else list(jobs)
+        staged = staging.stage(specs)
+        if staged is None:
+            return self._run(enqueue_many_call(specs, as_batch), conn)
+        try:
+            if conn is not None:
+                return _spec_rows(_copy_sync(conn, staged, as_batch, self._prepare))
+            with self._pool.connection() as pooled:
+                return _spec_rows(_copy_sync(pooled, staged, as_batch, self._prepare))
+        except psycopg.Error as exc:
+            raise translate(exc) from exc
 
 
 class AsyncEnqueueOps(AsyncRunner):
@@ -137,24 +242,36 @@ class AsyncEnqueueOps(AsyncRunner):
         meta: Mapping[str, Any] | None = None,
         conn: AsyncConn | None = None,
     ) -> Enqueued:
-        return await self._run(
-            enqueue_call(
-                kind,
-                payload,
-                queue=queue,
-                run_at=run_at,
-                priority=priority,
-                max_attempts=max_attempts,
-                unique_key=unique_key,
-                unique_live_only=unique_live_only,
-                group_key=group_key,
-                meta=meta,
-                defaults=self._enqueue_defaults,
+        return await self._run_fast(
+            enqueue_fast_call(
+                kind, payload, queue, run_at, priority, max_attempts, unique_key, unique_live_only, group_key, meta
             ),
             conn,
         )
 
     async def enqueue_many(
+        self,
+        jobs: Iterable[Mapping[str, Any]],
+        *,
+        as_batch: bool = False,
+        method: Method = "json",
+        conn: AsyncConn | None = None,
+    ) -> list[EnqueuedSpec]:
+        if method == "copy":
+            return await self.enqueue_copy(jobs, as_batch=as_batch, conn=conn)
+        return await self._run(enqueue_many_call(jobs, as_batch), conn)
+
+    async def enqueue_copy(
         self, jobs: Iterable[Mapping[str, Any]], *, as_batch: bool = False, conn: AsyncConn | None = None
     ) -> list[EnqueuedSpec]:
-        return await self._run(enqueue_many_call(jobs, as_batch, self._enqueue_defaults), conn)
+        specs = jobs if isinstance(jobs, list) else list(jobs)
+        staged = staging.stage(specs)
+        if staged is None:
+            return await self._run(enqueue_many_call(specs, as_batch), conn)
+        try:
+            if conn is not None:
+                return _spec_rows(await _copy_async(conn, staged, as_batch, self._prepare))
+            async with self._pool.connection() as pooled:
+                return _spec_rows(await _copy_async(pooled, staged, as_batch, self._prepare))
+        except psycopg.Error as exc:
+            raise translate(exc) from exc

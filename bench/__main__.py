@@ -4,6 +4,8 @@ Each suite runs in a fresh database (``CREATE DATABASE bench_<suite>_<random>``,
 afterwards), so user data is never touched. The server comes from ``--dsn``, else ``PGJOBS_DSN``, else
 the embedded PostgreSQL (``pgjobs[embedded]``). Results go to ``--json`` (default
 ``bench/results/<timestamp>.json``).
+
+``python -m bench peers [--n N] [--repeat R]`` runs pgjobs beside its peers instead (:mod:`bench.peers`).
 """
 
 from __future__ import annotations
@@ -218,9 +220,14 @@ def _git_commit() -> str | None:
     return out.stdout.strip() or None
 
 
-def main(argv: list[str] | None = None, prog: str = "python -m bench") -> int:
-    """``prog``: the command name --help and usage errors show (``pgjobs bench`` when run from the CLI)."""
-    args = _parser(prog).parse_args(argv)
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["peers"]:
+        # pgjobs side by side with procrastinate, pgqueuer and awa (bench/peers.py; extra `bench-peers`)
+        from . import peers
+
+        return peers.main(argv[1:])
+    args = _parser().parse_args(argv)
     names = [s.strip() for s in args.only.split(",")] if args.only else list(SUITES)
     unknown = [n for n in names if n not in SUITES]
     if unknown:

@@ -816,6 +816,7 @@ DECLARE
     v_general boolean;
     v_bad     boolean;
     v_dated   boolean;
+    v_named   boolean;
     v_quiet   text[] := ARRAY(SELECT q.queue FROM queues AS q WHERE q.status_events <> 'all');
     v_refs    text[];
     v_ids     bigint[];
@@ -837,9 +838,10 @@ BEGIN
                                 OR jsonb_typeof(s.payload) = 'null' OR jsonb_typeof(s.meta) <> 'object'
                                 OR s.priority NOT BETWEEN -32768 AND 32767
                                 OR s.max_attempts NOT BETWEEN 1 AND 2147483647), false),
-               coalesce(bool_or(s.run_at IS NOT NULL), false)
+               coalesce(bool_or(s.run_at IS NOT NULL), false),
+               coalesce(bool_or(s.ref IS NOT NULL), false)
           FROM ONLY %1$s AS s$q$, v_table)
-      INTO v_general, v_bad, v_dated;
+      INTO v_general, v_bad, v_dated, v_named;
     IF v_general OR coalesce(as_batch, false) THEN
         PERFORM set_config('plan_cache_mode', 'auto', true);  -- see the note at the top of this file
         RETURN QUERY SELECT * FROM enqueue_many(_staged_specs(v_table), coalesce(as_batch, false));
@@ -861,37 +863,38 @@ BEGIN
         END;
     END IF;
 
-    -- Ids are drawn in the specs' order before the insert, so each spec's row is known without
-    -- reading anything back; the events are worded in RETURNING, as _insert_specs words them.
+    -- The insert takes the specs in their order, so the ids it draws ascend in that order: sorted,
+    -- they pair with the specs without reading anything back. Status events are worded per group
+    -- of kind, queue and state (a bulk load is mostly one group), as _status_event words them.
     EXECUTE format($q$
-        WITH spec AS (
-            SELECT s.*, nextval('pgjobs.jobs_id_seq') AS id
-              FROM (SELECT s.n, s.ref, s.kind, coalesce(s.queue, 'default') AS queue, coalesce(s.payload, '{}') AS payload,
-                           coalesce(s.meta, '{}') AS meta, s.run_at::timestamptz AS run_at, s.priority,
-                           s.max_attempts, s.unique_live_only, s.group_key
-                      FROM ONLY %s AS s
-                     ORDER BY s.n
-                    OFFSET 0) AS s
-        ), ins AS (
-            INSERT INTO jobs AS j (id, kind, queue, payload, meta, state, priority, run_at, max_attempts,
+        WITH ins AS (
+            INSERT INTO jobs AS j (kind, queue, payload, meta, state, priority, run_at, max_attempts,
                                    unique_live_only, group_key)
-            SELECT s.id, s.kind, s.queue, s.payload, s.meta,
-                   CASE WHEN s.run_at > now() THEN 'scheduled'::job_state ELSE 'pending' END,
-                   coalesce(s.priority, 0), coalesce(s.run_at, now()), coalesce(s.max_attempts, 20),
+            SELECT s.kind, coalesce(s.queue, 'default'), coalesce(s.payload, '{}'), coalesce(s.meta, '{}'),
+                   CASE WHEN s.run_at::timestamptz > now() THEN 'scheduled'::job_state ELSE 'pending' END,
+                   coalesce(s.priority, 0), coalesce(s.run_at::timestamptz, now()), coalesce(s.max_attempts, 20),
                    coalesce(s.unique_live_only, false), s.group_key
-              FROM spec AS s
-            RETURNING j.id, j.state, j.queue,
-                      '{"id": ' || j.id || ', "kind": ' || to_json(j.kind)::text || ', "queue": '
-                      || to_json(j.queue)::text || ', "state": "' || j.state::text
-                      || '", "attempt": 0, "batch_id": null}' AS event
+              FROM ONLY %s AS s
+             ORDER BY s.n
+            RETURNING j.id, j.kind, j.queue, j.state
+        ), grp AS (
+            SELECT ins.queue, ins.state, array_agg(ins.id) AS ids,
+                   ', "kind": ' || to_json(ins.kind)::text || ', "queue": ' || to_json(ins.queue)::text
+                   || ', "state": "' || ins.state::text || '", "attempt": 0, "batch_id": null}' AS tail
+              FROM ins
+             GROUP BY ins.kind, ins.queue, ins.state
         )
-        SELECT (SELECT array_agg(s.ref ORDER BY s.n) FROM spec AS s), (SELECT array_agg(s.id ORDER BY s.n) FROM spec AS s),
-               array_agg(DISTINCT ins.queue) FILTER (WHERE ins.state = 'pending'),
-               array_agg(ins.event) FILTER (WHERE ins.queue <> ALL ($1)),
-               max(octet_length(ins.event)) FILTER (WHERE ins.queue <> ALL ($1))
-          FROM ins$q$, v_table)
-      INTO v_refs, v_ids, v_wake, v_events, v_longest
+        SELECT (SELECT array_agg(i.id ORDER BY i.id) FROM grp AS g CROSS JOIN LATERAL unnest(g.ids) AS i(id)),
+               (SELECT array_agg(DISTINCT g.queue) FILTER (WHERE g.state = 'pending') FROM grp AS g),
+               (SELECT array_agg('{"id": ' || i.id || g.tail ORDER BY i.id)
+                  FROM grp AS g CROSS JOIN LATERAL unnest(g.ids) AS i(id)
+                 WHERE g.queue <> ALL ($1)),
+               (SELECT max(octet_length(g.tail)) + 27 FROM grp AS g WHERE g.queue <> ALL ($1))$q$, v_table)
+      INTO v_ids, v_wake, v_events, v_longest
       USING v_quiet;
+    IF v_named THEN
+        EXECUTE format('SELECT array_agg(s.ref ORDER BY s.n) FROM ONLY %s AS s', v_table) INTO v_refs;
+    END IF;
     PERFORM _wake(v_wake);
     PERFORM _notify_status_texts(v_events, v_longest);
     RETURN QUERY SELECT u.ref, u.id, true, NULL::bigint FROM unnest(v_refs, v_ids) AS u(ref, id);

@@ -182,10 +182,10 @@ class Procrastinate:
     async def work(self, dsn: str, concurrency: int, hooks: Hooks, stop: Any) -> None:
         app = self._app(dsn)
 
-        @app.task(name=KIND, queue=QUEUE)
         async def noop() -> None:
             hooks.done()
 
+        app.task(name=KIND, queue=QUEUE)(noop)
         async with app.open_async():
             task = asyncio.create_task(
                 app.run_worker_async(queues=[QUEUE], concurrency=concurrency, install_signal_handlers=False)

@@ -124,7 +124,7 @@ async def _processing(adapter: Any, name: str, dsn: str, procs: int, n: int, con
     async with _workers(adapter, name, dsn, procs, concurrency) as shared:
         await adapter.enqueue_bulk(n)
         await _wait_count(shared, n, 600)
-        return (n - 1) / (shared.last.value - shared.first.value)
+        return float((n - 1) / (shared.last.value - shared.first.value))
 
 
 async def _pickup(adapter: Any, name: str, dsn: str, samples: int, concurrency: int) -> list[float]:

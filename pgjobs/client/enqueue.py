@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterable, Mapping
 from datetime import datetime
 from typing import Any, Literal, LiteralString
@@ -128,9 +129,10 @@ def enqueue_many_call(
 
 def _copy_sync(conn: SyncConn, staged: Staged, as_batch: bool, prepare: bool) -> Tuples:
     columns, rows = staged
-    # One transaction (a savepoint inside the caller's): the staged rows and the jobs made from them
-    # stand or fall together, and the rows vanish at its commit.
-    with conn.transaction():
+    # One transaction: the staged rows and the jobs made from them stand or fall together, and the rows
+    # vanish at its commit. On the caller's own (non-autocommit) connection that is the caller's
+    # transaction, committed or rolled back by the caller, as every other call with ``conn=``.
+    with conn.transaction() if conn.autocommit else contextlib.nullcontext():
         cur = conn.cursor(row_factory=tuple_row)
         cur.execute(staging.STAGE, prepare=False)
         with cur.copy(staging.copy_statement(columns)) as copy:
@@ -143,7 +145,7 @@ def _copy_sync(conn: SyncConn, staged: Staged, as_batch: bool, prepare: bool) ->
 
 async def _copy_async(conn: AsyncConn, staged: Staged, as_batch: bool, prepare: bool) -> Tuples:
     columns, rows = staged
-    async with conn.transaction():
+    async with conn.transaction() if conn.autocommit else contextlib.nullcontext():
         cur = conn.cursor(row_factory=tuple_row)
         await cur.execute(staging.STAGE, prepare=False)
         async with cur.copy(staging.copy_statement(columns)) as copy:

@@ -1,0 +1,376 @@
+"""The producer's fast paths (issue 14): ``enqueue`` with tuple rows and prepared statements, and
+``enqueue_copy`` (COPY into a session staging table read by ``pgjobs.enqueue_staged``). Each must store
+exactly what the general path stores, keep its contract, and refuse what it refuses."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import psycopg
+import pytest
+from conftest import ConnectFactory
+from psycopg.rows import dict_row
+
+from pgjobs import AsyncClient, Client, Enqueued, EnqueuedSpec, GraphError, InvalidArgument, JobState, QueueFull
+from pgjobs.client.enqueue import enqueue_call
+
+COLUMNS = (
+    "kind, queue, payload, meta, state, priority, max_attempts, unique_key, unique_live_only, group_key,"
+    " batch_id IS NOT NULL, remaining_deps, attempt, has_dependents"
+)
+LATER = datetime(2031, 1, 2, 3, 4, 5, tzinfo=UTC)
+
+SPECS: list[dict[str, Any]] = [
+    {"kind": "email"},
+    {"kind": "email", "payload": {"to": "a@example.com"}, "queue": "mail"},
+    {"kind": "email", "payload": [1, "two", None], "priority": -3, "max_attempts": 4, "meta": {"trace": "t1"}},
+    {"kind": "report", "run_at": LATER, "group_key": "tenant-1", "unique_key": "r-1", "unique_live_only": True},
+    {"kind": "report", "payload": "just a string", "queue": "q2", "unique_key": "r-2"},
+]
+
+
+def _stored(conn: psycopg.Connection[Any], ids: list[int]) -> list[tuple[Any, ...]]:
+    rows = conn.execute(
+        f"SELECT {COLUMNS}, CASE WHEN run_at > now() + interval '1 day' THEN run_at END FROM pgjobs.jobs"
+        " WHERE id = ANY (%s) ORDER BY array_position(%s, id)",
+        (ids, ids),
+    ).fetchall()
+    assert len(rows) == len(ids)
+    return rows
+
+
+def _args(spec: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in spec.items() if k not in ("kind", "payload")}
+
+
+@pytest.fixture
+def fresh_specs() -> Iterator[list[dict[str, Any]]]:
+    yield [dict(s) for s in SPECS]
+
+
+# ------------------------------------------------------------------------------------------------------
+# enqueue: the fast path
+
+
+@pytest.mark.smoke
+@pytest.mark.parametrize("prepare", [True, False])
+def test_fast_enqueue_stores_what_the_general_path_stores(
+    dsn: str, conn: psycopg.Connection[Any], prepare: bool
+) -> None:
+    with Client(dsn, prepare=prepare, max_size=1) as client:
+        fast, general = [], []
+        for spec in SPECS:
+            fast.append(client.enqueue(spec["kind"], spec.get("payload"), **_args(spec)))
+            unique = {"unique_key": spec["unique_key"] + "-general"} if "unique_key" in spec else {}
+            general.append(client._run(enqueue_call(spec["kind"], spec.get("payload"), **{**_args(spec), **unique})))
+        assert all(isinstance(e, Enqueued) and e.created for e in fast)
+        assert [e.state for e in fast] == [e.state for e in general]
+        strip = [
+            (*r[:7], r[7] and r[7].removesuffix("-general"), *r[8:]) for r in _stored(conn, [e.id for e in general])
+        ]
+        assert _stored(conn, [e.id for e in fast]) == strip
+        # idempotency answers through the fast path too
+        again = client.enqueue("report", {}, queue="q2", unique_key="r-2")
+        assert again == Enqueued(fast[4].id, False, JobState.PENDING)
+
+
+@pytest.mark.parametrize("prepare", [True, False])
+def test_async_fast_enqueue_stores_what_the_sync_one_stores(
+    dsn: str, conn: psycopg.Connection[Any], prepare: bool
+) -> None:
+    async def go() -> list[Enqueued]:
+        async with AsyncClient(dsn, prepare=prepare, max_size=1) as client:
+            return [await client.enqueue(s["kind"], s.get("payload"), **_args(s)) for s in SPECS]
+
+    made = asyncio.run(go())
+    with Client(dsn, prepare=prepare) as client:
+        again = [client.enqueue(s["kind"], s.get("payload"), **_args(s)) for s in SPECS]
+    # the unique keys now answer with the async path's jobs: same rows
+    assert [e.id for e in again[3:]] == [e.id for e in made[3:]] and not any(e.created for e in again[3:])
+    assert _stored(conn, [e.id for e in made[:3]]) == _stored(conn, [e.id for e in again[:3]])
+
+
+def _prepared(client: Client) -> int:
+    with client.pool.connection() as c:
+        row = c.execute(
+            "SELECT count(*) FROM pg_prepared_statements WHERE statement LIKE '%%pgjobs.enqueue(%%'", prepare=False
+        ).fetchone()
+        assert row is not None
+        return int(row[0])
+
+
+def test_prepare_flag_decides_whether_the_server_keeps_a_prepared_statement(dsn: str) -> None:
+    with Client(dsn, max_size=1) as client:
+        client.enqueue("a")
+        assert _prepared(client) == 1  # prepared on first use
+        client.enqueue("a", priority=1)
+        assert _prepared(client) == 2  # the full form is its own statement
+    with Client(dsn, max_size=1, prepare=False) as client:
+        for _ in range(8):  # past psycopg's own prepare threshold (5)
+            client.enqueue("a")
+            client.job_status(1)
+        assert _prepared(client) == 0
+
+
+def test_fast_enqueue_joins_the_callers_transaction_whatever_its_row_factory(
+    dsn: str, connect: ConnectFactory, conn: psycopg.Connection[Any]
+) -> None:
+    own = connect(autocommit=False, row_factory=dict_row)
+    with Client(dsn) as client:
+        e = client.enqueue("in-tx", {"x": 1}, conn=own)
+        assert isinstance(e, Enqueued) and e.state is JobState.PENDING
+        own.rollback()
+        assert conn.execute("SELECT count(*) FROM pgjobs.jobs").fetchone() == (0,)
+        e = client.enqueue("in-tx", {"x": 1}, conn=own)
+        own.commit()
+        assert conn.execute("SELECT kind FROM pgjobs.jobs WHERE id = %s", [e.id]).fetchone() == ("in-tx",)
+
+
+def test_fast_enqueue_raises_the_contracts_errors(dsn: str, conn: psycopg.Connection[Any]) -> None:
+    with Client(dsn) as client:
+        with pytest.raises(InvalidArgument, match="kind must be a non-empty string"):
+            client.enqueue("")
+        with pytest.raises(InvalidArgument, match="max_attempts must be >= 1, got 0"):
+            client.enqueue("a", max_attempts=0)
+        client.configure_queue("tiny", max_length=1)
+        client.enqueue("a", queue="tiny")
+        with pytest.raises(QueueFull, match="tiny"):
+            client.enqueue("a", queue="tiny")
+    assert conn.execute("SELECT count(*) FROM pgjobs.jobs").fetchone() == (1,)
+
+
+def test_fast_enqueue_sends_wake_and_status_notifications(dsn: str, connect: ConnectFactory) -> None:
+    listener = connect()
+    listener.execute("LISTEN pgjobs_wake")
+    listener.execute("LISTEN pgjobs_status")
+    with Client(dsn) as client:
+        e = client.enqueue("n", queue="qn")
+        later = client.enqueue("n", queue="qn", run_at=LATER)
+    got = [(n.channel, n.payload) for n in listener.notifies(timeout=2, stop_after=3)]
+    assert ("pgjobs_wake", "qn") in got
+    events = [json.loads(p) for ch, p in got if ch == "pgjobs_status"]
+    assert {(ev["id"], ev["state"]) for ev in events} == {(e.id, "pending"), (later.id, "scheduled")}
+
+
+# ------------------------------------------------------------------------------------------------------
+# enqueue_copy: COPY into the staging table, pgjobs.enqueue_staged
+
+
+def _with_unique_suffix(specs: list[dict[str, Any]], suffix: str) -> list[dict[str, Any]]:
+    return [{**s, "unique_key": s["unique_key"] + suffix} if "unique_key" in s else s for s in specs]
+
+
+@pytest.mark.smoke
+def test_copy_stores_what_enqueue_many_stores(dsn: str, conn: psycopg.Connection[Any]) -> None:
+    plain = [
+        {"kind": "a", "payload": {"i": 1}, "ref": "first"},
+        {"kind": "b", "queue": "mail", "priority": 7, "max_attempts": 3, "meta": {"m": 1}, "ref": 5},
+        {"kind": "c", "run_at": LATER, "group_key": "g", "unique_live_only": True},
+        {"kind": "d", "run_at": "2031-01-02T03:04:05+00:00", "payload": {"n": None}},
+        {"kind": "e", "payload": "text \\ with \t tabs \n and newlines"},
+    ]
+    with Client(dsn) as client:
+        for specs in (plain, SPECS):  # the set-based path, then the general one (unique keys)
+            copied = client.enqueue_copy(_with_unique_suffix(specs, "-copy"))
+            many = client.enqueue_many(_with_unique_suffix(specs, "-json"))
+            assert [(s.ref, s.created, s.batch_id) for s in copied] == [(s.ref, s.created, s.batch_id) for s in many]
+            assert all(isinstance(s, EnqueuedSpec) for s in copied)
+
+            def norm(rows: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
+                return [(*r[:7], r[7] and r[7].rsplit("-", 1)[0], *r[8:]) for r in rows]
+
+            assert norm(_stored(conn, [s.id for s in copied])) == norm(_stored(conn, [s.id for s in many]))
+        assert client.enqueue_many(plain, method="copy")[0].ref == "first"
+
+
+def test_copy_returns_specs_in_order_with_refs(dsn: str) -> None:
+    specs = [{"kind": "k", "ref": f"r{i}", "payload": {"i": i}} for i in range(500)]
+    with Client(dsn) as client:
+        out = client.enqueue_copy(specs)
+        assert [s.ref for s in out] == [f"r{i}" for i in range(500)]
+        ids = [s.id for s in out]
+        with client.pool.connection() as c:
+            rows = c.execute("SELECT id, payload FROM pgjobs.jobs ORDER BY id").fetchall()
+        assert dict(rows) == {i: {"i": n} for n, i in enumerate(ids)}
+
+
+BAD: list[tuple[dict[str, Any], str]] = [
+    ({"kind": ""}, 'jobs[2]: kind must be a non-empty string, got ""'),
+    ({"queue": "q"}, "jobs[2]: kind must be a non-empty string, got nothing"),
+    ({"kind": "x", "queue": ""}, 'jobs[2]: queue must be a non-empty string, got ""'),
+    ({"kind": "x", "payload": None}, "jobs[2]: payload must not be null"),
+    ({"kind": "x", "priority": 40000}, "jobs[2]: priority must be an integer between -32768 and 32767, got 40000"),
+    ({"kind": "x", "max_attempts": 0}, "jobs[2]: max_attempts must be an integer >= 1, got 0"),
+    ({"kind": "x", "run_at": "soon"}, 'jobs[2]: run_at must be an ISO 8601 timestamp, got "soon"'),
+    ({"kind": "x", "meta": [1]}, "jobs[2]: meta must be a JSON object, got [1]"),
+    ({"kind": "x", "colour": "red"}, "jobs[2]: unknown key(s) 'colour'"),
+    ({"kind": 5}, "jobs[2]: kind must be a non-empty string, got 5"),
+    ({"kind": "x", "priority": True}, "jobs[2]: priority must be an integer between -32768 and 32767, got true"),
+    ({"kind": "x", "ref": "r", "depends_on": [{"ref": "r", "on": "later"}]}, "PJ00"),
+]
+
+
+@pytest.mark.parametrize(("bad", "message"), BAD)
+def test_copy_refuses_a_bad_spec_naming_it_and_changes_nothing(
+    dsn: str, conn: psycopg.Connection[Any], bad: dict[str, Any], message: str
+) -> None:
+    with Client(dsn) as client:
+        with pytest.raises((InvalidArgument, GraphError)) as info:
+            client.enqueue_copy([{"kind": "ok"}, {"kind": "ok", "payload": {"a": 1}}, bad, {"kind": "ok"}])
+        if message != "PJ00":
+            assert message in str(info.value)
+    assert conn.execute("SELECT count(*) FROM pgjobs.jobs").fetchone() == (0,)
+
+
+def test_copy_of_100k_is_all_or_nothing(dsn: str, conn: psycopg.Connection[Any]) -> None:
+    specs = [{"kind": "bulk", "payload": {"n": i}} for i in range(100_000)]
+    with Client(dsn) as client:
+        with pytest.raises(InvalidArgument, match=r"jobs\[99999\]: max_attempts must be an integer >= 1, got 0"):
+            client.enqueue_copy([*specs[:-1], {"kind": "bulk", "max_attempts": 0}])
+        assert conn.execute("SELECT count(*) FROM pgjobs.jobs").fetchone() == (0,)
+        out = client.enqueue_copy(specs)
+    assert len(out) == 100_000 and len({s.id for s in out}) == 100_000
+    assert conn.execute("SELECT count(*), count(DISTINCT payload) FROM pgjobs.jobs").fetchone() == (100_000, 100_000)
+
+
+def test_copy_honours_unique_keys_like_enqueue_many(dsn: str, conn: psycopg.Connection[Any]) -> None:
+    with Client(dsn) as client:
+        held = client.enqueue("k", unique_key="u1")
+        out = client.enqueue_copy([{"kind": "k", "unique_key": "u1"}, {"kind": "k", "unique_key": "u2"},
+                                   {"kind": "k", "unique_key": "u2"}, {"kind": "k"}])  # fmt: skip
+    assert [s.created for s in out] == [False, True, False, True]
+    assert out[0].id == held.id and out[1].id == out[2].id
+    assert conn.execute("SELECT count(*) FROM pgjobs.jobs").fetchone() == (3,)
+
+
+def test_two_racing_copy_calls_make_one_job_per_key(dsn: str, conn: psycopg.Connection[Any]) -> None:
+    keys = [f"key-{i}" for i in range(300)]
+    barrier = threading.Barrier(2)
+    results: list[list[EnqueuedSpec]] = []
+    errors: list[BaseException] = []
+
+    def racer(order: list[str]) -> None:
+        try:
+            with Client(dsn, max_size=1) as client:
+                barrier.wait()
+                results.append(client.enqueue_copy([{"kind": "race", "unique_key": k} for k in order]))
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=racer, args=(keys,)), threading.Thread(target=racer, args=(keys[::-1],))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not errors
+    assert conn.execute("SELECT count(*), count(DISTINCT unique_key) FROM pgjobs.jobs").fetchone() == (300, 300)
+    a, b = ({s.id for s in r} for r in results)
+    assert a == b  # both calls answer with the same 300 jobs
+    assert sum(s.created for r in results for s in r) == 300
+
+
+def test_copy_takes_dependencies_and_batches(dsn: str, conn: psycopg.Connection[Any]) -> None:
+    with Client(dsn) as client:
+        out = client.enqueue_copy(
+            [{"kind": "parent", "ref": "p"}, {"kind": "child", "ref": "c", "depends_on": [{"ref": "p"}]}]
+        )
+        states = dict(conn.execute("SELECT kind, state::text FROM pgjobs.jobs").fetchall())
+        assert states == {"parent": "pending", "child": "waiting"} and [s.ref for s in out] == ["p", "c"]
+        with pytest.raises(GraphError):
+            client.enqueue_copy([{"kind": "x", "ref": "a", "depends_on": [{"ref": "b"}]},
+                                 {"kind": "y", "ref": "b", "depends_on": [{"ref": "a"}]}])  # fmt: skip
+        batch = client.enqueue_copy([{"kind": "m"}, {"kind": "m"}], as_batch=True)
+        assert batch[0].batch_id is not None and batch[0].batch_id == batch[1].batch_id
+
+
+def test_copy_sends_wake_and_status_events(dsn: str, connect: ConnectFactory) -> None:
+    listener = connect()
+    listener.execute("LISTEN pgjobs_wake")
+    listener.execute("LISTEN pgjobs_status")
+    with Client(dsn) as client:
+        out = client.enqueue_copy([{"kind": "ev", "queue": "qe", "payload": {"i": i}} for i in range(300)])
+    wakes, seen = 0, set()
+    for n in listener.notifies(timeout=2):
+        if n.channel == "pgjobs_wake":
+            wakes += 1
+            assert n.payload == "qe"
+        else:
+            doc = json.loads(n.payload)
+            for ev in doc if isinstance(doc, list) else [doc]:
+                assert ev["state"] == "pending" and ev["queue"] == "qe" and ev["kind"] == "ev"
+                seen.add(ev["id"])
+        if wakes and len(seen) == 300:
+            break
+    assert wakes == 1 and seen == {s.id for s in out}
+
+
+def test_copy_on_a_full_queue_raises_queue_full(dsn: str, conn: psycopg.Connection[Any]) -> None:
+    with Client(dsn) as client:
+        client.configure_queue("small", max_length=3)
+        with pytest.raises(QueueFull):
+            client.enqueue_copy([{"kind": "x", "queue": "small"}] * 4)
+        assert len(client.enqueue_copy([{"kind": "x", "queue": "small"}] * 3)) == 3
+    assert conn.execute("SELECT count(*) FROM pgjobs.jobs").fetchone() == (3,)
+
+
+def test_copy_in_the_callers_transaction(dsn: str, connect: ConnectFactory, conn: psycopg.Connection[Any]) -> None:
+    own = connect(autocommit=False)
+    with Client(dsn) as client:
+        first = client.enqueue_copy([{"kind": "t", "ref": "1"}], conn=own)
+        second = client.enqueue_copy([{"kind": "t", "ref": "2"}, {"kind": "t", "ref": "3"}], conn=own)
+        assert [s.ref for s in second] == ["2", "3"]  # the first call's staged rows are not read again
+        own.rollback()
+        assert conn.execute("SELECT count(*) FROM pgjobs.jobs").fetchone() == (0,)
+        client.enqueue_copy([{"kind": "t"}], conn=own)
+        own.commit()
+    assert conn.execute("SELECT count(*) FROM pgjobs.jobs").fetchone() == (1,)
+    assert first[0].id not in {r[0] for r in conn.execute("SELECT id FROM pgjobs.jobs").fetchall()}
+
+
+def test_async_copy(dsn: str, conn: psycopg.Connection[Any]) -> None:
+    async def go() -> list[EnqueuedSpec]:
+        async with AsyncClient(dsn) as client:
+            await client.enqueue_many([{"kind": "a"}], method="copy")
+            return await client.enqueue_copy([{"kind": "b", "ref": "r", "run_at": LATER - timedelta(days=1)}])
+
+    out = asyncio.run(go())
+    assert out[0].ref == "r" and out[0].created
+    assert conn.execute("SELECT kind, state::text FROM pgjobs.jobs ORDER BY id").fetchall() == [
+        ("a", "pending"),
+        ("b", "scheduled"),
+    ]
+
+
+STAGING_COLUMNS = (
+    "n bigint, kind text, queue text, payload jsonb, meta jsonb, run_at text, priority bigint, max_attempts bigint,"
+    " unique_key text, unique_live_only boolean, group_key text, ref text, depends_on jsonb"
+)
+
+
+@pytest.mark.parametrize(
+    ("ddl", "table", "message"),
+    [
+        (f"CREATE TABLE public.staged ({STAGING_COLUMNS})", "public.staged", "temporary table of this session"),
+        ("CREATE TEMP VIEW staged AS SELECT 1::bigint AS n", "pg_temp.staged", "plain table"),
+        (
+            f"CREATE TEMP TABLE staged ({STAGING_COLUMNS});"
+            " CREATE FUNCTION pg_temp.t() RETURNS trigger LANGUAGE plpgsql AS 'BEGIN RETURN NULL; END';"
+            " CREATE TRIGGER t BEFORE INSERT ON pg_temp.staged FOR EACH ROW EXECUTE FUNCTION pg_temp.t()",
+            "pg_temp.staged",
+            "plain table",
+        ),
+        ("CREATE TEMP TABLE staged (n bigint, kind text)", "pg_temp.staged", "has columns (n bigint, kind text)"),
+    ],
+)
+def test_enqueue_staged_refuses_a_table_it_must_not_read(
+    conn: psycopg.Connection[Any], ddl: str, table: str, message: str
+) -> None:
+    conn.execute(ddl)
+    with pytest.raises(psycopg.Error) as info:
+        conn.execute("SELECT * FROM pgjobs.enqueue_staged(staging => %s)", [table])
+    assert info.value.sqlstate == "PJ002" and message in str(info.value)

@@ -9,7 +9,9 @@ state code, run_at, and one partial index for claiming.
 What is measured (all through psycopg with server-side prepared statements, autocommit, one commit per
 call, fsync as the server has it):
 
-* enqueue, one per commit: ``pgjobs.enqueue`` vs a single-row INSERT.
+* enqueue, one per commit: ``pgjobs.enqueue`` vs a single-row INSERT; and the same through the client
+  (``AsyncClient.enqueue``, ``Client.enqueue``), and ``Client.enqueue_many`` / ``Client.enqueue_copy`` in
+  batches of 1,000 (see :mod:`bench.core_enqueue`).
 * enqueue_many, batches of 1,000: ``pgjobs.enqueue_many`` vs a 1,000-row ``INSERT ... SELECT`` from the
   same JSON array (``jsonb_array_elements``), so both sides ship and parse the same document. The bar's
   baseline returns the new ids (``RETURNING id``, fetched), as enqueue_many does and as the single-row
@@ -35,6 +37,7 @@ from typing import Any
 
 import psycopg
 
+from . import core_enqueue
 from .common import Figure, alternate, connect, figure, fresh_database, interleaved, median, percentile
 
 QUEUE = "bench"
@@ -397,6 +400,13 @@ def run(dsn: str, quick: bool = False) -> dict[str, Any]:
                 baseline_name="the same bare INSERT returning nothing (no ids back)",
             )
         )
+
+        # -- the same through the client: AsyncClient / Client one per commit, enqueue_many / enqueue_copy --
+        fs, r = core_enqueue.run(
+            dsn, plan.single_calls, plan.single_chunk, plan.bulk_batches, plan.bulk_chunk, lambda: _reset(admin)
+        )
+        figures.extend(fs)
+        raw.update(r)
 
         # -- status events on vs off, enqueue ---------------------------------------------------------------
         # Two queues, one with events off, taking turns call by call.

@@ -181,17 +181,18 @@ async def _run(server_dsn: str, names: list[str], args: argparse.Namespace) -> d
         try:
             for r in range(args.repeat):
                 print(f"repeat {r + 1}/{args.repeat}", flush=True)
-                for name, rate in (await _one_by_one(adapters, max(50, args.n // 10))).items():
-                    samples[name]["one_by_one"].append(rate)
-                for name, rate in (await _bulk(adapters, args.n)).items():
-                    samples[name]["bulk"].append(rate)
+                if "enqueue" in args.phases:
+                    for name, rate in (await _one_by_one(adapters, max(50, args.n // 10))).items():
+                        samples[name]["one_by_one"].append(rate)
+                    for name, rate in (await _bulk(adapters, args.n)).items():
+                        samples[name]["bulk"].append(rate)
                 order = queues if r % 2 == 0 else list(reversed(queues))
-                for procs in (1, 2):
+                for procs in (1, 2) if "process" in args.phases else ():
                     for name in order:
                         rate = await _processing(adapters[name], name, dsns[name], procs, args.n, args.concurrency)
                         samples[name][f"process_{procs}"].append(rate)
                         print(f"  {name}: processing, {procs} proc(s): {rate:,.0f} jobs/s", flush=True)
-                for name in order:
+                for name in order if "pickup" in args.phases else ():
                     lat = await _pickup(adapters[name], name, dsns[name], args.samples, args.concurrency)
                     latencies[name].extend(lat)
                     samples[name]["pickup_p50"].append(percentile(lat, 50))
@@ -287,6 +288,12 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--repeat", type=int, default=3, help="repetitions; medians are reported (default 3)")
     p.add_argument("--samples", type=int, default=50, help="pickup samples per repetition (default 50)")
     p.add_argument("--concurrency", type=int, default=10, help="worker concurrency for every system (default 10)")
+    p.add_argument(
+        "--phases",
+        type=lambda v: {x.strip() for x in v.split(",")},
+        default={"enqueue", "process", "pickup"},
+        help="comma-separated phases among enqueue, process, pickup (default: all)",
+    )
     p.add_argument("--only", metavar="NAMES", help=f"comma-separated systems (default: {','.join(PEERS)},bare)")
     p.add_argument("--json", metavar="PATH", help="where to write the results (default: bench/results/peers-*.json)")
     return p

@@ -819,10 +819,11 @@ DECLARE
     v_named   boolean;
     v_quiet   text[] := ARRAY(SELECT q.queue FROM queues AS q WHERE q.status_events <> 'all');
     v_refs    text[];
-    v_ids     bigint[];
-    v_wake    text[];
-    v_events  text[];
-    v_longest int;
+    v_ids     bigint[] := '{}';
+    v_wake    text[] := '{}';
+    v_group   record;
+    v_groups  int := 0;
+    v_per     int;
 BEGIN
     -- One pass decides the path and checks the plain specs. The general path (enqueue_many on the
     -- specs as JSON) takes a batch, unique keys (their races are decided there, by the unique
@@ -864,9 +865,11 @@ BEGIN
     END IF;
 
     -- The insert takes the specs in their order, so the ids it draws ascend in that order: sorted,
-    -- they pair with the specs without reading anything back. Status events are worded per group
-    -- of kind, queue and state (a bulk load is mostly one group), as _status_event words them.
-    EXECUTE format($q$
+    -- they pair with the specs without reading anything back. It returns one row per group of kind,
+    -- queue and state (a bulk load is mostly one group): the group's ids and the words its status
+    -- events share (as _status_event words them), so a whole notification of them is one
+    -- array_to_string of ids rather than a text built per job.
+    FOR v_group IN EXECUTE format($q$
         WITH ins AS (
             INSERT INTO jobs AS j (kind, queue, payload, meta, state, priority, run_at, max_attempts,
                                    unique_live_only, group_key)
@@ -877,26 +880,37 @@ BEGIN
               FROM ONLY %s AS s
              ORDER BY s.n
             RETURNING j.id, j.kind, j.queue, j.state
-        ), grp AS (
-            SELECT ins.queue, ins.state, array_agg(ins.id) AS ids,
-                   ', "kind": ' || to_json(ins.kind)::text || ', "queue": ' || to_json(ins.queue)::text
-                   || ', "state": "' || ins.state::text || '", "attempt": 0, "batch_id": null}' AS tail
-              FROM ins
-             GROUP BY ins.kind, ins.queue, ins.state
         )
-        SELECT (SELECT array_agg(i.id ORDER BY i.id) FROM grp AS g CROSS JOIN LATERAL unnest(g.ids) AS i(id)),
-               (SELECT array_agg(DISTINCT g.queue) FILTER (WHERE g.state = 'pending') FROM grp AS g),
-               (SELECT array_agg('{"id": ' || i.id || g.tail ORDER BY i.id)
-                  FROM grp AS g CROSS JOIN LATERAL unnest(g.ids) AS i(id)
-                 WHERE g.queue <> ALL ($1)),
-               (SELECT max(octet_length(g.tail)) + 27 FROM grp AS g WHERE g.queue <> ALL ($1))$q$, v_table)
-      INTO v_ids, v_wake, v_events, v_longest
-      USING v_quiet;
+        SELECT ins.queue, ins.state, array_agg(ins.id ORDER BY ins.id) AS ids,
+               ', "kind": ' || to_json(ins.kind)::text || ', "queue": ' || to_json(ins.queue)::text
+               || ', "state": "' || ins.state::text || '", "attempt": 0, "batch_id": null}' AS tail
+          FROM ins
+         GROUP BY ins.kind, ins.queue, ins.state$q$, v_table)
+    LOOP
+        v_ids := v_ids || v_group.ids;
+        v_groups := v_groups + 1;
+        IF v_group.state = 'pending' THEN
+            v_wake := v_wake || v_group.queue;
+        END IF;
+        IF v_group.queue <> ALL (v_quiet) THEN
+            -- Runs of as many events as surely fit in 6,000 bytes (below NOTIFY's 8,000-byte limit);
+            -- a run of one is the event alone, longer ones JSON arrays, as _notify_status_texts sends.
+            v_per := 6000 / (octet_length(v_group.tail) + 27);
+            PERFORM pg_notify('pgjobs_status',
+                              CASE WHEN cardinality(r.ids) = 1 THEN '{"id": ' || r.ids[1] || v_group.tail
+                                   ELSE '[{"id": ' || array_to_string(r.ids, v_group.tail || ', {"id": ')
+                                        || v_group.tail || ']' END)
+               FROM (SELECT v_group.ids[c * v_per + 1 : (c + 1) * v_per] AS ids
+                       FROM generate_series(0, (cardinality(v_group.ids) - 1) / v_per) AS c) AS r;
+        END IF;
+    END LOOP;
+    IF v_groups > 1 THEN
+        v_ids := ARRAY(SELECT u.id FROM unnest(v_ids) AS u(id) ORDER BY u.id);
+    END IF;
     IF v_named THEN
         EXECUTE format('SELECT array_agg(s.ref ORDER BY s.n) FROM ONLY %s AS s', v_table) INTO v_refs;
     END IF;
     PERFORM _wake(v_wake);
-    PERFORM _notify_status_texts(v_events, v_longest);
     RETURN QUERY SELECT u.ref, u.id, true, NULL::bigint FROM unnest(v_refs, v_ids) AS u(ref, id);
 END;
 $$;

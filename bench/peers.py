@@ -172,6 +172,7 @@ async def _bulk(adapters: dict[str, Any], n: int) -> dict[str, float]:
 async def _run(server_dsn: str, names: list[str], args: argparse.Namespace) -> dict[str, Any]:
     samples: dict[str, dict[str, list[float]]] = {n: {p: [] for p in PHASES} for n in names}
     latencies: dict[str, list[float]] = {n: [] for n in names}
+    errors: list[str] = []
     with contextlib.ExitStack() as stack:
         dsns = {n: stack.enter_context(fresh_database(server_dsn, f"peers_{n}", migrate=n == "pgjobs")) for n in names}
         adapters = {n: ADAPTERS[n]() for n in names}
@@ -189,11 +190,21 @@ async def _run(server_dsn: str, names: list[str], args: argparse.Namespace) -> d
                 order = queues if r % 2 == 0 else list(reversed(queues))
                 for procs in (1, 2) if "process" in args.phases else ():
                     for name in order:
-                        rate = await _processing(adapters[name], name, dsns[name], procs, args.n, args.concurrency)
+                        try:
+                            rate = await _processing(adapters[name], name, dsns[name], procs, args.n, args.concurrency)
+                        except Exception as exc:  # one broken peer must not hide the others' figures
+                            errors.append(f"{name}: processing, {procs} proc(s): {type(exc).__name__}: {exc}")
+                            print(f"  {errors[-1]}", flush=True)
+                            continue
                         samples[name][f"process_{procs}"].append(rate)
                         print(f"  {name}: processing, {procs} proc(s): {rate:,.0f} jobs/s", flush=True)
                 for name in order if "pickup" in args.phases else ():
-                    lat = await _pickup(adapters[name], name, dsns[name], args.samples, args.concurrency)
+                    try:
+                        lat = await _pickup(adapters[name], name, dsns[name], args.samples, args.concurrency)
+                    except Exception as exc:
+                        errors.append(f"{name}: pickup: {type(exc).__name__}: {exc}")
+                        print(f"  {errors[-1]}", flush=True)
+                        continue
                     latencies[name].extend(lat)
                     samples[name]["pickup_p50"].append(percentile(lat, 50))
                 for a in adapters.values():
@@ -201,7 +212,7 @@ async def _run(server_dsn: str, names: list[str], args: argparse.Namespace) -> d
         finally:
             for a in adapters.values():
                 await a.close()
-    return {"samples": samples, "latency_ms": latencies}
+    return {"samples": samples, "latency_ms": latencies, "errors": errors}
 
 
 def _median(xs: list[float]) -> float | None:
@@ -325,6 +336,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     for b in bars:
         print(f"  {'pass' if b['passed'] else 'FAIL'}  {b['bar']}: {b['ratio']:.2f} (bar {b['need']})")
+    for e in result["errors"]:
+        print(f"  ERROR {e}")
     spread = _spread(result["samples"])
     worst = max((v for ph in spread.values() for v in ph.values()), default=0.0)
     print(f"  noise: the widest spread of a cell over its repetitions is {worst:.0%} of its median")

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-import contextlib
+import weakref
 from collections.abc import Iterable, Mapping
 from datetime import datetime
 from typing import Any, Literal, LiteralString
 
 import psycopg
+import psycopg.errors
 from psycopg.rows import tuple_row
 from psycopg.types.json import Jsonb
 
@@ -127,33 +128,78 @@ def enqueue_many_call(
     )
 
 
-def _copy_sync(conn: SyncConn, staged: Staged, as_batch: bool, prepare: bool) -> Tuples:
+# Sessions known to hold the staging table: connection -> its backend pid. On such a session the
+# autocommit path skips creating (or emptying) the table, a statement and a plpgsql compile per call: at
+# the start of our own transaction ON COMMIT DELETE ROWS has emptied it. Should the table be gone after
+# all (DISCARD TEMP, or a pooler that put us on another server), the COPY fails with 42P01 before
+# anything was written, and the call runs once more, creating it.
+_STAGED: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
+
+
+def _copy_once_sync(conn: SyncConn, staged: Staged, as_batch: bool, prepare: bool, stage: bool) -> Tuples:
     columns, rows = staged
+    cur = conn.cursor(row_factory=tuple_row)
+    if stage:
+        cur.execute(staging.STAGE, prepare=False)
+    with cur.copy(staging.copy_statement(columns)) as copy:
+        copy.set_types(staging.copy_types(columns))
+        for row in rows:
+            copy.write_row(row)
+    cur.execute(staging.ENQUEUE_STAGED, (as_batch,), prepare=prepare)
+    return cur.fetchall()
+
+
+def _copy_sync(conn: SyncConn, staged: Staged, as_batch: bool, prepare: bool) -> Tuples:
     # One transaction: the staged rows and the jobs made from them stand or fall together, and the rows
     # vanish at its commit. On the caller's own (non-autocommit) connection that is the caller's
-    # transaction, committed or rolled back by the caller, as every other call with ``conn=``.
-    with conn.transaction() if conn.autocommit else contextlib.nullcontext():
-        cur = conn.cursor(row_factory=tuple_row)
-        cur.execute(staging.STAGE, prepare=False)
-        with cur.copy(staging.copy_statement(columns)) as copy:
-            copy.set_types(staging.copy_types(columns))
-            for row in rows:
-                copy.write_row(row)
-        cur.execute(staging.ENQUEUE_STAGED, (as_batch,), prepare=prepare)
-        return cur.fetchall()
+    # transaction, committed or rolled back by the caller, as every other call with ``conn=``; there
+    # the table is always staged (an earlier call of the same transaction may have left rows in it).
+    if not conn.autocommit:
+        return _copy_once_sync(conn, staged, as_batch, prepare, stage=True)
+    pid = conn.info.backend_pid
+    known = _STAGED.get(conn) == pid
+    try:
+        with conn.transaction():
+            out = _copy_once_sync(conn, staged, as_batch, prepare, stage=not known)
+    except psycopg.errors.UndefinedTable:
+        if not known:
+            raise
+        _STAGED.pop(conn, None)
+        with conn.transaction():
+            out = _copy_once_sync(conn, staged, as_batch, prepare, stage=True)
+    _STAGED[conn] = pid
+    return out
+
+
+async def _copy_once_async(conn: AsyncConn, staged: Staged, as_batch: bool, prepare: bool, stage: bool) -> Tuples:
+    columns, rows = staged
+    cur = conn.cursor(row_factory=tuple_row)
+    if stage:
+        await cur.execute(staging.STAGE, prepare=False)
+    async with cur.copy(staging.copy_statement(columns)) as copy:
+        copy.set_types(staging.copy_types(columns))
+        for row in rows:
+            await copy.write_row(row)
+    await cur.execute(staging.ENQUEUE_STAGED, (as_batch,), prepare=prepare)
+    return await cur.fetchall()
 
 
 async def _copy_async(conn: AsyncConn, staged: Staged, as_batch: bool, prepare: bool) -> Tuples:
-    columns, rows = staged
-    async with conn.transaction() if conn.autocommit else contextlib.nullcontext():
-        cur = conn.cursor(row_factory=tuple_row)
-        await cur.execute(staging.STAGE, prepare=False)
-        async with cur.copy(staging.copy_statement(columns)) as copy:
-            copy.set_types(staging.copy_types(columns))
-            for row in rows:
-                await copy.write_row(row)
-        await cur.execute(staging.ENQUEUE_STAGED, (as_batch,), prepare=prepare)
-        return await cur.fetchall()
+    if not conn.autocommit:
+        return await _copy_once_async(conn, staged, as_batch, prepare, stage=True)
+    pid = conn.info.backend_pid
+    known = _STAGED.get(conn) == pid
+    try:
+        async with conn.transaction():
+            out = await _copy_once_async(conn, staged, as_batch, prepare, stage=not known)
+    except psycopg.errors.UndefinedTable:
+        if not known:
+            raise
+        _STAGED.pop(conn, None)
+        async with conn.transaction():
+            out = await _copy_once_async(conn, staged, as_batch, prepare, stage=True)
+    _STAGED[conn] = pid
+    return out
 
 
 def _spec_rows(rows: Tuples) -> list[EnqueuedSpec]:

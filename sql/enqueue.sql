@@ -781,7 +781,7 @@ $$;
 
 -- The staged specs as enqueue_many's JSON document (in their order; absent values left out), for
 -- the specs that take the general path and for wording a refusal with _check_specs.
-CREATE OR REPLACE FUNCTION pgjobs._staged_specs(staging text)
+CREATE OR REPLACE FUNCTION pgjobs._staged_specs(staging regclass)
 RETURNS jsonb
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pgjobs, pg_temp
@@ -789,6 +789,7 @@ AS $$
 DECLARE
     v_jobs jsonb;
 BEGIN
+    -- Read as _staging_table names it (schema-qualified, quoted): this function takes no text to run.
     EXECUTE format($q$
         SELECT coalesce(jsonb_agg(coalesce(
                    (SELECT jsonb_object_agg(f.k, f.v)
@@ -799,7 +800,7 @@ BEGIN
                                    ('group_key', to_jsonb(s.group_key)), ('ref', to_jsonb(s.ref)),
                                    ('depends_on', s.depends_on)) AS f(k, v)
                      WHERE f.v IS NOT NULL), '{}') ORDER BY s.n), '[]')
-          FROM ONLY %s AS s$q$, staging) INTO v_jobs;
+          FROM ONLY %s AS s$q$, _staging_table(staging)) INTO v_jobs;
     RETURN v_jobs;
 END;
 $$;
@@ -845,12 +846,12 @@ BEGIN
       INTO v_general, v_bad, v_dated, v_named;
     IF v_general OR coalesce(as_batch, false) THEN
         PERFORM set_config('plan_cache_mode', 'auto', true);  -- see the note at the top of this file
-        RETURN QUERY SELECT * FROM enqueue_many(_staged_specs(v_table), coalesce(as_batch, false));
+        RETURN QUERY SELECT * FROM enqueue_many(_staged_specs(staging), coalesce(as_batch, false));
         RETURN;
     END IF;
     IF v_bad THEN
         -- _check_specs words the first problem (PJ002 naming the spec and the value).
-        PERFORM _check_specs(_staged_specs(v_table), 'jobs');
+        PERFORM _check_specs(_staged_specs(staging), 'jobs');
         RAISE EXCEPTION USING ERRCODE = 'PJ002', MESSAGE = 'jobs: a staged spec is not valid';
     END IF;
     IF v_dated THEN
@@ -859,7 +860,7 @@ BEGIN
         BEGIN
             EXECUTE format('SELECT count(s.run_at::timestamptz) FROM ONLY %s AS s', v_table);
         EXCEPTION WHEN data_exception THEN
-            PERFORM _check_specs(_staged_specs(v_table), 'jobs');
+            PERFORM _check_specs(_staged_specs(staging), 'jobs');
             RAISE;
         END;
     END IF;

@@ -220,14 +220,15 @@ def _git_commit() -> str | None:
     return out.stdout.strip() or None
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, prog: str = "python -m bench") -> int:
+    """``prog``: the command name --help and usage errors show (``pgjobs bench`` when run from the CLI)."""
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["peers"]:
         # pgjobs side by side with procrastinate, pgqueuer and awa (bench/peers.py; extra `bench-peers`)
         from . import peers
 
         return peers.main(argv[1:])
-    args = _parser().parse_args(argv)
+    args = _parser(prog).parse_args(argv)
     names = [s.strip() for s in args.only.split(",")] if args.only else list(SUITES)
     unknown = [n for n in names if n not in SUITES]
     if unknown:

@@ -34,6 +34,8 @@ def _conn_kwargs(prepare: bool) -> dict[str, Any]:
 class Client(EnqueueOps, ClaimOps, LifecycleOps, AdminOps, StatusOps, WorkerOps, RecurringOps, GraphOps):
     """Synchronous client. ``Client(dsn)`` opens its own pool; ``Client(pool=...)`` shares yours.
 
+    ``app=``: a :class:`pgjobs.App` (or any :class:`~pgjobs.client.defaults.EnqueueDefaults`) whose declared
+    ``queue``/``priority``/``max_attempts`` apply when an enqueue of a declared kind does not give them.
     ``prepare=True`` (the default) runs the hot calls as server-side prepared statements; pass
     ``prepare=False`` behind PgBouncer < 1.21 in transaction mode (no statement is then prepared)."""
 
@@ -44,6 +46,7 @@ class Client(EnqueueOps, ClaimOps, LifecycleOps, AdminOps, StatusOps, WorkerOps,
         pool: ConnectionPool[Any] | None = None,
         min_size: int = 1,
         max_size: int = 10,
+        app: EnqueueDefaults | None = None,
         prepare: bool = True,
     ) -> None:
         if app is not None and not isinstance(app, EnqueueDefaults):
@@ -88,9 +91,8 @@ class AsyncClient(
     AsyncGraphOps,
     StreamOps,
 ):
-    """Asynchronous client. Use ``async with AsyncClient(dsn) as client:`` (or ``await client.open()``).
-
-    ``prepare`` as for :class:`Client`."""
+    """Asynchronous client. Use ``async with AsyncClient(dsn) as client:`` (or ``await client.open()``);
+    ``app=`` and ``prepare=`` as for :class:`Client`."""
 
     def __init__(
         self,
@@ -99,6 +101,7 @@ class AsyncClient(
         pool: AsyncConnectionPool[Any] | None = None,
         min_size: int = 1,
         max_size: int = 10,
+        app: EnqueueDefaults | None = None,
         prepare: bool = True,
     ) -> None:
         if app is not None and not isinstance(app, EnqueueDefaults):

@@ -1,4 +1,8 @@
-"""Producing work: ``pgjobs.enqueue``, ``pgjobs.enqueue_many`` and ``pgjobs.enqueue_staged`` (sql/enqueue.sql)."""
+"""Producing work: ``pgjobs.enqueue``, ``pgjobs.enqueue_many`` and ``pgjobs.enqueue_staged`` (sql/enqueue.sql).
+
+``queue``, ``priority`` and ``max_attempts`` left as None take the declared defaults of the kind when the
+client was made with ``app=`` (:mod:`pgjobs.client.defaults`), else the SQL defaults.
+"""
 
 from __future__ import annotations
 
@@ -14,6 +18,7 @@ from psycopg.types.json import Jsonb
 
 from pgjobs.client import staging
 from pgjobs.client._call import AsyncConn, AsyncRunner, Call, FastCall, Rows, SyncConn, SyncRunner, Tuples, jsonb
+from pgjobs.client.defaults import EnqueueDefaults, fill_spec, resolve
 from pgjobs.errors import translate
 from pgjobs.records import Enqueued, EnqueuedSpec, JobState
 
@@ -77,17 +82,21 @@ def _enqueued(rows: Tuples) -> Enqueued:
 def enqueue_fast_call(
     kind: str,
     payload: Any = None,
-    queue: str = "default",
+    queue: str | None = None,
     run_at: datetime | None = None,
-    priority: int = 0,
-    max_attempts: int = 20,
+    priority: int | None = None,
+    max_attempts: int | None = None,
     unique_key: str | None = None,
     unique_live_only: bool = False,
     group_key: str | None = None,
     meta: Mapping[str, Any] | None = None,
+    defaults: EnqueueDefaults | None = None,
 ) -> FastCall[Enqueued]:
     """What ``enqueue`` sends: the same arguments as :func:`enqueue_call`, stored the same way."""
     doc = Jsonb({} if payload is None else payload)
+    if defaults is not None or queue is None or priority is None or max_attempts is None:
+        options = resolve(defaults, kind, {"queue": queue, "priority": priority, "max_attempts": max_attempts})
+        queue, priority, max_attempts = options["queue"], options["priority"], options["max_attempts"]
     if (
         run_at is None
         and priority == 0
@@ -202,6 +211,13 @@ async def _copy_async(conn: AsyncConn, staged: Staged, as_batch: bool, prepare: 
     return out
 
 
+def _with_defaults(jobs: Iterable[Mapping[str, Any]], defaults: EnqueueDefaults | None) -> list[Mapping[str, Any]]:
+    """The specs as a list, with the kinds' declared options filled in (``Client(app=...)``)."""
+    if defaults is None:
+        return jobs if isinstance(jobs, list) else list(jobs)
+    return [fill_spec(defaults, j) for j in jobs]
+
+
 def _spec_rows(rows: Tuples) -> list[EnqueuedSpec]:
     return [EnqueuedSpec(r[0], r[1], r[2], r[3]) for r in rows]
 
@@ -232,13 +248,15 @@ class EnqueueOps(SyncRunner):
         meta: Mapping[str, Any] | None = None,
         conn: SyncConn | None = None,
     ) -> Enqueued:
-        """Enqueues one job. With ``conn``, inside the caller's transaction."""
+        """Enqueues one job. With ``conn``, inside the caller's transaction. ``queue``/``priority``/
+        ``max_attempts`` not given: the kind's declared defaults (``Client(app=...)``), else default/0/20."""
         return self._run_fast(
             enqueue_fast_call(
-                kind, payload, queue, run_at, priority, max_attempts, unique_key, unique_live_only, group_key, meta
+                kind, payload, queue, run_at, priority, max_attempts, unique_key, unique_live_only, group_key, meta,
+                self._enqueue_defaults,
             ),
             conn,
-        )
+        )  # fmt: skip
 
     def enqueue_many(
         self,
@@ -248,18 +266,19 @@ class EnqueueOps(SyncRunner):
         method: Method = "json",
         conn: SyncConn | None = None,
     ) -> list[EnqueuedSpec]:
-        """Enqueues job specs (dicts of enqueue arguments, plus ``ref``/``depends_on``) all or nothing.
+        """Enqueues job specs (dicts of enqueue arguments, plus ``ref``/``depends_on``) all or nothing; a spec
+        without ``queue``/``priority``/``max_attempts`` gets its kind's declared ones (``Client(app=...)``).
 
         ``method="copy"`` sends them through COPY (:meth:`enqueue_copy`), the fast path for large batches."""
         if method == "copy":
             return self.enqueue_copy(jobs, as_batch=as_batch, conn=conn)
-        return self._run(enqueue_many_call(jobs, as_batch), conn)
+        return self._run(enqueue_many_call(jobs, as_batch, self._enqueue_defaults), conn)
 
     def enqueue_copy(
         self, jobs: Iterable[Mapping[str, Any]], *, as_batch: bool = False, conn: SyncConn | None = None
     ) -> list[EnqueuedSpec]:
         """``enqueue_many`` through COPY into a staging table: the same contract, for large batches."""
-        specs = jobs if isinstance(jobs, list) else list(jobs)
+        specs = _with_defaults(jobs, self._enqueue_defaults)
         staged = staging.stage(specs)
         if staged is None:
             return self._run(enqueue_many_call(specs, as_batch), conn)
@@ -292,10 +311,11 @@ class AsyncEnqueueOps(AsyncRunner):
     ) -> Enqueued:
         return await self._run_fast(
             enqueue_fast_call(
-                kind, payload, queue, run_at, priority, max_attempts, unique_key, unique_live_only, group_key, meta
+                kind, payload, queue, run_at, priority, max_attempts, unique_key, unique_live_only, group_key, meta,
+                self._enqueue_defaults,
             ),
             conn,
-        )
+        )  # fmt: skip
 
     async def enqueue_many(
         self,
@@ -307,12 +327,12 @@ class AsyncEnqueueOps(AsyncRunner):
     ) -> list[EnqueuedSpec]:
         if method == "copy":
             return await self.enqueue_copy(jobs, as_batch=as_batch, conn=conn)
-        return await self._run(enqueue_many_call(jobs, as_batch), conn)
+        return await self._run(enqueue_many_call(jobs, as_batch, self._enqueue_defaults), conn)
 
     async def enqueue_copy(
         self, jobs: Iterable[Mapping[str, Any]], *, as_batch: bool = False, conn: AsyncConn | None = None
     ) -> list[EnqueuedSpec]:
-        specs = jobs if isinstance(jobs, list) else list(jobs)
+        specs = _with_defaults(jobs, self._enqueue_defaults)
         staged = staging.stage(specs)
         if staged is None:
             return await self._run(enqueue_many_call(specs, as_batch), conn)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import secrets
 import threading
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
@@ -14,6 +15,8 @@ from typing import Any
 import psycopg
 import pytest
 from conftest import ConnectFactory
+from psycopg import sql
+from psycopg.conninfo import make_conninfo
 from psycopg.rows import dict_row
 
 from pgjobs import AsyncClient, Client, Enqueued, EnqueuedSpec, GraphError, InvalidArgument, JobState, QueueFull
@@ -199,38 +202,42 @@ def test_copy_returns_specs_in_order_with_refs(dsn: str) -> None:
         assert dict(rows) == {i: {"i": n} for n, i in enumerate(ids)}
 
 
+# A bad spec, and what its refusal must name (besides its index): the value, or what is missing.
 BAD: list[tuple[dict[str, Any], str]] = [
-    ({"kind": ""}, 'jobs[2]: kind must be a non-empty string, got ""'),
-    ({"queue": "q"}, "jobs[2]: kind must be a non-empty string, got nothing"),
-    ({"kind": "x", "queue": ""}, 'jobs[2]: queue must be a non-empty string, got ""'),
-    ({"kind": "x", "payload": None}, "jobs[2]: payload must not be null"),
-    ({"kind": "x", "priority": 40000}, "jobs[2]: priority must be an integer between -32768 and 32767, got 40000"),
-    ({"kind": "x", "max_attempts": 0}, "jobs[2]: max_attempts must be an integer >= 1, got 0"),
-    ({"kind": "x", "run_at": "soon"}, 'jobs[2]: run_at must be an ISO 8601 timestamp, got "soon"'),
-    ({"kind": "x", "meta": [1]}, "jobs[2]: meta must be a JSON object, got [1]"),
-    ({"kind": "x", "colour": "red"}, "jobs[2]: unknown key(s) 'colour'"),
-    ({"kind": 5}, "jobs[2]: kind must be a non-empty string, got 5"),
-    ({"kind": "x", "priority": True}, "jobs[2]: priority must be an integer between -32768 and 32767, got true"),
-    ({"kind": "x", "ref": "r", "depends_on": [{"ref": "r", "on": "later"}]}, "PJ00"),
+    ({"kind": ""}, "kind"),
+    ({"queue": "q"}, "kind"),
+    ({"kind": "x", "queue": ""}, "queue"),
+    ({"kind": "x", "payload": None}, "payload"),
+    ({"kind": "x", "priority": 40000}, "40000"),
+    ({"kind": "x", "max_attempts": 0}, "max_attempts"),
+    ({"kind": "x", "run_at": "soon"}, "soon"),
+    ({"kind": "x", "meta": [1]}, "[1]"),
+    ({"kind": "x", "colour": "red"}, "colour"),
+    ({"kind": 5}, "5"),
+    ({"kind": "x", "priority": True}, "true"),
+    ({"kind": "x", "ref": "r", "depends_on": [{"ref": "r", "on": "later"}]}, "later"),
 ]
 
 
-@pytest.mark.parametrize(("bad", "message"), BAD)
-def test_copy_refuses_a_bad_spec_naming_it_and_changes_nothing(
-    dsn: str, conn: psycopg.Connection[Any], bad: dict[str, Any], message: str
+@pytest.mark.parametrize(("bad", "named"), BAD)
+def test_copy_refuses_a_bad_spec_as_enqueue_many_does_and_changes_nothing(
+    dsn: str, conn: psycopg.Connection[Any], bad: dict[str, Any], named: str
 ) -> None:
+    specs = [{"kind": "ok"}, {"kind": "ok", "payload": {"a": 1}}, bad, {"kind": "ok"}]
     with Client(dsn) as client:
-        with pytest.raises((InvalidArgument, GraphError)) as info:
-            client.enqueue_copy([{"kind": "ok"}, {"kind": "ok", "payload": {"a": 1}}, bad, {"kind": "ok"}])
-        if message != "PJ00":
-            assert message in str(info.value)
+        with pytest.raises((InvalidArgument, GraphError)) as general:
+            client.enqueue_many(specs)
+        with pytest.raises((InvalidArgument, GraphError)) as copied:
+            client.enqueue_copy(specs)
+    assert type(copied.value) is type(general.value) and str(copied.value) == str(general.value)
+    assert "jobs[2]" in str(copied.value) and named in str(copied.value)
     assert conn.execute("SELECT count(*) FROM pgjobs.jobs").fetchone() == (0,)
 
 
 def test_copy_of_100k_is_all_or_nothing(dsn: str, conn: psycopg.Connection[Any]) -> None:
     specs = [{"kind": "bulk", "payload": {"n": i}} for i in range(100_000)]
     with Client(dsn) as client:
-        with pytest.raises(InvalidArgument, match=r"jobs\[99999\]: max_attempts must be an integer >= 1, got 0"):
+        with pytest.raises(InvalidArgument, match=r"jobs\[99999\]: max_attempts"):
             client.enqueue_copy([*specs[:-1], {"kind": "bulk", "max_attempts": 0}])
         assert conn.execute("SELECT count(*) FROM pgjobs.jobs").fetchone() == (0,)
         out = client.enqueue_copy(specs)
@@ -397,3 +404,34 @@ def test_copy_recreates_a_staging_table_the_session_lost(dsn: str, conn: psycopg
 
     asyncio.run(go())
     assert [r[0] for r in conn.execute("SELECT kind FROM pgjobs.jobs ORDER BY id").fetchall()] == list("abcdef")
+
+
+def test_a_producer_role_enqueues_through_copy(dsn: str, pg_server_dsn: str, conn: psycopg.Connection[Any]) -> None:
+    """enqueue_staged runs as its owner (SECURITY DEFINER) and reads the caller's temporary table: a LOGIN
+    role that is only in pgjobs_producer (no table privilege) enqueues through COPY; a role in no group
+    may not call it."""
+    token = secrets.token_hex(4)
+    names = {"producer": f"pjt_{token}_copy_producer", "nobody": f"pjt_{token}_copy_nobody"}
+    with psycopg.connect(pg_server_dsn, autocommit=True) as admin:
+        try:
+            for name in names.values():
+                admin.execute(sql.SQL("CREATE ROLE {} LOGIN").format(sql.Identifier(name)))
+            admin.execute(sql.SQL("GRANT pgjobs_producer TO {}").format(sql.Identifier(names["producer"])))
+            with Client(make_conninfo(dsn, user=names["producer"])) as client:
+                plain = client.enqueue_copy([{"kind": "p", "payload": {"i": i}} for i in range(50)])
+                keyed = client.enqueue_copy([{"kind": "p", "unique_key": "k"}, {"kind": "p", "unique_key": "k"}])
+            assert len(plain) == 50 and [s.created for s in keyed] == [True, False]
+            with Client(make_conninfo(dsn, user=names["nobody"])) as client, pytest.raises(psycopg.Error) as info:
+                client.enqueue_copy([{"kind": "n"}])
+            assert info.value.sqlstate == "42501"
+            assert conn.execute("SELECT count(*) FROM pgjobs.jobs").fetchone() == (51,)
+        finally:
+            with psycopg.connect(dsn, autocommit=True) as db:
+                db.execute(
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = ANY(%s)",
+                    (list(names.values()),),
+                )
+                for name in names.values():
+                    db.execute(sql.SQL("DROP OWNED BY {}").format(sql.Identifier(name)))
+            for name in names.values():
+                admin.execute(sql.SQL("DROP ROLE IF EXISTS {}").format(sql.Identifier(name)))

@@ -137,7 +137,7 @@ class PgQueuer:
         conn = await asyncpg.connect(url(dsn))
         pgq = PgQueuer(AsyncpgDriver(conn))
 
-        @pgq.entrypoint(KIND)
+        @pgq.entrypoint(KIND)  # type: ignore[untyped-decorator, unused-ignore]  # untyped where pgqueuer is absent
         async def noop(job: Any) -> None:
             hooks.done()
 
@@ -240,7 +240,7 @@ class Awa:
 
         client = awa.AsyncClient(url(dsn))
 
-        @client.task(Noop, queue=QUEUE)
+        @client.task(Noop, queue=QUEUE)  # type: ignore[untyped-decorator, unused-ignore]  # untyped where awa is absent
         async def noop(job: Any) -> None:
             hooks.done()
 

@@ -103,7 +103,6 @@ DECLARE
     v_found  job_state;
     v_max    int;
     v_events text;
-    v_event  text;
 BEGIN
     -- The hot path costs one statement per step: argument checks inline (the helper only words
     -- the error), one read of the queue's settings, the insert, and the notifications built
@@ -174,17 +173,10 @@ BEGIN
     IF v_state = 'pending' THEN
         PERFORM pg_notify('pgjobs_wake', enqueue.queue);
     END IF;
-    -- A new job is never terminal: only queues whose status_events is 'all' (the default) hear of it.
+    -- A new job is never terminal: only queues whose status_events is 'all' (the default) log it.
+    -- The event log's append (stream.sql): one call.
     IF v_events IS NULL OR v_events = 'all' THEN
-        -- Worded here as _status_event words it (a nested call costs more than the words);
-        -- that function cuts an outsized name.
-        v_event := '{"id": ' || v_id || ', "kind": ' || to_json(enqueue.kind)::text || ', "queue": '
-                   || to_json(enqueue.queue)::text || ', "state": "' || v_state::text
-                   || '", "attempt": 0, "batch_id": null}';
-        IF octet_length(v_event) > 1000 THEN
-            v_event := _status_event(v_id, v_state, enqueue.queue, enqueue.kind, 0, NULL);
-        END IF;
-        PERFORM pg_notify('pgjobs_status', v_event);
+        PERFORM _append_events(ARRAY[v_id], ARRAY[v_state], ARRAY[enqueue.queue], ARRAY[enqueue.kind], '{0}', '{NULL}');
     END IF;
     id := v_id;
     created := true;
@@ -346,50 +338,22 @@ BEGIN
                CASE WHEN s.lean THEN NULL ELSE s.e ->> 'group_key' END
           FROM spec AS s
         RETURNING j.id, j.kind, j.queue, j.state
-    ), grp AS (
-        -- Status events grouped by their words: within a group they differ only by id, so one
-        -- array_to_string of the group's ids words a whole notification of them (a bulk load is
-        -- mostly one or a few groups; wording each event alone cost a tenth of the call). The
-        -- words are _status_event's; its names are cut to 200 characters when an event passes
-        -- 1000 bytes, these when the names alone pass 900 (the id's length is not known per
-        -- group), so an event near that size may keep its names here and not there.
-        SELECT g.ids, g.queue, g.state, w.tail, 6000 / (octet_length(w.tail) + 29) AS per
-          FROM (SELECT ins.kind, ins.queue, ins.state, array_agg(ins.id) AS ids
-                  FROM ins
-                 GROUP BY ins.kind, ins.queue, ins.state) AS g
-         CROSS JOIN LATERAL (
-               SELECT ', "kind": ' || to_json(CASE WHEN o.long THEN left(g.kind, 200) ELSE g.kind END)::text
-                      || ', "queue": ' || to_json(CASE WHEN o.long THEN left(g.queue, 200) ELSE g.queue END)::text
-                      || ', "state": "' || g.state::text || '", "attempt": 0, "batch_id": null}'
-                 FROM (SELECT octet_length(to_json(g.kind)::text) + octet_length(to_json(g.queue)::text) > 900) AS o(long)
-               ) AS w(tail)
-    ), chunk AS (
-        -- A group's events in runs of at most `per` (about 6,000 bytes), joined without brackets.
-        SELECT g.ids[c * g.per + 1] AS first_id, least(g.per, cardinality(g.ids) - c * g.per) AS n,
-               '{"id": ' || array_to_string(g.ids[c * g.per + 1 : (c + 1) * g.per], g.tail || ', {"id": ')
-               || g.tail AS body
-          FROM grp AS g
-         CROSS JOIN LATERAL generate_series(0, (cardinality(g.ids) - 1) / g.per) AS c
-         WHERE g.queue <> ALL (v_quiet)
     ), sent AS (
-        -- Runs under 3,000 bytes (small groups) share notifications, packed by their running
-        -- length (a pack stays under 6,000 bytes); longer runs go alone.
-        SELECT count(pg_notify('pgjobs_status', CASE WHEN p.n = 1 THEN p.body ELSE '[' || p.body || ']' END)) AS n
-          FROM (SELECT string_agg(k.body, ', ' ORDER BY k.first_id) AS body, sum(k.n) AS n
-                  FROM (SELECT k.first_id, k.n, k.body,
-                               CASE WHEN octet_length(k.body) >= 3000 THEN -k.first_id
-                                    ELSE sum(octet_length(k.body) + 2) FILTER (WHERE octet_length(k.body) < 3000)
-                                             OVER (ORDER BY k.first_id) / 3000 END AS pack
-                          FROM chunk AS k) AS k
-                 GROUP BY k.pack) AS p
+        -- The status events: one append to the event log (stream.sql), in the specs' order (ids
+        -- were drawn in that order).
+        SELECT _append_events(array_agg(i.id ORDER BY i.id), array_agg(i.state ORDER BY i.id),
+                              array_agg(i.queue ORDER BY i.id), array_agg(i.kind ORDER BY i.id),
+                              array_fill(0, ARRAY[count(*)::int]), array_fill(NULL::bigint, ARRAY[count(*)::int])) AS n
+          FROM ins AS i
+         WHERE i.queue <> ALL (v_quiet)
     ), woke AS (
-        SELECT _wake(array_agg(g.queue)) FROM grp AS g WHERE g.state = 'pending'
+        SELECT _wake(array_agg(DISTINCT i.queue)) FROM ins AS i WHERE i.state = 'pending'
     )
     -- The specs' rows, in their order (spec is materialized: read by the insert and here). The
     -- two subqueries make the statement send the notifications (each runs once; neither is NULL).
     SELECT s.e ->> 'ref', s.id, true, NULL::bigint
       FROM spec AS s
-     WHERE (SELECT sent.n FROM sent) IS NOT NULL AND (SELECT count(*) FROM woke) IS NOT NULL;
+     WHERE (SELECT count(*) FROM sent) IS NOT NULL AND (SELECT count(*) FROM woke) IS NOT NULL;
 END;
 $$;
 
@@ -564,9 +528,6 @@ DECLARE
     v_kinds   text[];
     v_batches bigint[];
     v_wake    text[];
-    v_quiet   text[];
-    v_events  text[];
-    v_longest int;
     v_bounded record;
 BEGIN
     IF v_count = 0 THEN
@@ -600,10 +561,6 @@ BEGIN
         END LOOP;
     END IF;
 
-    -- Queues whose status_events is not 'all' hear nothing of a new (never terminal) job. Usually
-    -- none: one read of the small queues table, then the events are built in the insert itself.
-    v_quiet := ARRAY(SELECT q.queue FROM queues AS q WHERE q.status_events <> 'all');
-
     -- jsonb_to_recordset reads every key of a spec in one pass (a ->> per column costs a
     -- lookup each). Numbers go through numeric: JSON 5.0 is a valid integer (_check_specs),
     -- '5.0'::smallint is not. Without any unique key no row can conflict, and the insert skips
@@ -630,17 +587,11 @@ BEGIN
                 WHERE unique_key IS NOT NULL
                   AND (NOT unique_live_only OR state IN ('waiting', 'scheduled', 'pending', 'active'))
                 DO NOTHING
-            RETURNING j.id, j.state, j.queue, j.kind, j.batch_id,
-                      -- The job's status event, as _status_event words it (attempt 0).
-                      '{"id": ' || j.id || ', "kind": ' || to_json(j.kind)::text || ', "queue": '
-                      || to_json(j.queue)::text || ', "state": "' || j.state::text || '", "attempt": 0, "batch_id": '
-                      || coalesce(j.batch_id::text, 'null') || '}' AS event
+            RETURNING j.id, j.state, j.queue, j.kind, j.batch_id
         )
         SELECT array_agg(ins.id), array_agg(ins.state), array_agg(ins.queue), array_agg(ins.kind),
-               array_agg(ins.batch_id), array_agg(DISTINCT ins.queue) FILTER (WHERE ins.state = 'pending'),
-               array_agg(ins.event) FILTER (WHERE ins.queue <> ALL (v_quiet)),
-               max(octet_length(ins.event)) FILTER (WHERE ins.queue <> ALL (v_quiet))
-          INTO v_created, v_states, v_queues, v_kinds, v_batches, v_wake, v_events, v_longest
+               array_agg(ins.batch_id), array_agg(DISTINCT ins.queue) FILTER (WHERE ins.state = 'pending')
+          INTO v_created, v_states, v_queues, v_kinds, v_batches, v_wake
           FROM ins;
     ELSE
         WITH ins AS (
@@ -659,27 +610,17 @@ BEGIN
                            max_attempts numeric, unique_key text, unique_live_only boolean, group_key text))
                    WITH ORDINALITY AS r(kind, queue, payload, meta, run_at, priority, max_attempts, unique_key,
                                         unique_live_only, group_key, n)
-            RETURNING j.id, j.state, j.queue, j.kind, j.batch_id,
-                      -- The job's status event, as _status_event words it (attempt 0).
-                      '{"id": ' || j.id || ', "kind": ' || to_json(j.kind)::text || ', "queue": '
-                      || to_json(j.queue)::text || ', "state": "' || j.state::text || '", "attempt": 0, "batch_id": '
-                      || coalesce(j.batch_id::text, 'null') || '}' AS event
+            RETURNING j.id, j.state, j.queue, j.kind, j.batch_id
         )
         SELECT array_agg(ins.id), array_agg(ins.state), array_agg(ins.queue), array_agg(ins.kind),
-               array_agg(ins.batch_id), array_agg(DISTINCT ins.queue) FILTER (WHERE ins.state = 'pending'),
-               array_agg(ins.event) FILTER (WHERE ins.queue <> ALL (v_quiet)),
-               max(octet_length(ins.event)) FILTER (WHERE ins.queue <> ALL (v_quiet))
-          INTO v_created, v_states, v_queues, v_kinds, v_batches, v_wake, v_events, v_longest
+               array_agg(ins.batch_id), array_agg(DISTINCT ins.queue) FILTER (WHERE ins.state = 'pending')
+          INTO v_created, v_states, v_queues, v_kinds, v_batches, v_wake
           FROM ins;
     END IF;
     PERFORM _wake(v_wake);
-    IF v_longest > 1000 THEN
-        -- Some event names an outsized kind or queue (rare): the general path cuts the names.
-        PERFORM _notify_status_rows(v_created, v_states, v_queues, v_kinds,
-                                    array_fill(0, ARRAY[coalesce(cardinality(v_created), 0)]), v_batches);
-    ELSE
-        PERFORM _notify_status_texts(v_events, v_longest);
-    END IF;
+    -- The status events: one append to the event log (stream.sql), status_events filtered there.
+    PERFORM _log_events(v_created, v_states, v_queues, v_kinds,
+                        array_fill(0, ARRAY[coalesce(cardinality(v_created), 0)]), v_batches);
 
     IF v_created = v_ids THEN
         -- Every spec made its job, in the specs' order (no unique key was held): the rows are

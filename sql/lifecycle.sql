@@ -127,9 +127,7 @@ BEGIN
 END;
 $$;
 
--- Progress is stored and pushed to status subscribers. The event has the contract's shape
--- ({"id","state","queue","kind","attempt","batch_id"}) like every other: subscribers read the
--- progress value from the job, which also heals a missed notification.
+-- Progress is stored and logged as a status event (state 'active') carrying the progress value.
 CREATE OR REPLACE FUNCTION pgjobs.progress(id bigint, lease_token uuid, progress jsonb)
 RETURNS boolean
 LANGUAGE plpgsql
@@ -139,17 +137,16 @@ SET jit = off
 AS $$
 #variable_conflict use_column
 DECLARE
-    v_event jsonb;
+    v_job record;
 BEGIN
     UPDATE jobs AS j SET progress = progress.progress
      WHERE j.id = progress.id AND j.lease_token = progress.lease_token AND j.state::text = 'active'
-    RETURNING jsonb_build_object('id', j.id, 'state', j.state, 'queue', j.queue, 'kind', j.kind,
-                                 'attempt', j.attempt, 'batch_id', j.batch_id)
-      INTO v_event;
+    RETURNING j.id, j.state, j.queue, j.kind, j.attempt, j.batch_id INTO v_job;
     IF NOT FOUND THEN
         RETURN false;
     END IF;
-    PERFORM _notify_status(jsonb_build_array(v_event));
+    PERFORM _log_event(v_job.id, v_job.state, v_job.queue, v_job.kind, v_job.attempt, v_job.batch_id,
+                       progress.progress);
     RETURN true;
 END;
 $$;
@@ -175,9 +172,7 @@ BEGIN
     IF NOT FOUND THEN
         RETURN false;
     END IF;
-    PERFORM _notify_status(jsonb_build_array(jsonb_build_object(
-        'id', v_job.id, 'state', v_job.state, 'queue', v_job.queue, 'kind', v_job.kind,
-        'attempt', v_job.attempt, 'batch_id', v_job.batch_id)));
+    PERFORM _log_event(v_job.id, v_job.state, v_job.queue, v_job.kind, v_job.attempt, v_job.batch_id);
     -- (a cancelled job adds no continuations: what it would have started was cancelled with it)
     IF continuations IS NOT NULL AND v_job.state = 'succeeded' THEN
         PERFORM set_config('plan_cache_mode', 'auto', true);  -- see the note at the top of this file
@@ -203,11 +198,13 @@ SET jit = off
 AS $$
 #variable_conflict use_column
 DECLARE
-    v_ids     bigint[];
-    v_none    text[];
-    v_events  text[];
-    v_longest int;
-    v_follow  bigint[];
+    v_ids      bigint[];
+    v_states   job_state[];
+    v_queues   text[];
+    v_kinds    text[];
+    v_attempts int[];
+    v_batches  bigint[];
+    v_follow   bigint[];
 BEGIN
     IF ids IS NULL OR lease_tokens IS NULL OR cardinality(ids) <> cardinality(lease_tokens)
        OR array_ndims(ids) > 1 OR array_ndims(lease_tokens) > 1 OR array_ndims(results) > 1 THEN
@@ -218,8 +215,6 @@ BEGIN
         RAISE EXCEPTION USING ERRCODE = 'PJ002',
             MESSAGE = format('results must parallel ids: got %s results for %s ids', cardinality(results), cardinality(ids));
     END IF;
-    -- Queues that hear nothing (status_events 'none'; 'terminal' hears of a success). Usually none.
-    v_none := ARRAY(SELECT q.queue FROM queues AS q WHERE q.status_events = 'none');
     WITH upd AS (
         UPDATE jobs AS j
            SET state = CASE WHEN j.cancel_requested THEN 'cancelled'::job_state ELSE 'succeeded' END,
@@ -227,28 +222,17 @@ BEGIN
                lease_token = NULL, lease_expires_at = NULL
           FROM unnest(ids, lease_tokens, results) AS t(id, tok, res)
          WHERE j.id = t.id AND j.lease_token = t.tok AND j.state::text = 'active'
-        RETURNING j.id, j.queue, j.batch_id, j.has_dependents,
-                  -- The job's status event, worded here as _status_event words it.
-                  '{"id": ' || j.id || ', "kind": ' || to_json(j.kind)::text || ', "queue": '
-                  || to_json(j.queue)::text || ', "state": "' || j.state::text || '", "attempt": ' || j.attempt
-                  || ', "batch_id": ' || coalesce(j.batch_id::text, 'null') || '}' AS event
+        RETURNING j.id, j.state, j.queue, j.kind, j.attempt, j.batch_id, j.has_dependents
     )
-    SELECT array_agg(u.id), array_agg(u.event) FILTER (WHERE u.queue <> ALL (v_none)),
-           max(octet_length(u.event)) FILTER (WHERE u.queue <> ALL (v_none)),
-           array_agg(u.id) FILTER (WHERE u.batch_id IS NOT NULL OR u.has_dependents)
-      INTO v_ids, v_events, v_longest, v_follow
+    SELECT array_agg(u.id), array_agg(u.state), array_agg(u.queue), array_agg(u.kind), array_agg(u.attempt),
+           array_agg(u.batch_id), array_agg(u.id) FILTER (WHERE u.batch_id IS NOT NULL OR u.has_dependents)
+      INTO v_ids, v_states, v_queues, v_kinds, v_attempts, v_batches, v_follow
       FROM upd AS u;
     IF v_ids IS NULL THEN
         RETURN 0;
     END IF;
-    IF v_longest > 1000 THEN
-        -- Some event names an outsized kind or queue (rare): the general path cuts the names.
-        PERFORM _notify_status_rows(array_agg(j.id), array_agg(j.state), array_agg(j.queue), array_agg(j.kind),
-                                    array_agg(j.attempt), array_agg(j.batch_id))
-           FROM jobs AS j WHERE j.id = ANY (v_ids);
-    ELSE
-        PERFORM _notify_status_texts(v_events, v_longest);
-    END IF;
+    -- The status events: one append to the event log (stream.sql; status_events filtered there).
+    PERFORM _log_events(v_ids, v_states, v_queues, v_kinds, v_attempts, v_batches);
     IF v_follow IS NOT NULL THEN
         PERFORM set_config('plan_cache_mode', 'auto', true);  -- see the note at the top of this file
         PERFORM _propagate(v_follow);
@@ -327,9 +311,7 @@ BEGIN
     IF v_job.state = 'pending' THEN
         PERFORM pg_notify('pgjobs_wake', v_job.queue);
     END IF;
-    PERFORM _notify_status(jsonb_build_array(jsonb_build_object(
-        'id', v_job.id, 'state', v_job.state, 'queue', v_job.queue, 'kind', v_job.kind,
-        'attempt', v_job.attempt, 'batch_id', v_job.batch_id)));
+    PERFORM _log_event(v_job.id, v_job.state, v_job.queue, v_job.kind, v_job.attempt, v_job.batch_id);
     IF v_job.state IN ('failed', 'cancelled') AND (v_job.batch_id IS NOT NULL OR v_job.has_dependents) THEN
         PERFORM set_config('plan_cache_mode', 'auto', true);  -- see the note at the top of this file
         PERFORM _propagate(ARRAY[v_job.id]);
@@ -369,9 +351,7 @@ BEGIN
     IF v_job.state = 'pending' THEN
         PERFORM pg_notify('pgjobs_wake', v_job.queue);
     END IF;
-    PERFORM _notify_status(jsonb_build_array(jsonb_build_object(
-        'id', v_job.id, 'state', v_job.state, 'queue', v_job.queue, 'kind', v_job.kind,
-        'attempt', v_job.attempt, 'batch_id', v_job.batch_id)));
+    PERFORM _log_event(v_job.id, v_job.state, v_job.queue, v_job.kind, v_job.attempt, v_job.batch_id);
     IF v_job.state = 'cancelled' AND (v_job.batch_id IS NOT NULL OR v_job.has_dependents) THEN
         PERFORM set_config('plan_cache_mode', 'auto', true);  -- see the note at the top of this file
         PERFORM _propagate(ARRAY[v_job.id]);
@@ -402,9 +382,7 @@ BEGIN
     IF NOT FOUND THEN
         RETURN false;
     END IF;
-    PERFORM _notify_status(jsonb_build_array(jsonb_build_object(
-        'id', v_job.id, 'state', 'cancelled', 'queue', v_job.queue, 'kind', v_job.kind,
-        'attempt', v_job.attempt, 'batch_id', v_job.batch_id)));
+    PERFORM _log_event(v_job.id, 'cancelled'::job_state, v_job.queue, v_job.kind, v_job.attempt, v_job.batch_id);
     IF v_job.batch_id IS NOT NULL OR v_job.has_dependents THEN
         PERFORM set_config('plan_cache_mode', 'auto', true);  -- see the note at the top of this file
         PERFORM _propagate(ARRAY[v_job.id]);

@@ -1,10 +1,530 @@
--- The status stream's durable re-read (pgjobs/stream.py). NOTIFY is not durable, so a subscriber
--- re-reads the jobs it watches when its LISTEN connection (re)connects and periodically: a missed
--- notification then costs latency, never correctness. One round trip for any number of watched jobs.
+-- The status stream: a durable, append-only, rotated event log read in order from a cursor.
 --
--- Returns the jobs in job_ids, plus the members of batch in_batch (only the live ones when live_only:
--- the periodic re-read asks for those plus the ids it last saw live, by id, so a large batch is not
--- read whole every few seconds).
+-- THE PROBLEM. Event ids must be handed out in an order a reader can follow with one cursor
+-- (`event_id > cursor`), yet a sequence hands out ids in call order, not commit order: a job
+-- enqueued in a user's long transaction takes id 10, others commit ids 11..50, a reader returns
+-- them and moves its cursor to 50; the long transaction commits, and id 10 is never read.
+--
+-- THE CHOICE: PgQ-style ticks (design (a)), not a watermark (design (b)).
+--   (b) makes each event-writing transaction publish a lower bound of its ids, and readers stop
+--   below the smallest bound still in flight. Cheap, but "production is hostile": one session that
+--   enqueued in a transaction and then sat idle (or a long batch import) stalls delivery for every
+--   subscriber until it commits, and the hot path pays an advisory lock per call.
+--   (a) costs the hot path one INSERT (no lock, no shared counter) and a long transaction delays
+--   only its own events. It was chosen.
+--
+-- HOW (a) WORKS HERE.
+-- * Writers (`_append_events`, called once per transition call by claim/complete_many/enqueue/...)
+--   append ONE event_inbox row: arrays of the call's events, the top-level transaction id
+--   (pg_current_xact_id(); the same for every subtransaction), and a call-order seq.
+-- * The ticker (`_tick_events`; one at a time under the advisory xact lock _STREAM_LOCK; run by
+--   read_events and by maintain) reads, in ONE statement, its own snapshot (pg_current_snapshot(),
+--   the statement's) and the inbox rows that snapshot sees but the previous tick's did not. Those are
+--   exactly the rows of transactions that were in progress at the previous tick (xid in its xip list)
+--   or began after it (xid >= its xmax): two index probes on event_inbox(xid), so a session idle in
+--   transaction does not make every tick rescan the inbox from the oldest xmin. It gives them final
+--   event ids (a block from event_id_seq, in seq order within the tick) and copies them into
+--   event_log, and records its snapshot in event_ticks. A later tick can only give higher ids, and
+--   it starts after this one committed (the lock is held to commit; each statement of a READ
+--   COMMITTED function takes a new snapshot after the lock), so committed ids always form a prefix:
+--   a reader never sees id N+1 before id N is readable. Ids are never reused (the sequence is not
+--   transactional): a tick that rolls back burns its ids, and the next tick gives those events new,
+--   higher ids (a reader inside that rolled-back transaction may see them again: a duplicate, never a
+--   loss).
+-- * Own transaction: a snapshot does not list the taking transaction's own xid as in progress, so
+--   a tick inside a transaction that has an xid (worker_heartbeat's maintenance pass, or a user who
+--   enqueued and then read) leaves its own rows out and records its xid as in progress: those rows
+--   are ticked after their commit, like anyone's.
+-- * The ticker needs READ COMMITTED (a new snapshot after taking the lock); read_events under
+--   REPEATABLE READ/SERIALIZABLE or in a read-only transaction does not tick, it reads what others
+--   ticked (maintain or another reader). read_events ticks only in the first statement of its
+--   transaction (autocommit, the usual subscriber), so a reader's explicit transaction does not hold
+--   the ticker lock for long.
+--
+-- WRITE AMPLIFICATION. One inbox row per transition call (a claim of 100 is one row, not 100), one
+-- log row per inbox row written by the ticker off the hot path, one tick row per tick that found
+-- events. No row is ever updated: there is no hot single row a held snapshot could turn into a long
+-- HOT chain (tick state, presence and rotation state are all insert-only).
+--
+-- ROTATION (space comes back by TRUNCATE, never DELETE + VACUUM, so a held snapshot cannot stop it).
+-- * event_inbox: 4 partitions picked by the writer's clock (15 s each). `maintain` takes an ACCESS
+--   EXCLUSIVE lock (NOWAIT) on each non-current partition, ticks (in a new snapshot: every writer
+--   into it has committed or will write after us), then TRUNCATEs it. A partition still locked by a
+--   writer's open transaction is skipped until it commits: nothing uncommitted is ever truncated.
+-- * event_log / event_ticks: 16 partitions; event_rotations says which one the ticker writes. Every
+--   `rotate_every` (default 5 min) maintain moves on to the next partition, first TRUNCATEing it,
+--   but only once the rotation that followed its last use started `retention` ago (default 1 hour):
+--   an event stays readable at least `retention` after it was ticked. When the ring is too short
+--   for the retention, rotation waits (the current partition grows) rather than drop retained
+--   events. A reader holding the partition is waited for at most 200 ms (lock_timeout), then the
+--   rotation is retried on the next pass.
+-- * A cursor older than the oldest retained event reads from the oldest retained event
+--   (stream_bounds() gives the oldest and newest ids).
+--
+-- FILTERS. read_events' job_ids and batch_id select jobs (either matches); queue narrows further.
+-- GIN indexes on the log's ids, batch_ids and queues arrays find a watched job's rows without
+-- scanning the events of other jobs; the unfiltered and queue-only reads walk event_log(last_id)
+-- in order and stop after max_rows events.
+--
+-- THE HINT. `pgjobs_status` NOTIFY carries only {"event_id": N} (the newest id the sender knows;
+-- "pending": true when sent by a writer whose own events get their ids at the next tick): any role
+-- can LISTEN, so it says nothing about jobs, and a notification is never a fact (readers read
+-- read_events). It is sent only while someone follows the stream: read_events (the follower's
+-- call, at least every few seconds) inserts an expiry time in stream_followers when the newest
+-- one is near its end, and a writer probes the newest with one index descent per call. With no
+-- follower, claim and complete_many send no NOTIFY and so never take NOTIFY's cluster-wide commit
+-- lock. pgjobs_wake is not affected.
+
+-- The advisory lock of the ticker and of maintenance ("pgjobs" + 1).
+CREATE OR REPLACE FUNCTION pgjobs._stream_lock()
+RETURNS bigint
+LANGUAGE sql
+IMMUTABLE PARALLEL SAFE
+SET search_path = pg_catalog, pgjobs, pg_temp
+RETURN 123712594846324;
+
+-- The hot paths' one call per transition call: appends the events as one inbox row and, when
+-- someone follows the stream, sends the hint. No filtering here (see _log_events).
+CREATE OR REPLACE FUNCTION pgjobs._append_events(ids bigint[], states pgjobs.job_state[], queues text[], kinds text[],
+                                                 attempts int[], batch_ids bigint[], progress jsonb[] DEFAULT NULL)
+RETURNS void
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pgjobs, pg_temp
+SET plan_cache_mode = force_generic_plan
+SET jit = off
+AS $$
+#variable_conflict use_column
+BEGIN
+    IF ids IS NULL OR cardinality(ids) = 0 THEN
+        RETURN;
+    END IF;
+    -- The partition is chosen by the transaction's clock; a straggler whose transaction started in
+    -- an older slot writes there, which is safe (maintain never truncates what it cannot lock).
+    INSERT INTO event_inbox (slot, xid, at, ids, states, queues, kinds, attempts, batch_ids, progress)
+    VALUES ((floor(extract(epoch FROM now()) / 15)::bigint % 4)::smallint, pg_current_xact_id(), now(),
+            _append_events.ids, _append_events.states, _append_events.queues, _append_events.kinds,
+            _append_events.attempts, _append_events.batch_ids, _append_events.progress);
+    -- One index descent to the newest expiry time: no follower, no NOTIFY (and no commit lock).
+    IF EXISTS (SELECT 1 FROM stream_followers AS f WHERE f.until > statement_timestamp()) THEN
+        -- The same text for the whole transaction as long as no tick runs between: NOTIFY folds
+        -- duplicates of one transaction into one.
+        PERFORM pg_notify('pgjobs_status', '{"event_id": '
+                          || coalesce(pg_sequence_last_value('pgjobs.event_id_seq'), 0) || ', "pending": true}');
+    END IF;
+END;
+$$;
+
+-- _append_events after each queue's status_events setting: 'all' (the default) logs every event,
+-- 'terminal' only succeeded/failed/cancelled, 'none' nothing. Order is kept.
+CREATE OR REPLACE FUNCTION pgjobs._log_events(ids bigint[], states pgjobs.job_state[], queues text[], kinds text[],
+                                              attempts int[], batch_ids bigint[], progress jsonb[] DEFAULT NULL)
+RETURNS void
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pgjobs, pg_temp
+SET plan_cache_mode = force_generic_plan
+SET jit = off
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_none     text[];
+    v_terminal text[];
+    v_ids      bigint[];
+    v_states   job_state[];
+    v_queues   text[];
+    v_kinds    text[];
+    v_attempts int[];
+    v_batches  bigint[];
+    v_progress jsonb[];
+BEGIN
+    IF ids IS NULL OR cardinality(ids) = 0 THEN
+        RETURN;
+    END IF;
+    SELECT array_agg(q.queue) FILTER (WHERE q.status_events = 'none'),
+           array_agg(q.queue) FILTER (WHERE q.status_events = 'terminal')
+      INTO v_none, v_terminal
+      FROM queues AS q
+     WHERE q.status_events <> 'all' AND q.queue = ANY (_log_events.queues);
+    IF v_none IS NULL AND v_terminal IS NULL AND array_position(ids, NULL) IS NULL THEN
+        -- Usually: every queue logs everything.
+        PERFORM _append_events(ids, states, queues, kinds, attempts, batch_ids, progress);
+        RETURN;
+    END IF;
+    SELECT array_agg(u.id ORDER BY u.n), array_agg(u.state ORDER BY u.n), array_agg(u.queue ORDER BY u.n),
+           array_agg(u.kind ORDER BY u.n), array_agg(u.attempt ORDER BY u.n), array_agg(u.batch_id ORDER BY u.n),
+           CASE WHEN _log_events.progress IS NOT NULL THEN array_agg(u.progress ORDER BY u.n) END
+      INTO v_ids, v_states, v_queues, v_kinds, v_attempts, v_batches, v_progress
+      FROM unnest(ids, states, queues, kinds, attempts, batch_ids,
+                  coalesce(_log_events.progress, array_fill(NULL::jsonb, ARRAY[cardinality(ids)])))
+           WITH ORDINALITY AS u(id, state, queue, kind, attempt, batch_id, progress, n)
+     WHERE u.id IS NOT NULL
+       AND (v_none IS NULL OR u.queue <> ALL (v_none))
+       AND (v_terminal IS NULL OR u.queue <> ALL (v_terminal) OR u.state IN ('succeeded', 'failed', 'cancelled'));
+    PERFORM _append_events(v_ids, v_states, v_queues, v_kinds, v_attempts, v_batches, v_progress);
+END;
+$$;
+
+-- One event (the single-job transitions).
+CREATE OR REPLACE FUNCTION pgjobs._log_event(id bigint, state pgjobs.job_state, queue text, kind text, attempt int,
+                                             batch_id bigint, progress jsonb DEFAULT NULL)
+RETURNS void
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pgjobs, pg_temp
+SET plan_cache_mode = force_generic_plan
+SET jit = off
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_mode text;
+BEGIN
+    IF id IS NULL THEN
+        RETURN;
+    END IF;
+    SELECT q.status_events INTO v_mode FROM queues AS q WHERE q.queue = _log_event.queue;
+    IF v_mode IS NULL OR v_mode = 'all' OR (v_mode = 'terminal' AND state IN ('succeeded', 'failed', 'cancelled')) THEN
+        PERFORM _append_events(ARRAY[id], ARRAY[state], ARRAY[queue], ARRAY[kind], ARRAY[attempt], ARRAY[batch_id],
+                               CASE WHEN progress IS NOT NULL THEN ARRAY[progress] END);
+    END IF;
+END;
+$$;
+
+-- One tick (see the header). The caller holds the advisory xact lock _stream_lock() and runs
+-- under READ COMMITTED. `force` records a tick even when no event became visible (maintain does,
+-- so the newest tick is never in a partition that rotation truncates). Returns how many events
+-- got ids and the newest id.
+CREATE OR REPLACE FUNCTION pgjobs._tick_events(force boolean DEFAULT false, OUT events bigint, OUT newest bigint)
+RETURNS record
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pgjobs, pg_temp
+SET jit = off
+AS $$
+DECLARE
+    v_prev pg_snapshot;
+    v_xip  xid8[];
+    v_slot smallint;
+    v_own  xid8 := pg_current_xact_id_if_assigned();
+    v_cur  pg_snapshot;
+    v_base bigint;
+BEGIN
+    SELECT t.snap, t.last_id INTO v_prev, newest FROM event_ticks AS t ORDER BY t.tick_id DESC LIMIT 1;
+    SELECT r.slot INTO v_slot FROM event_rotations AS r ORDER BY r.rotation_id DESC LIMIT 1;
+    IF v_prev IS NULL THEN
+        RAISE EXCEPTION USING ERRCODE = 'PJ003', MESSAGE = 'the status stream has no tick: run pgjobs migrate';
+    END IF;
+    v_xip := ARRAY(SELECT pg_snapshot_xip(v_prev));
+    -- ONE statement: the snapshot recorded is the one the inbox is read with.
+    WITH s AS MATERIALIZED (
+        SELECT pg_current_snapshot() AS cur
+    ), c AS MATERIALIZED (
+        SELECT r.seq, r.at, r.ids, r.states, r.queues, r.kinds, r.attempts, r.batch_ids, r.progress,
+               sum(cardinality(r.ids)) OVER (ORDER BY r.seq) AS upto
+          FROM (SELECT i.* FROM event_inbox AS i WHERE i.xid = ANY (v_xip)
+                UNION ALL
+                SELECT i.* FROM event_inbox AS i WHERE i.xid >= pg_snapshot_xmax(v_prev)) AS r, s
+         WHERE pg_visible_in_snapshot(r.xid, s.cur)
+           AND r.xid IS DISTINCT FROM v_own
+    ), b AS MATERIALIZED (
+        SELECT CASE WHEN EXISTS (SELECT 1 FROM c) THEN nextval('pgjobs.event_id_seq') END AS base
+    ), ins AS (
+        INSERT INTO event_log (slot, first_id, last_id, at, ids, states, queues, kinds, attempts, batch_ids, progress)
+        SELECT v_slot, b.base + c.upto - cardinality(c.ids), b.base + c.upto - 1, c.at, c.ids, c.states, c.queues,
+               c.kinds, c.attempts, c.batch_ids, c.progress
+          FROM c, b
+    )
+    SELECT s.cur, b.base, (SELECT max(c.upto) FROM c) INTO v_cur, v_base, events FROM s, b;
+    events := coalesce(events, 0);
+    IF events > 0 THEN
+        newest := v_base + events - 1;
+        -- The block base .. newest is ours: the next tick's nextval starts after it.
+        PERFORM setval('pgjobs.event_id_seq', newest);
+    END IF;
+    IF v_own IS NOT NULL AND pg_visible_in_snapshot(v_own, v_cur) THEN
+        -- Our own rows were left out: record our transaction as in progress, so the tick after our
+        -- commit takes them.
+        v_cur := (least(pg_snapshot_xmin(v_cur), v_own)::text || ':' || pg_snapshot_xmax(v_cur)::text || ':'
+                  || (SELECT string_agg(x::text, ',' ORDER BY x)
+                        FROM (SELECT pg_snapshot_xip(v_cur) UNION SELECT v_own) AS u(x)))::pg_snapshot;
+    END IF;
+    IF events > 0 OR force THEN
+        INSERT INTO event_ticks (slot, snap, last_id) VALUES (v_slot, v_cur, newest);
+    END IF;
+END;
+$$;
+
+-- Whether this call may tick: READ COMMITTED, writable, first statement of its transaction.
+CREATE OR REPLACE FUNCTION pgjobs._may_tick()
+RETURNS boolean
+LANGUAGE sql
+STABLE
+SET search_path = pg_catalog, pgjobs, pg_temp
+RETURN current_setting('transaction_isolation') = 'read committed'
+       AND current_setting('transaction_read_only') = 'off'
+       AND transaction_timestamp() = statement_timestamp()
+       AND NOT pg_is_in_recovery();
+
+-- The contract's reader. Ticks first when it may (so a follower sees what committed up to now),
+-- renews the "someone follows" mark, then returns up to max_rows events after after_id in event_id
+-- order. job_ids and batch_id select jobs (either matches); queue narrows.
+-- (A SQL wrapper: PL/pgSQL refuses an output column named like a parameter, and the contract
+-- names both queue and batch_id.)
+CREATE OR REPLACE FUNCTION pgjobs.read_events(after_id bigint DEFAULT 0, max_rows int DEFAULT 1000,
+                                              queue text DEFAULT NULL, job_ids bigint[] DEFAULT NULL,
+                                              batch_id bigint DEFAULT NULL)
+RETURNS TABLE (event_id bigint, at timestamptz, id bigint, state pgjobs.job_state, queue text, kind text,
+               attempt int, batch_id bigint, progress jsonb)
+LANGUAGE sql
+VOLATILE
+SECURITY DEFINER
+SET search_path = pg_catalog, pgjobs, pg_temp
+AS $$
+    SELECT * FROM pgjobs._read_events($1, $2, $3, $4, $5);
+$$;
+
+CREATE OR REPLACE FUNCTION pgjobs._read_events(after_id bigint, max_rows int, in_queue text, job_ids bigint[],
+                                               in_batch bigint)
+RETURNS TABLE (o_event_id bigint, o_at timestamptz, o_id bigint, o_state pgjobs.job_state, o_queue text,
+               o_kind text, o_attempt int, o_batch_id bigint, o_progress jsonb)
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pgjobs, pg_temp
+SET jit = off
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_after bigint := _read_events.after_id;
+    v_tick  record;
+BEGIN
+    IF v_after IS NULL OR v_after < 0 THEN
+        RAISE EXCEPTION USING ERRCODE = 'PJ002',
+            MESSAGE = format('after_id must be 0 or an event_id, got %s', coalesce(v_after::text, 'NULL'));
+    ELSIF max_rows IS NULL OR max_rows < 1 THEN
+        RAISE EXCEPTION USING ERRCODE = 'PJ002',
+            MESSAGE = format('max_rows must be at least 1, got %s', coalesce(max_rows::text, 'NULL'));
+    ELSIF in_queue = '' THEN
+        RAISE EXCEPTION USING ERRCODE = 'PJ002', MESSAGE = 'queue must not be empty (NULL reads every queue)';
+    END IF;
+    IF _may_tick() THEN
+        IF pg_try_advisory_xact_lock(_stream_lock()) THEN
+            v_tick := _tick_events(false);
+            IF v_tick.events > 0 AND EXISTS (SELECT 1 FROM stream_followers AS f WHERE f.until > statement_timestamp()) THEN
+                -- Tells the other followers (whose own try-lock failed while we ticked).
+                PERFORM pg_notify('pgjobs_status', '{"event_id": ' || v_tick.newest || '}');
+            END IF;
+        END IF;
+        IF NOT EXISTS (SELECT 1 FROM stream_followers AS f WHERE f.until > clock_timestamp() + interval '5 seconds') THEN
+            INSERT INTO stream_followers (until) VALUES (clock_timestamp() + interval '10 seconds');
+        END IF;
+    END IF;
+
+    IF job_ids IS NULL AND in_batch IS NULL THEN
+        -- In order along event_log(last_id), stopping after max_rows events.
+        RETURN QUERY
+        SELECT l.first_id + u.o - 1, l.at, u.id, u.state, u.queue, u.kind, u.attempt, u.batch_id, u.progress
+          FROM event_log AS l
+         CROSS JOIN LATERAL unnest(l.ids, l.states, l.queues, l.kinds, l.attempts, l.batch_ids, l.progress)
+               WITH ORDINALITY AS u(id, state, queue, kind, attempt, batch_id, progress, o)
+         WHERE l.last_id > v_after AND l.first_id + u.o - 1 > v_after
+           AND (in_queue IS NULL OR u.queue = in_queue)
+         ORDER BY l.last_id, u.o
+         LIMIT max_rows;
+        RETURN;
+    END IF;
+    -- Watched jobs or a batch: their rows by the GIN indexes, then their events.
+    RETURN QUERY
+    SELECT l.first_id + u.o - 1, l.at, u.id, u.state, u.queue, u.kind, u.attempt, u.batch_id, u.progress
+      FROM event_log AS l
+     CROSS JOIN LATERAL unnest(l.ids, l.states, l.queues, l.kinds, l.attempts, l.batch_ids, l.progress)
+           WITH ORDINALITY AS u(id, state, queue, kind, attempt, batch_id, progress, o)
+     WHERE l.last_id > v_after
+       AND (l.ids && coalesce(job_ids, '{}') OR l.batch_ids @> ARRAY[coalesce(in_batch, 0)])
+       AND l.first_id + u.o - 1 > v_after
+       AND (u.id = ANY (job_ids) OR u.batch_id = in_batch)
+       AND (in_queue IS NULL OR u.queue = in_queue)
+     ORDER BY l.last_id, u.o
+     LIMIT max_rows;
+END;
+$$;
+
+-- The oldest and newest retained event ids (NULL, NULL when the log is empty). A cursor below
+-- oldest_id has lost the events in between to retention.
+CREATE OR REPLACE FUNCTION pgjobs.stream_bounds(OUT oldest_id bigint, OUT newest_id bigint)
+RETURNS record
+LANGUAGE sql
+STABLE
+SECURITY DEFINER
+SET search_path = pg_catalog, pgjobs, pg_temp
+BEGIN ATOMIC
+    SELECT (SELECT l.first_id FROM pgjobs.event_log AS l ORDER BY l.last_id LIMIT 1),
+           (SELECT l.last_id FROM pgjobs.event_log AS l ORDER BY l.last_id DESC LIMIT 1);
+END;
+
+-- Retention and rotation period of the event log; NULL leaves a setting as it is.
+CREATE OR REPLACE FUNCTION pgjobs.configure_stream(retention interval DEFAULT NULL, rotate_every interval DEFAULT NULL)
+RETURNS pgjobs.stream_settings
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pgjobs, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_row stream_settings;
+BEGIN
+    IF configure_stream.retention IS NOT NULL AND configure_stream.retention < interval '1 minute' THEN
+        RAISE EXCEPTION USING ERRCODE = 'PJ002',
+            MESSAGE = format('retention must be at least 1 minute, got %s', configure_stream.retention);
+    ELSIF configure_stream.rotate_every IS NOT NULL AND configure_stream.rotate_every < interval '1 second' THEN
+        RAISE EXCEPTION USING ERRCODE = 'PJ002',
+            MESSAGE = format('rotate_every must be at least 1 second, got %s', configure_stream.rotate_every);
+    END IF;
+    UPDATE stream_settings AS s
+       SET retention = coalesce(configure_stream.retention, s.retention),
+           rotate_every = coalesce(configure_stream.rotate_every, s.rotate_every)
+    RETURNING s.* INTO v_row;
+    RETURN v_row;
+END;
+$$;
+
+-- One maintenance pass of the stream (see the header): empties the inbox partitions the log has
+-- taken in, rotates the log once its period has passed and the next partition's events are past
+-- retention, forgets expired follower marks. One at a time: a pass that finds another running
+-- reports 'busy' and does nothing. Returns what it did, one row per action.
+CREATE OR REPLACE FUNCTION pgjobs.maintain()
+RETURNS TABLE (action text, target text, rows bigint)
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pgjobs, pg_temp
+SET jit = off
+AS $$
+BEGIN
+    IF current_setting('transaction_isolation') <> 'read committed' THEN
+        RAISE EXCEPTION USING ERRCODE = 'PJ004',
+            MESSAGE = format('maintain needs READ COMMITTED, the transaction is %s', current_setting('transaction_isolation'));
+    END IF;
+    IF NOT pg_try_advisory_xact_lock(_stream_lock()) THEN
+        RETURN QUERY SELECT 'busy'::text, 'another tick or maintenance pass holds the stream lock'::text, NULL::bigint;
+        RETURN;
+    END IF;
+    RETURN QUERY SELECT * FROM _maintain();
+END;
+$$;
+
+-- maintain()'s work; the caller holds the stream lock.
+CREATE OR REPLACE FUNCTION pgjobs._maintain()
+RETURNS TABLE (action text, target text, rows bigint)
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pgjobs, pg_temp
+SET jit = off
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_cur_inbox smallint := (floor(extract(epoch FROM clock_timestamp()) / 15)::bigint % 4)::smallint;
+    v_locked    smallint[] := '{}';
+    v_tick      record;
+    v_set       stream_settings;
+    v_rot       event_rotations;
+    v_next      smallint;
+    v_ended     timestamptz;
+    v_timeout   text := current_setting('lock_timeout');
+    v_n         bigint;
+    v_part      text;
+BEGIN
+    -- 1. Lock every non-current inbox partition that has rows; NOWAIT: one still held by a writer's
+    --    open transaction is left for a later pass (its rows are not committed, or not yet ticked).
+    FOR s IN 0..3 LOOP
+        CONTINUE WHEN s = v_cur_inbox;
+        CONTINUE WHEN NOT EXISTS (SELECT 1 FROM event_inbox AS i WHERE i.slot = s);
+        BEGIN
+            EXECUTE format('LOCK TABLE pgjobs.%I IN ACCESS EXCLUSIVE MODE NOWAIT', 'event_inbox_' || s);
+            v_locked := v_locked || s::smallint;
+        EXCEPTION WHEN lock_not_available THEN
+            action := 'skip'; target := 'event_inbox_' || s || ' (a transaction that wrote to it is still open)';
+            rows := NULL;
+            RETURN NEXT;
+        END;
+    END LOOP;
+    -- 2. Tick, in a snapshot taken after the locks: every row of the locked partitions is visible.
+    v_tick := _tick_events(true);
+    action := 'tick'; target := 'event_log'; rows := v_tick.events;
+    RETURN NEXT;
+    IF v_tick.events > 0 AND EXISTS (SELECT 1 FROM stream_followers AS f WHERE f.until > statement_timestamp()) THEN
+        PERFORM pg_notify('pgjobs_status', '{"event_id": ' || v_tick.newest || '}');
+    END IF;
+    -- 3. Empty the locked inbox partitions: all their rows are in the log now.
+    FOREACH v_next IN ARRAY v_locked LOOP
+        EXECUTE format('TRUNCATE pgjobs.%I', 'event_inbox_' || v_next);
+        action := 'truncate'; target := 'event_inbox_' || v_next; rows := NULL;
+        RETURN NEXT;
+    END LOOP;
+    -- 4. Rotate the log when its period has passed, into a partition past retention.
+    SELECT * INTO v_set FROM stream_settings;
+    SELECT * INTO v_rot FROM event_rotations AS r ORDER BY r.rotation_id DESC LIMIT 1;
+    IF clock_timestamp() - v_rot.started_at >= v_set.rotate_every THEN
+        v_next := (v_rot.slot + 1) % 16;
+        v_part := lpad(v_next::text, 2, '0');
+        -- When the next partition was last written to: the start of the rotation after its last use.
+        SELECT (SELECT r2.started_at FROM event_rotations AS r2 WHERE r2.rotation_id > r1.rotation_id
+                 ORDER BY r2.rotation_id LIMIT 1)
+          INTO v_ended
+          FROM event_rotations AS r1 WHERE r1.slot = v_next ORDER BY r1.rotation_id DESC LIMIT 1;
+        IF v_ended IS NOT NULL AND v_ended > clock_timestamp() - v_set.retention
+           AND EXISTS (SELECT 1 FROM event_log AS l WHERE l.slot = v_next) THEN
+            action := 'wait'; rows := NULL;
+            target := format('event_log_%s holds events until %s (retention %s)', v_part, v_ended + v_set.retention,
+                             v_set.retention);
+            RETURN NEXT;
+        ELSE
+            BEGIN
+                -- Readers hold the partition for a statement at a time: wait for them briefly only.
+                PERFORM set_config('lock_timeout', '200ms', true);
+                EXECUTE format('LOCK TABLE pgjobs.%I, pgjobs.%I IN ACCESS EXCLUSIVE MODE',
+                               'event_log_' || v_part, 'event_ticks_' || v_part);
+                PERFORM set_config('lock_timeout', v_timeout, true);
+                SELECT count(*) INTO v_n FROM event_log AS l WHERE l.slot = v_next;
+                EXECUTE format('TRUNCATE pgjobs.%I, pgjobs.%I', 'event_log_' || v_part, 'event_ticks_' || v_part);
+                INSERT INTO event_rotations (slot) VALUES (v_next);
+                action := 'rotate'; target := 'event_log_' || v_part; rows := v_n;
+                RETURN NEXT;
+            EXCEPTION WHEN lock_not_available THEN
+                PERFORM set_config('lock_timeout', v_timeout, true);
+                action := 'skip'; target := 'event_log_' || v_part || ' (readers held it; retried next pass)';
+                rows := NULL;
+                RETURN NEXT;
+            END;
+        END IF;
+    END IF;
+    -- 5. Forget what nobody needs (few rows: one per follower renewal, per rotation, per pass).
+    DELETE FROM stream_followers AS f WHERE f.until < clock_timestamp() - interval '1 minute';
+    GET DIAGNOSTICS v_n = ROW_COUNT;
+    IF v_n > 0 THEN
+        action := 'forget'; target := 'stream_followers'; rows := v_n;
+        RETURN NEXT;
+    END IF;
+    DELETE FROM event_rotations AS r
+     WHERE r.started_at < clock_timestamp() - greatest(interval '1 day', 2 * v_set.retention)
+       AND r.rotation_id < (SELECT max(r2.rotation_id) - 32 FROM event_rotations AS r2);
+    DELETE FROM stream_maintenance AS m WHERE m.at < clock_timestamp() - interval '1 hour';
+    INSERT INTO stream_maintenance DEFAULT VALUES;
+END;
+$$;
+
+-- Maintenance from the workers: worker_heartbeat calls this; at most one pass every 5 seconds
+-- across all workers, and never waits for another pass.
+CREATE OR REPLACE FUNCTION pgjobs._maintain_if_due()
+RETURNS void
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pgjobs, pg_temp
+SET jit = off
+AS $$
+BEGIN
+    IF current_setting('transaction_isolation') <> 'read committed'
+       OR EXISTS (SELECT 1 FROM stream_maintenance AS m WHERE m.at > clock_timestamp() - interval '5 seconds')
+       OR NOT pg_try_advisory_xact_lock(_stream_lock()) THEN
+        RETURN;
+    END IF;
+    PERFORM count(*) FROM _maintain();
+END;
+$$;
+
+-- The durable re-read of known jobs' current state (the subscriber's starting point).
+-- Returns the jobs in job_ids, plus the members of batch in_batch (only the live ones when live_only).
 CREATE OR REPLACE FUNCTION pgjobs.status_snapshot(job_ids bigint[] DEFAULT NULL, in_batch bigint DEFAULT NULL,
                                                   live_only boolean DEFAULT false)
 RETURNS TABLE (id bigint, state pgjobs.job_state, queue text, kind text, attempt int, batch_id bigint,

@@ -37,9 +37,10 @@
 --   are ticked after their commit, like anyone's.
 -- * The ticker needs READ COMMITTED (a new snapshot after taking the lock); read_events under
 --   REPEATABLE READ/SERIALIZABLE or in a read-only transaction does not tick, it reads what others
---   ticked (maintain or another reader). read_events ticks only in the first statement of its
---   transaction (autocommit, the usual subscriber), so a reader's explicit transaction does not hold
---   the ticker lock for long.
+--   ticked (maintain or another reader). read_events ticks only as the first statement of its
+--   transaction (autocommit, the usual subscriber: call it so), since the lock is held to commit:
+--   a reader that then left its transaction open would hold every other ticker off (maintain
+--   reports 'busy' with the holder's pid).
 --
 -- WRITE AMPLIFICATION. One inbox row per transition call (a claim of 100 is one row, not 100), one
 -- log row per inbox row written by the ticker off the hot path, one tick row per tick that found
@@ -250,7 +251,9 @@ BEGIN
 END;
 $$;
 
--- Whether this call may tick: READ COMMITTED, writable, first statement of its transaction.
+-- Whether this call may tick: READ COMMITTED, writable, and its transaction began just now (the
+-- call is its first statement: autocommit, or the first query after BEGIN). The ticker lock is
+-- held to commit, so a reader deep in a long transaction must not take it.
 CREATE OR REPLACE FUNCTION pgjobs._may_tick()
 RETURNS boolean
 LANGUAGE sql
@@ -258,7 +261,7 @@ STABLE
 SET search_path = pg_catalog, pgjobs, pg_temp
 RETURN current_setting('transaction_isolation') = 'read committed'
        AND current_setting('transaction_read_only') = 'off'
-       AND transaction_timestamp() = statement_timestamp()
+       AND statement_timestamp() - transaction_timestamp() < interval '50 milliseconds'
        AND NOT pg_is_in_recovery();
 
 -- The contract's reader. Ticks first when it may (so a follower sees what committed up to now),
@@ -399,7 +402,13 @@ BEGIN
             MESSAGE = format('maintain needs READ COMMITTED, the transaction is %s', current_setting('transaction_isolation'));
     END IF;
     IF NOT pg_try_advisory_xact_lock(_stream_lock()) THEN
-        RETURN QUERY SELECT 'busy'::text, 'another tick or maintenance pass holds the stream lock'::text, NULL::bigint;
+        RETURN QUERY
+        SELECT 'busy'::text,
+               'another tick or maintenance pass holds the stream lock (pid '
+               || coalesce((SELECT string_agg(l.pid::text, ', ') FROM pg_locks AS l
+                             WHERE l.locktype = 'advisory' AND l.granted AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+                               AND (l.classid::bigint << 32) + l.objid::bigint = _stream_lock()), '?') || ')',
+               NULL::bigint;
         RETURN;
     END IF;
     RETURN QUERY SELECT * FROM _maintain();

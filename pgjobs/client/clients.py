@@ -20,7 +20,7 @@ from pgjobs.client.graph import AsyncGraphOps, GraphOps
 from pgjobs.client.lifecycle import AsyncLifecycleOps, LifecycleOps
 from pgjobs.client.recurring import AsyncRecurringOps, RecurringOps
 from pgjobs.client.status import AsyncStatusOps, StatusOps
-from pgjobs.client.stream import StreamOps
+from pgjobs.client.stream import StreamOps, SyncStreamOps
 from pgjobs.client.workers import AsyncWorkerOps, WorkerOps
 
 
@@ -31,7 +31,9 @@ def _conn_kwargs(prepare: bool) -> dict[str, Any]:
     return {"autocommit": True} if prepare else {"autocommit": True, "prepare_threshold": None}
 
 
-class Client(EnqueueOps, ClaimOps, LifecycleOps, AdminOps, StatusOps, WorkerOps, RecurringOps, GraphOps):
+class Client(
+    EnqueueOps, ClaimOps, LifecycleOps, AdminOps, StatusOps, WorkerOps, RecurringOps, GraphOps, SyncStreamOps
+):
     """Synchronous client. ``Client(dsn)`` opens its own pool; ``Client(pool=...)`` shares yours.
 
     ``app=``: a :class:`pgjobs.App` (or any :class:`~pgjobs.client.defaults.EnqueueDefaults`) whose declared

@@ -1,14 +1,16 @@
-"""The status stream: ``async for event in client.subscribe(...)`` over ``pgjobs_status``.
+"""The status stream: ``async for event in client.subscribe(...)`` over the durable event log.
 
-Every transition (and progress report) commits a small JSON notification on ``pgjobs_status`` (a single
-object, or an array of them when one call changed many jobs). A subscriber LISTENs on its own connection
-(``pgjobs/client/listen.py``: reconnects with backoff and jitter), filters, and yields :class:`StatusEvent` s.
+Every transition and progress report is a row of ``pgjobs.read_events`` (sql/stream.sql), in ``event_id`` order.
+A subscriber keeps a cursor (the last ``event_id`` it has read) and reads after it: on each ``pgjobs_status``
+hint (a NOTIFY that only says "there is more"; its payload is never trusted), on every (re)connect of its
+LISTEN connection, and every ``poll_interval`` seconds as a fallback. So a missed or forged notification costs
+latency at most, never an event, and a reconnect resumes exactly where the stream was.
 
-NOTIFY is not durable, so when the subscriber watches *known* jobs (``job_ids`` and/or ``batch_id``) it also
-re-reads their durable status (``pgjobs.status_snapshot``) when its connection (re)connects and every
-``resync_interval`` seconds, and yields whatever changed since it last said: a notification missed during a
-disconnect costs latency, never correctness. A stream filtered only by ``queue``/``kinds`` has nothing to
-re-read and is live-only.
+Where the stream starts: with ``after_id`` it resumes after that event. Otherwise a stream of known jobs
+(``job_ids`` and/or ``batch_id``) replays their retained history from the log, and for watched jobs with no
+event in it (older than the log's retention, or in a queue whose ``status_events`` is ``none``) reads their
+current state from the jobs themselves (``resync`` events); a stream by ``queue``/``kinds`` alone starts at the
+head of the log. Jobs whose queue logs nothing are re-read every ``resync_interval`` seconds.
 
 A stream over explicit ``job_ids`` (and no ``batch_id``) ends by itself once every one of them is terminal
 (succeeded, failed, cancelled); ids that do not exist count as ended. Other streams run until the consumer
@@ -19,14 +21,16 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from collections.abc import AsyncGenerator, Iterable
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any, LiteralString
 
 import anyio
 import psycopg
 
-from pgjobs.client._call import AsyncRunner
+from pgjobs.client._call import AsyncRunner, Call, Rows, SyncRunner
 from pgjobs.client.listen import Connected, Listener, Notifications, Tick
 from pgjobs.records import JobState
 
@@ -34,17 +38,27 @@ log = logging.getLogger("pgjobs.stream")
 
 STATUS_CHANNEL = "pgjobs_status"
 _TERMINAL = frozenset({JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED})
+_PAGE = 1000
+# The log's newest id read in the same statement, before read_events looks: every id up to it is committed
+# and seen by the read, so a filtered read that comes back short lets the cursor move up to it (a quiet
+# filter then never rescans what it has already passed).
+_READ_SQL: LiteralString = (
+    "SELECT b.newest_id, e.event_id, e.at, e.id, e.state::text, e.queue, e.kind, e.attempt, e.batch_id, e.progress"
+    " FROM pgjobs.stream_bounds() AS b"
+    " LEFT JOIN LATERAL pgjobs.read_events(after_id => %s, max_rows => %s, queue => %s, job_ids => %s::bigint[],"
+    " batch_id => %s) AS e ON true"
+)
 _SNAPSHOT_SQL: LiteralString = (
     "SELECT id, state::text, queue, kind, attempt, batch_id, progress"
-    " FROM pgjobs.status_snapshot(job_ids => %s::bigint[], in_batch => %s::bigint, live_only => %s)"
+    " FROM pgjobs.status_snapshot(job_ids => %s::bigint[], in_batch => %s::bigint, live_only => false)"
 )
 
 
 @dataclass(frozen=True, slots=True)
 class StatusEvent:
-    """One transition of one job. ``progress`` is the job's last reported progress (for ``active`` events
-    of watched jobs and progress reports; None when unknown). ``resync`` is True when the event comes from
-    a durable re-read rather than a notification."""
+    """One transition of one job (or a progress report: ``active`` again with ``progress`` set).
+    ``event_id`` and ``at`` come from the event log; ``resync`` is True (and ``event_id`` None) when the event
+    comes from a read of the job's current state instead (a job with no event in the log)."""
 
     id: int
     state: JobState
@@ -54,46 +68,149 @@ class StatusEvent:
     batch_id: int | None
     progress: Any = None
     resync: bool = False
+    event_id: int | None = None
+    at: datetime | None = None
 
     @property
     def terminal(self) -> bool:
         return self.state in _TERMINAL
 
 
-class _Filter:
-    __slots__ = ("batch_id", "ids", "kinds", "queue")
+def read_events_call(
+    after_id: int = 0,
+    max_rows: int = _PAGE,
+    queue: str | None = None,
+    job_ids: Iterable[int] | None = None,
+    batch_id: int | None = None,
+) -> Call[list[StatusEvent]]:
+    ids = None if job_ids is None else [int(i) for i in job_ids]
+    return Call(
+        "SELECT event_id, at, id, state::text AS state, queue, kind, attempt, batch_id, progress"
+        " FROM pgjobs.read_events(after_id => %(after_id)s, max_rows => %(max_rows)s, queue => %(queue)s,"
+        " job_ids => %(job_ids)s::bigint[], batch_id => %(batch_id)s)",
+        {"after_id": after_id, "max_rows": max_rows, "queue": queue, "job_ids": ids, "batch_id": batch_id},
+        _parse_rows,
+    )
+
+
+def _parse_rows(rows: Rows) -> list[StatusEvent]:
+    return [
+        StatusEvent(r["id"], JobState(r["state"]), r["queue"], r["kind"], r["attempt"], r["batch_id"],
+                    r["progress"], False, r["event_id"], r["at"])  # fmt: skip
+        for r in rows
+    ]
+
+
+def _hint_wants_read(payload: str, cursor: int) -> bool:
+    """Whether a pgjobs_status payload asks for a read. Anything unexpected does (a read is harmless); only a
+    ticker's ``{"event_id": N}`` with N at or below the cursor says nothing new."""
+    try:
+        data = json.loads(payload)
+        return bool(data.get("pending")) or int(data["event_id"]) > cursor
+    except (ValueError, TypeError, KeyError, AttributeError):
+        return True
+
+
+class _Stream:
+    """The state of one subscription: the cursor, what was said per watched job, which jobs are still awaited."""
 
     def __init__(
-        self, ids: set[int] | None, batch_id: int | None, queue: str | None, kinds: frozenset[str] | None
+        self,
+        ids: set[int] | None,
+        batch_id: int | None,
+        queue: str | None,
+        kinds: frozenset[str] | None,
+        after_id: int | None,
     ) -> None:
         self.ids = ids
         self.batch_id = batch_id
         self.queue = queue
         self.kinds = kinds
+        self.tracked = ids is not None or batch_id is not None
+        self.remaining: set[int] | None = None if ids is None else set(ids)
+        self.cursor = after_id
+        self.logged: set[int] = set()  # watched jobs heard of in the log: the log is their truth
+        self.last: dict[int, tuple[str, int, str | None]] = {}
 
-    def match(self, id: int, batch_id: int | None, queue: str, kind: str) -> bool:
-        # job_ids and batch_id select jobs (either one matches); queue and kinds narrow further.
-        if self.ids is not None or self.batch_id is not None:
-            by_id = self.ids is not None and id in self.ids
-            by_batch = self.batch_id is not None and batch_id == self.batch_id
-            if not (by_id or by_batch):
-                return False
-        if self.queue is not None and queue != self.queue:
+    def wants(self, ev: StatusEvent) -> bool:
+        if self.queue is not None and ev.queue != self.queue:
             return False
-        return self.kinds is None or kind in self.kinds
+        return self.kinds is None or ev.kind in self.kinds
+
+    def done(self) -> bool:
+        return self.remaining is not None and not self.remaining and self.batch_id is None
+
+    def note(self, ev: StatusEvent) -> None:
+        if self.tracked:
+            self.last[ev.id] = (ev.state.value, ev.attempt, None if ev.progress is None else json.dumps(ev.progress))
+            if not ev.resync:
+                self.logged.add(ev.id)
+        if self.remaining is not None and ev.terminal:
+            self.remaining.discard(ev.id)
+
+    async def read(self, conn: psycopg.AsyncConnection[Any]) -> list[StatusEvent]:
+        """Every event after the cursor (page by page), moving the cursor."""
+        out: list[StatusEvent] = []
+        while True:
+            assert self.cursor is not None
+            ids = None if self.ids is None else sorted(self.ids)
+            cur = await conn.execute(_READ_SQL, (self.cursor, _PAGE, self.queue, ids, self.batch_id))
+            rows = await cur.fetchall()
+            head = rows[0][0] if rows else None
+            got = [r for r in rows if r[1] is not None]
+            for _, event_id, at, id_, state, q, kind, attempt, b, progress in got:
+                self.cursor = max(self.cursor, event_id)
+                ev = StatusEvent(id_, JobState(state), q, kind, attempt, b, progress, False, event_id, at)
+                if self.wants(ev):
+                    out.append(ev)
+            if len(got) < _PAGE:
+                if head is not None:
+                    self.cursor = max(self.cursor, head)
+                return out
+
+    async def start(self, conn: psycopg.AsyncConnection[Any]) -> list[StatusEvent]:
+        """Where the stream starts (see the module docstring)."""
+        if self.cursor is not None:
+            return await self.read(conn)
+        if not self.tracked:
+            # The head of the log, read before the call ticks: what commits from now on is after it.
+            cur = await conn.execute(_READ_SQL, (2**63 - 2, 1, None, None, None))
+            row = await cur.fetchone()
+            self.cursor = int(row[0]) if row and row[0] is not None else 0
+            return []
+        self.cursor = 0
+        history = await self.read(conn)
+        heard = {ev.id for ev in history}
+        return history + await self.resync(conn, exclude=heard, full=True)
+
+    async def resync(self, conn: psycopg.AsyncConnection[Any], exclude: set[int], full: bool) -> list[StatusEvent]:
+        """Current state of watched jobs the log says nothing of; the events for what changed since last said."""
+        want = sorted(self.remaining) if self.remaining is not None else []
+        if not full:
+            want = sorted(set(want) | {i for i, (st, _, _) in self.last.items() if st not in _TERMINAL_TEXT})
+        cur = await conn.execute(_SNAPSHOT_SQL, (want, self.batch_id))
+        rows = await cur.fetchall()
+        out: list[StatusEvent] = []
+        seen: set[int] = set()
+        for id_, state, q, kind, attempt, b, progress in rows:
+            seen.add(id_)
+            ev = StatusEvent(id_, JobState(state), q, kind, attempt, b, progress, True)
+            if not self.wants(ev):
+                if self.remaining is not None:
+                    self.remaining.discard(id_)  # outside the queue/kinds filter: it will never be reported
+                continue
+            if id_ in exclude or id_ in self.logged:
+                continue
+            key = (state, attempt, None if progress is None else json.dumps(progress))
+            if self.last.get(id_) != key:
+                out.append(ev)
+        if self.remaining is not None:
+            for gone in [i for i in want if i in self.remaining and i not in seen]:
+                self.remaining.discard(gone)  # no such job (never existed, or deleted): nothing to wait for
+        return out
 
 
-def _parse(payload: str) -> list[dict[str, Any]]:
-    try:
-        data = json.loads(payload)
-    except ValueError:
-        log.warning("ignoring a malformed pgjobs_status payload: %.200s", payload)
-        return []
-    if isinstance(data, dict):
-        return [data]
-    if isinstance(data, list):
-        return [d for d in data if isinstance(d, dict)]
-    return []
+_TERMINAL_TEXT = frozenset(s.value for s in _TERMINAL)
 
 
 async def subscribe(
@@ -103,160 +220,57 @@ async def subscribe(
     queue: str | None = None,
     kinds: Iterable[str] | None = None,
     *,
+    after_id: int | None = None,
+    poll_interval: float = 1.0,
     resync_interval: float = 5.0,
     application_name: str = "pgjobs-subscribe",
 ) -> AsyncGenerator[StatusEvent, None]:
     """Yields :class:`StatusEvent` s of the jobs selected by ``job_ids`` / ``batch_id`` (either matches),
     narrowed by ``queue`` and ``kinds``; with none of them, every job's. See the module docstring."""
-    ids = None if job_ids is None else {int(i) for i in job_ids}
-    kind_set = None if kinds is None else frozenset(kinds)
-    flt = _Filter(ids, batch_id, queue, kind_set)
-    tracked = ids is not None or batch_id is not None
-    remaining: set[int] | None = None if ids is None else set(ids)
-    if remaining is not None and not remaining and batch_id is None:
+    st = _Stream(
+        None if job_ids is None else {int(i) for i in job_ids},
+        batch_id,
+        queue,
+        None if kinds is None else frozenset(kinds),
+        after_id,
+    )
+    if st.done():
         return
-    # last said per watched job: (state, attempt, progress json); and, for every stream, the attempt of the
-    # jobs last seen active, so a progress report (active again, same attempt) can be told from a claim.
-    last: dict[int, tuple[str, int, str | None]] = {}
-    active: dict[int, int] = {}
     listener = Listener(dsn, [STATUS_CHANNEL], application_name=application_name)
-    tick = resync_interval if tracked else None
-
-    def note(ev: StatusEvent) -> bool:
-        """Records what is said; False when it ended the stream's last watched job."""
-        if ev.state == JobState.ACTIVE:
-            active[ev.id] = ev.attempt
-        else:
-            active.pop(ev.id, None)
-            if len(active) > 100_000:  # a live-only stream that missed the ends of many jobs
-                active.clear()
-        if tracked:
-            last[ev.id] = (ev.state.value, ev.attempt, None if ev.progress is None else json.dumps(ev.progress))
-        if remaining is not None and ev.state in _TERMINAL and ev.id in remaining:
-            remaining.discard(ev.id)
-            if not remaining and batch_id is None:
-                return False
-        return True
-
-    events = listener.events(tick=tick)
+    events = listener.events(tick=poll_interval)
+    next_resync = time.monotonic() + resync_interval
     try:
         async for item in events:
-            batch: list[StatusEvent] = []
-            if isinstance(item, Notifications):
-                need_progress = _notified(item, flt, active, batch)  # indexes into batch
-                if need_progress:
-                    progress = await _progress_of(item.conn, sorted({batch[i].id for i in need_progress}))
-                    for i in need_progress:
-                        if batch[i].id in progress:
-                            batch[i] = _with_progress(batch[i], progress[batch[i].id])
-            elif isinstance(item, Connected):
-                if tracked:
-                    got = await _snapshot(item.conn, True, flt, remaining, last, batch_id)
-                    batch = got or []
-            elif isinstance(item, Tick) and tracked:
-                got = await _snapshot(item.conn, False, flt, remaining, last, batch_id)
-                batch = got or []
+            try:
+                if isinstance(item, Connected):
+                    batch = await (st.start(item.conn) if st.cursor is None else st.read(item.conn))
+                elif isinstance(item, Notifications):
+                    assert st.cursor is not None
+                    cursor = st.cursor
+                    hinted = any(c == STATUS_CHANNEL and _hint_wants_read(p, cursor) for c, p in item.items)
+                    batch = await st.read(item.conn) if hinted else []
+                else:
+                    assert isinstance(item, Tick)
+                    batch = await st.read(item.conn)
+                    if st.tracked and time.monotonic() >= next_resync:
+                        next_resync = time.monotonic() + resync_interval
+                        batch += await st.resync(item.conn, exclude={e.id for e in batch}, full=False)
+            except (psycopg.OperationalError, psycopg.InterfaceError):
+                continue  # the listener finds the connection broken and reconnects; the cursor stays
             for ev in batch:
-                keep_going = note(ev)
+                st.note(ev)
                 yield ev
-                if not keep_going:
+                if st.done():
                     return
-            if remaining is not None and not remaining and batch_id is None:
+            if st.done():
                 return
     finally:
         with anyio.CancelScope(shield=True):
             await events.aclose()
 
 
-async def _snapshot(
-    conn: psycopg.AsyncConnection[Any],
-    full: bool,
-    flt: _Filter,
-    remaining: set[int] | None,
-    last: dict[int, tuple[str, int, str | None]],
-    batch_id: int | None,
-) -> list[StatusEvent] | None:
-    """Durable re-read of the watched jobs (``remaining`` is updated); the events for what changed (against
-    ``last``). None on a connection error."""
-    if full:
-        want_ids = sorted(remaining) if remaining is not None else []
-        live_only = False
-    else:
-        live = [i for i, (st, _, _) in last.items() if st not in _TERMINAL_TEXT]
-        want_ids = sorted(set(live) | (remaining or set()))
-        live_only = True
-    try:
-        cur = await conn.execute(_SNAPSHOT_SQL, (want_ids, batch_id, live_only))
-        rows = await cur.fetchall()
-    except (psycopg.OperationalError, psycopg.InterfaceError):
-        return None
-    out: list[StatusEvent] = []
-    seen: set[int] = set()
-    for id_, state, q, kind, attempt, b, progress in rows:
-        seen.add(id_)
-        if not flt.match(id_, b, q, kind):
-            if remaining is not None:
-                remaining.discard(id_)  # outside the queue/kinds filter: it will never be reported
-            continue
-        prev = last.get(id_)
-        cur_key = (state, attempt, None if progress is None else json.dumps(progress))
-        if prev == cur_key:
-            continue
-        out.append(StatusEvent(id_, JobState(state), q, kind, attempt, b, progress, True))
-    if remaining is not None:
-        for gone in [i for i in want_ids if i in remaining and i not in seen]:
-            remaining.discard(gone)  # no such job (never existed, or deleted): nothing to wait for
-    return out
-
-
-def _notified(item: Notifications, flt: _Filter, active: dict[int, int], batch: list[StatusEvent]) -> list[int]:
-    """Appends to ``batch`` the events of ``item`` that pass ``flt`` (``active``: the attempt of the jobs last
-    seen active, updated); returns the indexes of those that are progress reports without their progress."""
-    need_progress: list[int] = []
-    for channel, payload in item.items:
-        if channel != STATUS_CHANNEL:
-            continue
-        for e in _parse(payload):
-            try:
-                id_ = int(e["id"])
-                state = JobState(e["state"])
-                ev = StatusEvent(
-                    id_, state, str(e.get("queue")), str(e.get("kind")), int(e.get("attempt") or 0),
-                    e.get("batch_id"), e.get("progress"),
-                )  # fmt: skip
-            except (KeyError, ValueError, TypeError):
-                continue
-            if not flt.match(ev.id, ev.batch_id, ev.queue, ev.kind):
-                continue
-            if ev.state == JobState.ACTIVE and ev.progress is None and active.get(ev.id) == ev.attempt:
-                need_progress.append(len(batch))  # active again, same attempt: a progress report
-            if ev.state == JobState.ACTIVE:
-                active[ev.id] = ev.attempt
-            else:
-                active.pop(ev.id, None)
-            batch.append(ev)
-    return need_progress
-
-
-_TERMINAL_TEXT = frozenset(s.value for s in _TERMINAL)
-
-
-def _with_progress(ev: StatusEvent, progress: Any) -> StatusEvent:
-    return StatusEvent(ev.id, ev.state, ev.queue, ev.kind, ev.attempt, ev.batch_id, progress, ev.resync)
-
-
-async def _progress_of(conn: psycopg.AsyncConnection[Any], ids: list[int]) -> dict[int, Any]:
-    """Progress of jobs that just reported it (the notification carries only the transition's shape)."""
-    try:
-        cur = await conn.execute(_SNAPSHOT_SQL, (ids, None, False))
-        rows = await cur.fetchall()
-    except (psycopg.OperationalError, psycopg.InterfaceError):
-        return {}
-    return {r[0]: r[6] for r in rows if r[6] is not None}
-
-
 class StreamOps(AsyncRunner):
-    """``AsyncClient.subscribe``: the status stream (see :mod:`pgjobs.client.stream`)."""
+    """``AsyncClient.subscribe`` and ``read_events``: the status stream (see :mod:`pgjobs.client.stream`)."""
 
     def subscribe(
         self,
@@ -265,12 +279,43 @@ class StreamOps(AsyncRunner):
         queue: str | None = None,
         kinds: Iterable[str] | None = None,
         *,
+        after_id: int | None = None,
+        poll_interval: float = 1.0,
         resync_interval: float = 5.0,
     ) -> AsyncGenerator[StatusEvent, None]:
-        """``async for event in client.subscribe(job_ids=[...])``: status events from ``pgjobs_status``, with
-        durable re-reads for watched jobs. Ends by itself when all of ``job_ids`` are terminal. Uses a
-        dedicated LISTEN connection to the client's DSN (or its pool's conninfo)."""
+        """``async for event in client.subscribe(job_ids=[...])``: status events from the durable event log,
+        woken by ``pgjobs_status`` hints. Ends by itself when all of ``job_ids`` are terminal. Uses a dedicated
+        LISTEN connection to the client's DSN (or its pool's conninfo)."""
         dsn = getattr(self, "dsn", None) or self._pool.conninfo
         if not isinstance(dsn, str):
             raise ValueError("subscribe needs the client's DSN or a pool with a string conninfo")
-        return subscribe(dsn, job_ids, batch_id, queue, kinds, resync_interval=resync_interval)
+        return subscribe(
+            dsn, job_ids, batch_id, queue, kinds,
+            after_id=after_id, poll_interval=poll_interval, resync_interval=resync_interval,
+        )  # fmt: skip
+
+    async def read_events(
+        self,
+        after_id: int = 0,
+        max_rows: int = _PAGE,
+        queue: str | None = None,
+        job_ids: Iterable[int] | None = None,
+        batch_id: int | None = None,
+    ) -> list[StatusEvent]:
+        """One page of ``pgjobs.read_events``: events after ``after_id``, in ``event_id`` order."""
+        return await self._run(read_events_call(after_id, max_rows, queue, job_ids, batch_id))
+
+
+class SyncStreamOps(SyncRunner):
+    """``Client.read_events``."""
+
+    def read_events(
+        self,
+        after_id: int = 0,
+        max_rows: int = _PAGE,
+        queue: str | None = None,
+        job_ids: Iterable[int] | None = None,
+        batch_id: int | None = None,
+    ) -> list[StatusEvent]:
+        """One page of ``pgjobs.read_events``: events after ``after_id``, in ``event_id`` order."""
+        return self._run(read_events_call(after_id, max_rows, queue, job_ids, batch_id))

@@ -94,11 +94,12 @@ def read_events_call(
 
 
 def _parse_rows(rows: Rows) -> list[StatusEvent]:
-    return [
-        StatusEvent(r["id"], JobState(r["state"]), r["queue"], r["kind"], r["attempt"], r["batch_id"],
-                    r["progress"], False, r["event_id"], r["at"])  # fmt: skip
-        for r in rows
-    ]
+    out = []
+    for r in rows:
+        state = JobState(r["state"])
+        out.append(StatusEvent(r["id"], state, r["queue"], r["kind"], r["attempt"], r["batch_id"], r["progress"],
+                               False, r["event_id"], r["at"]))  # fmt: skip
+    return out
 
 
 def _hint_wants_read(payload: str, cursor: int) -> bool:

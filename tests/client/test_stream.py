@@ -1,5 +1,7 @@
-"""The status stream: ``AsyncClient.subscribe`` over pgjobs_status, across processes, with durable re-reads
-that heal missed notifications, reconnects, filters, and the end of a stream over explicit job ids."""
+"""The status stream: ``AsyncClient.subscribe`` over the durable event log (read_events), across processes:
+history replay, reconnects and missed or forged hints that lose nothing, rollbacks that never appear, a long
+transaction delivered when it commits, resuming from a cursor, filters, and the end of a stream over explicit
+job ids."""
 
 from __future__ import annotations
 
@@ -67,7 +69,7 @@ def test_a_subscriber_sees_every_transition_of_a_worker_in_another_process(
             with anyio.fail_after(60):
                 async for ev in stream:
                     events.append(ev)
-                    if len(events) == 1:  # subscribed (the first event is the durable re-read): start work
+                    if len(events) == 1:  # subscribed (the first event is the job's history): start work
                         start_worker(name="streamed", poll_interval=0.5)
 
     anyio.run(main)  # ends by itself: the only watched job became terminal
@@ -80,13 +82,15 @@ def test_a_subscriber_sees_every_transition_of_a_worker_in_another_process(
         ("active", 2, {"attempt": 2, "pct": 50}),
         ("succeeded", 2, None),
     ]
-    assert events[0].resync and not any(e.resync for e in events[1:])
+    assert not any(e.resync for e in events)  # all from the log, in order
+    ids = [e.event_id for e in events]
+    assert all(i is not None for i in ids) and ids == sorted(ids)
     assert all((e.id, e.kind, e.queue, e.batch_id) == (job, "steps", "default", None) for e in events)
 
 
 def test_durable_reread_heals_missing_notifications(dsn: str, conn: psycopg.Connection[Any]) -> None:
-    """A queue with status_events='none' sends no notification at all: a subscriber watching its jobs still
-    sees where they end, through the periodic re-read of durable status."""
+    """A queue with status_events='none' logs nothing at all: a subscriber watching its jobs still sees where
+    they end, through the periodic re-read of durable status."""
     conn.execute("SELECT pgjobs.configure_queue('silent', status_events => 'none')")
     a = enqueue(conn, "x", queue="silent")
     b = enqueue(conn, "x", queue="silent")
@@ -95,7 +99,7 @@ def test_durable_reread_heals_missing_notifications(dsn: str, conn: psycopg.Conn
     async def main() -> None:
         async with AsyncClient(dsn) as client:
             with anyio.fail_after(30):
-                async for ev in client.subscribe(job_ids=[a, b], resync_interval=0.1):
+                async for ev in client.subscribe(job_ids=[a, b], resync_interval=0.1, poll_interval=0.1):
                     events.append(ev)
                     if len(events) == 2:
                         i, tok = claim_one(conn, "silent")
@@ -129,14 +133,14 @@ def test_stream_survives_a_terminated_connection(dsn: str, conn: psycopg.Connect
                     if len(events) == 1:
                         old = wait_for(listen_pid, what="the subscriber's connection")
                         conn.execute("SELECT pg_terminate_backend(%s)", [old])
-                        # While it reconnects, the job runs: whatever notification is lost, the re-read on
-                        # reconnect reports the current state.
+                        # While it reconnects, the job runs: whatever hint is lost, the read from the cursor on
+                        # reconnect delivers every event.
                         i, tok = claim_one(conn)
                         conn.execute("SELECT pgjobs.complete(%s, %s)", [i, tok])
 
     anyio.run(main)
-    assert events[0].state == JobState.PENDING
-    assert events[-1].state == JobState.SUCCEEDED and events[-1].resync
+    assert [e.state for e in events] == [JobState.PENDING, JobState.ACTIVE, JobState.SUCCEEDED]
+    assert not any(e.resync for e in events)
 
 
 def test_filters_by_queue_kind_and_batch(dsn: str, conn: psycopg.Connection[Any]) -> None:
@@ -176,8 +180,8 @@ def test_filters_by_queue_kind_and_batch(dsn: str, conn: psycopg.Connection[Any]
 
     assert [(e.queue, e.state.value) for e in by_queue] == [("q1", "pending"), ("q1", "active"), ("q1", "succeeded")]
     assert [(e.kind, e.state.value) for e in by_kind] == [("k2", "pending"), ("k2", "active"), ("k2", "succeeded")]
-    # the batch stream starts with a durable read of its members, then follows them
-    assert [e.state.value for e in by_batch[:2]] == ["pending", "pending"] and by_batch[0].resync
+    # the batch stream starts with its members' history, then follows them
+    assert [e.state.value for e in by_batch[:2]] == ["pending", "pending"] and not by_batch[0].resync
     assert {e.id for e in by_batch} == members and all(e.batch_id == batch for e in by_batch)
     assert sorted(e.state.value for e in by_batch[2:]) == ["active", "active", "succeeded", "succeeded"]
 
@@ -197,7 +201,7 @@ def test_stream_of_finished_or_unknown_jobs_ends_at_once(dsn: str, conn: psycopg
                     events.append(ev)
 
     anyio.run(main)
-    assert shape(events) == [("succeeded", 1, None)]
+    assert shape(events) == [("pending", 0, None), ("active", 1, None), ("succeeded", 1, None)]  # its history
 
 
 def test_watched_job_outside_the_queue_filter_does_not_hold_the_stream(dsn: str, conn: psycopg.Connection[Any]) -> None:
@@ -214,4 +218,123 @@ def test_watched_job_outside_the_queue_filter_does_not_hold_the_stream(dsn: str,
                     events.append(ev)
 
     anyio.run(main)
-    assert [(e.id, e.state.value) for e in events] == [(inside, "succeeded")]
+    assert [(e.id, e.state.value) for e in events] == [(inside, "pending"), (inside, "active"), (inside, "succeeded")]
+
+
+def collect_until(dsn: str, n: int, timeout: float = 30, **kwargs: Any) -> list[StatusEvent]:
+    """Runs a subscription in a thread-free way: returns its first ``n`` events (fails after ``timeout``)."""
+    out: list[StatusEvent] = []
+
+    async def main() -> None:
+        async with AsyncClient(dsn) as client:
+            with anyio.fail_after(timeout):
+                async for ev in client.subscribe(**kwargs):
+                    out.append(ev)
+                    if len(out) >= n:
+                        return
+
+    anyio.run(main)
+    return out
+
+
+def test_forged_hints_neither_end_the_stream_nor_change_it(dsn: str, conn: psycopg.Connection[Any]) -> None:
+    job = enqueue(conn, "x")
+    events: list[StatusEvent] = []
+
+    async def main() -> None:
+        async with AsyncClient(dsn) as client:
+            with anyio.fail_after(30):
+                async for ev in client.subscribe(job_ids=[job], poll_interval=30):
+                    events.append(ev)
+                    if len(events) == 1:
+                        lie = f'[{{"id": {job}, "state": "succeeded"}}]'
+                        for forged in ('{"event_id": 99999999}', lie, "garbage", '{"event_id": 0}', ""):
+                            conn.execute("SELECT pg_notify('pgjobs_status', %s)", [forged])
+                        await anyio.sleep(0.3)
+                        i, tok = claim_one(conn)
+                        conn.execute("SELECT pgjobs.complete(%s, %s)", [i, tok])
+
+    anyio.run(main)
+    assert [e.state.value for e in events] == ["pending", "active", "succeeded"]
+
+
+def test_no_hint_at_all_costs_latency_never_an_event(dsn: str, conn: psycopg.Connection[Any]) -> None:
+    """With every hint dropped (the follower mark removed before each transition, so writers send none, and
+    the LISTEN connection killed in between), the poll fallback still delivers every event, once, in order."""
+    jobs = [enqueue(conn, "x") for _ in range(3)]
+    events: list[StatusEvent] = []
+
+    def listen_pids() -> list[int]:
+        rows = conn.execute(
+            "SELECT pid FROM pg_stat_activity WHERE application_name = 'pgjobs-subscribe'"
+            " AND datname = current_database()"
+        ).fetchall()
+        return [int(r[0]) for r in rows]
+
+    async def main() -> None:
+        async with AsyncClient(dsn) as client:
+            with anyio.fail_after(60):
+                async for ev in client.subscribe(job_ids=jobs, poll_interval=0.2):
+                    events.append(ev)
+                    if len(events) == 3:
+                        for _ in jobs:
+                            conn.execute("TRUNCATE pgjobs.stream_followers")
+                            for pid in listen_pids():
+                                conn.execute("SELECT pg_terminate_backend(%s)", [pid])
+                            i, tok = claim_one(conn)
+                            conn.execute("TRUNCATE pgjobs.stream_followers")
+                            conn.execute("SELECT pgjobs.complete(%s, %s)", [i, tok])
+
+    anyio.run(main)
+    assert sorted((e.id, e.state.value) for e in events) == sorted(
+        [(j, s) for j in jobs for s in ("pending", "active", "succeeded")]
+    )
+    ids = [e.event_id for e in events]
+    assert ids == sorted(ids) and len(set(ids)) == len(ids)
+
+
+def test_rolled_back_events_never_appear_and_a_long_transaction_arrives_when_it_commits(
+    dsn: str, conn: psycopg.Connection[Any]
+) -> None:
+    queue_events: list[StatusEvent] = []
+    long_tx = psycopg.connect(dsn)
+    try:
+
+        async def main() -> None:
+            async with AsyncClient(dsn) as client:
+                with anyio.fail_after(30):
+                    async for ev in client.subscribe(queue="watched"):
+                        queue_events.append(ev)
+                        if ev.kind == "flowing" and len([e for e in queue_events if e.kind == "flowing"]) == 1:
+                            long_tx.commit()
+                        if ev.kind == "held":
+                            return
+
+        async def produce() -> None:
+            await anyio.sleep(0.5)  # subscribed
+            long_tx.execute("SELECT pgjobs.enqueue('held', queue => 'watched')")  # left open
+            with psycopg.connect(dsn) as doomed:
+                doomed.execute("SELECT pgjobs.enqueue('doomed', queue => 'watched')")
+                doomed.rollback()
+            enqueue(conn, "flowing", queue="watched")
+
+        async def both() -> None:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(main)
+                tg.start_soon(produce)
+
+        anyio.run(both)
+    finally:
+        long_tx.close()
+    assert [e.kind for e in queue_events] == ["flowing", "held"]
+    assert queue_events[1].event_id is not None and queue_events[0].event_id is not None
+    assert queue_events[1].event_id > queue_events[0].event_id
+
+
+def test_a_subscriber_resumes_after_its_cursor(dsn: str, conn: psycopg.Connection[Any]) -> None:
+    first = collect_until(dsn, 1, job_ids=[enqueue(conn, "a")])
+    cursor = first[-1].event_id
+    assert cursor is not None
+    later = enqueue(conn, "b")
+    resumed = collect_until(dsn, 1, after_id=cursor)
+    assert [(e.id, e.kind, e.state.value) for e in resumed] == [(later, "b", "pending")]

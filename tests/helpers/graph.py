@@ -6,7 +6,6 @@ kind limit, so each test job carries a kind of its own.
 
 from __future__ import annotations
 
-import json
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -113,24 +112,43 @@ def counters(status: dict[str, Any]) -> dict[str, int]:
     return {k: status[k] for k in ("total", "pending", "succeeded", "failed", "cancelled")}
 
 
+_EVENTS_SQL = (
+    "SELECT event_id, id, state::text AS state, queue, kind, attempt, batch_id"
+    " FROM pgjobs.read_events(after_id => %s, max_rows => 100000)"
+)
+
+
+def log_head(conn: psycopg.Connection[Any]) -> int:
+    """The newest event id, after a tick (so what committed before this call is not reported as new)."""
+    conn.execute("SELECT count(*) FROM pgjobs.read_events(after_id => 9223372036854775806)")
+    row = conn.execute("SELECT coalesce((SELECT newest_id FROM pgjobs.stream_bounds()), 0)").fetchone()
+    return int(row[0]) if row else 0
+
+
+def logged_since(conn: psycopg.Connection[Any], cursor: int) -> tuple[int, list[dict[str, Any]]]:
+    """Status events logged after ``cursor`` (in the shape pgjobs_status payloads had), and the new cursor."""
+    rows = conn.execute(_EVENTS_SQL, [cursor]).fetchall()
+    out = [{"id": r[1], "state": r[2], "queue": r[3], "kind": r[4], "attempt": r[5], "batch_id": r[6]} for r in rows]
+    return (rows[-1][0] if rows else cursor), out
+
+
 class Listener:
-    """Collects pgjobs_status / pgjobs_wake notifications on its own connection."""
+    """Collects pgjobs_wake / pgjobs_cancel notifications on its own connection, and the status events logged
+    since it was created (read_events: status changes left NOTIFY for the durable log), as
+    ("pgjobs_status", event) pairs after the notifications."""
 
     def __init__(self, dsn: str) -> None:
         self.conn = psycopg.connect(dsn, autocommit=True)
-        self.conn.execute("LISTEN pgjobs_status")
         self.conn.execute("LISTEN pgjobs_wake")
         self.conn.execute("LISTEN pgjobs_cancel")
+        self.cursor = log_head(self.conn)
 
     def drain(self, timeout: float = 0.5) -> list[tuple[str, Any]]:
         out: list[tuple[str, Any]] = []
         for n in self.conn.notifies(timeout=timeout, stop_after=None):
-            if n.channel == "pgjobs_status":
-                payload = json.loads(n.payload)
-                for event in payload if isinstance(payload, list) else [payload]:
-                    out.append((n.channel, event))
-            else:
-                out.append((n.channel, n.payload))
+            out.append((n.channel, n.payload))
+        self.cursor, events = logged_since(self.conn, self.cursor)
+        out += [("pgjobs_status", e) for e in events]
         return out
 
     def status_events(self, timeout: float = 0.5) -> list[dict[str, Any]]:

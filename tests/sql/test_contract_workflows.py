@@ -21,6 +21,8 @@ import pytest
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
+from tests.helpers.graph import log_head, logged_since
+
 Conn = psycopg.Connection[Any]
 TERMINAL = {"succeeded", "failed", "cancelled"}
 BATCH_STATUS_COLUMNS = [
@@ -142,20 +144,20 @@ def raises(conn: Conn, sqlstate: str, query: str, params: Any = None) -> psycopg
 
 
 class Listener:
+    """pgjobs_wake / pgjobs_cancel notifications, then the status events logged since creation (read_events)."""
+
     def __init__(self, dsn: str) -> None:
         self.conn = psycopg.connect(dsn, autocommit=True)
-        for channel in ("pgjobs_status", "pgjobs_wake", "pgjobs_cancel"):
+        for channel in ("pgjobs_wake", "pgjobs_cancel"):
             self.conn.execute(f"LISTEN {channel}")
+        self.cursor = log_head(self.conn)
 
     def drain(self) -> list[tuple[str, Any]]:
         out: list[tuple[str, Any]] = []
         for n in self.conn.notifies(timeout=0.3, stop_after=None):
-            if n.channel == "pgjobs_status":
-                payload = json.loads(n.payload)
-                out += [(n.channel, e) for e in (payload if isinstance(payload, list) else [payload])]
-            else:
-                out.append((n.channel, n.payload))
-        return out
+            out.append((n.channel, n.payload))
+        self.cursor, events = logged_since(self.conn, self.cursor)
+        return out + [("pgjobs_status", e) for e in events]
 
 
 @contextmanager

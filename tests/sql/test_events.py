@@ -120,7 +120,9 @@ def test_one_log_row_per_transition_call(conn: Conn) -> None:
 def test_filters_by_queue_jobs_and_batch(conn: Conn) -> None:
     a = enqueue(conn, queue="qa")["id"]
     b = enqueue(conn, queue="qb")["id"]
-    members = call(conn, "enqueue_many", jobs=[{"kind": "m", "queue": "qa"}, {"kind": "m", "queue": "qb"}], as_batch=True)
+    members = call(
+        conn, "enqueue_many", jobs=[{"kind": "m", "queue": "qa"}, {"kind": "m", "queue": "qb"}], as_batch=True
+    )
     batch = members[0]["batch_id"]
     c = claim_one(conn, queues=["qa"])
     scalar(conn, "complete", id=c["id"], lease_token=c["lease_token"])

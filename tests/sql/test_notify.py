@@ -1,8 +1,8 @@
-"""Notifications: pgjobs_wake, pgjobs_status (shape, coalescing, status_events), pgjobs_cancel, delivery on commit."""
+"""Notifications: pgjobs_wake, pgjobs_cancel, delivery on commit; and the status events that used to be
+pgjobs_status payloads, now read from the durable log (read_events), with pgjobs_status a hint only."""
 
 from __future__ import annotations
 
-import json
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -19,7 +19,6 @@ from tests.helpers.foundation import (
     listen,
     payloads,
     scalar,
-    status_events,
 )
 
 Conn = psycopg.Connection[Any]
@@ -39,21 +38,31 @@ def event(id: int, state: str, attempt: int, kind: str = "k", queue: str = "defa
     return {"id": id, "state": state, "queue": queue, "kind": kind, "attempt": attempt, "batch_id": None}
 
 
+def status_events(conn: Conn, after: int = 0) -> list[dict[str, Any]]:
+    """The logged status events after ``after``, in the shape the notifications had."""
+    return [{k: r[k] for k in KEYS} for r in call(conn, "read_events", after_id=after, max_rows=100_000)]
+
+
+def newest(conn: Conn) -> int:
+    rows = call(conn, "read_events", after_id=0, max_rows=100_000)
+    return int(rows[-1]["event_id"]) if rows else 0
+
+
 @pytest.mark.smoke
 def test_notifications_arrive_only_after_commit(connect: ConnectFactory) -> None:
     listener = connect()
     listen(listener, *CHANNELS)
     producer = connect(autocommit=False)
     jid = enqueue(producer, "k", queue="mail")["id"]
-    assert drain(listener) == []  # persisted first ...
+    assert drain(listener) == [] and status_events(listener) == []  # persisted first ...
     producer.commit()
     notes = drain(listener)  # ... pushed second
     assert payloads(notes, "pgjobs_wake") == ["mail"]
-    assert status_events(notes) == [event(jid, "pending", 0, queue="mail")]
+    assert status_events(listener) == [event(jid, "pending", 0, queue="mail")]
 
 
 @pytest.mark.smoke
-def test_every_transition_sends_a_status_event_of_the_contract_shape(pair: tuple[Conn, Conn]) -> None:
+def test_every_transition_logs_a_status_event_of_the_contract_shape(pair: tuple[Conn, Conn]) -> None:
     conn, listener = pair
     jid = enqueue(conn, "k", max_attempts=3)["id"]
     c = claim_one(conn)
@@ -63,8 +72,7 @@ def test_every_transition_sends_a_status_event_of_the_contract_shape(pair: tuple
     scalar(conn, "release", id=jid, lease_token=c["lease_token"])
     c = claim_one(conn)
     scalar(conn, "complete", id=jid, lease_token=c["lease_token"])
-    events = status_events(drain(listener))
-    assert all(set(e) == KEYS for e in events), events
+    events = status_events(listener)
     assert events == [
         event(jid, "pending", 0),
         event(jid, "active", 1),
@@ -77,7 +85,7 @@ def test_every_transition_sends_a_status_event_of_the_contract_shape(pair: tuple
     ]
 
 
-def test_terminal_transitions_send_status_events(pair: tuple[Conn, Conn]) -> None:
+def test_terminal_transitions_log_status_events(pair: tuple[Conn, Conn]) -> None:
     conn, listener = pair
     a = enqueue(conn)["id"]
     b = enqueue(conn, run_at=datetime.now(UTC) + timedelta(hours=1))["id"]
@@ -85,7 +93,7 @@ def test_terminal_transitions_send_status_events(pair: tuple[Conn, Conn]) -> Non
     scalar(conn, "dead_letter", id=a, lease_token=c["lease_token"], error="x")
     scalar(conn, "cancel", id=b)
     scalar(conn, "retry", id=a)
-    events = status_events(drain(listener))
+    events = status_events(listener)
     assert events == [
         event(a, "pending", 0),
         event(b, "scheduled", 0),
@@ -117,34 +125,36 @@ def test_wake_is_sent_when_a_job_becomes_claimable_now(pair: tuple[Conn, Conn]) 
     assert payloads(drain(listener), "pgjobs_wake") == ["q"]
 
 
-def test_enqueue_many_sends_one_wake_per_queue_and_coalesced_status(pair: tuple[Conn, Conn]) -> None:
+def test_enqueue_many_sends_one_wake_per_queue_and_logs_one_event_per_job(pair: tuple[Conn, Conn]) -> None:
     conn, listener = pair
     rows = call(conn, "enqueue_many", jobs=[{"kind": "k", "queue": q} for q in ("a", "b", "a", "a", "b")])
     notes = drain(listener)
     assert sorted(payloads(notes, "pgjobs_wake")) == ["a", "b"]
-    status = payloads(notes, "pgjobs_status")
-    assert len(status) == 1 and isinstance(json.loads(status[0]), list)
-    # One event per job; within one notification the events come grouped by kind, queue and state
-    # (the order of events of different jobs is not part of the contract).
-    events = status_events(notes)
-    assert sorted(e["id"] for e in events) == [r["id"] for r in rows]
+    assert payloads(notes, "pgjobs_status") == []  # nobody follows the stream: no hint
+    events = status_events(conn)
+    assert [e["id"] for e in events] == [r["id"] for r in rows]
     assert {e["id"]: e["queue"] for e in events} == {r["id"]: q for r, q in zip(rows, "abaab", strict=True)}
     assert all(e["state"] == "pending" and e["attempt"] == 0 and e["batch_id"] is None for e in events)
 
 
-def test_a_multi_job_claim_and_complete_many_coalesce_into_arrays(pair: tuple[Conn, Conn]) -> None:
+def test_a_multi_job_claim_and_complete_many_coalesce_into_one_hint_each(pair: tuple[Conn, Conn]) -> None:
     conn, listener = pair
     call(conn, "enqueue_many", jobs=[{"kind": "k"} for _ in range(5)])
+    seen = newest(conn)  # (a read marks the stream followed: hints are sent from now on)
     drain(listener)
     got = claim(conn, max_jobs=5)
     notes = drain(listener)
     assert len(payloads(notes, "pgjobs_status")) == 1
-    assert [(e["id"], e["state"], e["attempt"]) for e in status_events(notes)] == [(g["id"], "active", 1) for g in got]
+    assert [(e["id"], e["state"], e["attempt"]) for e in status_events(conn, seen)] == [
+        (g["id"], "active", 1) for g in got
+    ]
+    seen = newest(conn)
+    drain(listener)
     scalar(conn, "complete_many", ids=[g["id"] for g in got], lease_tokens=[g["lease_token"] for g in got])
     notes = drain(listener)
     assert len(payloads(notes, "pgjobs_status")) == 1
-    assert sorted(e["id"] for e in status_events(notes)) == sorted(g["id"] for g in got)
-    assert {e["state"] for e in status_events(notes)} == {"succeeded"}
+    assert sorted(e["id"] for e in status_events(conn, seen)) == sorted(g["id"] for g in got)
+    assert {e["state"] for e in status_events(conn, seen)} == {"succeeded"}
 
 
 def test_status_events_terminal_and_none(pair: tuple[Conn, Conn]) -> None:
@@ -159,7 +169,7 @@ def test_status_events_terminal_and_none(pair: tuple[Conn, Conn]) -> None:
         scalar(conn, "complete", id=jid, lease_token=c["lease_token"])
     notes = drain(listener)
     by_queue: dict[str, list[str]] = {}
-    for e in status_events(notes):
+    for e in status_events(conn):
         by_queue.setdefault(e["queue"], []).append(e["state"])
     assert by_queue == {"t": ["succeeded"], "all": ["pending", "active", "active", "succeeded"]}
     # the wake does not depend on status_events
@@ -171,7 +181,7 @@ def test_status_events_terminal_filters_inside_a_coalesced_call(pair: tuple[Conn
     call(conn, "configure_queue", queue="t", status_events="terminal")
     drain(listener)
     rows = call(conn, "enqueue_many", jobs=[{"kind": "k", "queue": q} for q in ("t", "all", "t")])
-    events = status_events(drain(listener))
+    events = status_events(conn)
     assert [e["id"] for e in events] == [rows[1]["id"]]
 
 
@@ -183,28 +193,30 @@ def test_cancel_of_a_running_job_sends_its_id_on_pgjobs_cancel(pair: tuple[Conn,
     assert scalar(conn, "cancel", id=jid) is True
     notes = drain(listener)
     assert payloads(notes, "pgjobs_cancel") == [str(jid)]
-    assert status_events(notes) == []  # still active: no transition yet
+    assert [e["state"] for e in status_events(conn)] == ["pending", "active"]  # still active: no transition yet
 
 
 def test_long_names_never_break_a_transition(pair: tuple[Conn, Conn]) -> None:
-    """Regression: a long kind made pg_notify raise 'payload string too long' and failed the enqueue."""
+    """Regression: a long kind made pg_notify raise 'payload string too long' and failed the enqueue. The
+    log has no payload limit (the names are kept whole) and the hint carries no names at all."""
     conn, listener = pair
+    newest(conn)  # follow the stream, so hints are sent
     huge = "k" * 1000  # the longest kind there is (limits: sql/checks.sql)
     jid = enqueue(conn, huge)["id"]
-    events = status_events(drain(listener))
-    assert [e["id"] for e in events] == [jid] and huge.startswith(events[0]["kind"])
+    events = status_events(conn)
+    assert [(e["id"], e["kind"]) for e in events] == [(jid, huge)]
     call(conn, "enqueue_many", jobs=[{"kind": "x" * 300, "queue": "q" * 200} for _ in range(100)])
     got = claim(conn, queues=["q" * 200], max_jobs=100)
     assert len(got) == 100
     notes = drain(listener)
-    assert all(len(p.encode()) < 8000 for _, p in notes)
-    claimed_events = [e for e in status_events(notes) if e["state"] == "active"]
+    hints = payloads(notes, "pgjobs_status")
+    assert hints and all(len(p.encode()) < 100 for p in hints)
+    claimed_events = [e for e in status_events(conn) if e["state"] == "active"]
     assert sorted(e["id"] for e in claimed_events) == sorted(g["id"] for g in got)
 
 
-def test_a_bulk_enqueue_sends_each_job_once_in_payloads_under_the_limit(pair: tuple[Conn, Conn]) -> None:
-    """enqueue_many words its events per group of kind, queue and state, packs small groups together and
-    cuts outsized names: every created job is heard exactly once, with its own words, within NOTIFY's limit."""
+def test_a_bulk_enqueue_logs_each_job_once_with_its_own_words(pair: tuple[Conn, Conn]) -> None:
+    """Every created job is logged exactly once, with its own words (no cutting: the log has no limit)."""
     conn, listener = pair
     later = (datetime.now(UTC) + timedelta(hours=1)).isoformat()
     kinds = ["email.send", "k" * 40, 'a"quote\\and\u00e9', "x" * 1000]
@@ -216,15 +228,11 @@ def test_a_bulk_enqueue_sends_each_job_once_in_payloads_under_the_limit(pair: tu
         specs.append(spec)
     rows = call(conn, "enqueue_many", jobs=specs)
     notes = drain(listener)
-    status = payloads(notes, "pgjobs_status")
-    assert all(len(p.encode()) < 8000 for p in status)
-    assert len(status) < 60  # coalesced, not one per job or per group of a few
-    events = status_events(notes)
-    assert sorted(e["id"] for e in events) == [r["id"] for r in rows]
-    for row, spec, e in zip(rows, specs, sorted(events, key=lambda e: e["id"]), strict=True):
+    events = status_events(conn)
+    assert [e["id"] for e in events] == [r["id"] for r in rows]
+    for row, spec, e in zip(rows, specs, events, strict=True):
         assert e["id"] == row["id"] and set(e) == KEYS
         assert e["queue"] == spec["queue"] and e["attempt"] == 0 and e["batch_id"] is None
         assert e["state"] == ("scheduled" if "run_at" in spec else "pending")
-        # an outsized name is cut to 200 characters (subscribers re-read the job), others are exact
-        assert e["kind"] == (spec["kind"] if len(spec["kind"]) < 1000 else spec["kind"][:200])
+        assert e["kind"] == spec["kind"]
     assert sorted(payloads(notes, "pgjobs_wake")) == ["q0", "q1", "q2"]

@@ -152,7 +152,9 @@ def _plugins() -> list[Callable[[Any], None]]:
     from pgjobs.cli import schedules as cli_schedules
     from pgjobs.web import server as web
 
-    return [cli_queue.register, cli_schedules.register, web.register]
+    from pgjobs.cli import maintain as cli_maintain
+
+    return [cli_queue.register, cli_schedules.register, web.register, cli_maintain.register]
 
 
 def _global_split(argv: Sequence[str]) -> tuple[list[str], str | None, list[str]]:

@@ -307,8 +307,32 @@ class StreamOps(AsyncRunner):
         return await self._run(read_events_call(after_id, max_rows, queue, job_ids, batch_id))
 
 
+@dataclass(frozen=True, slots=True)
+class MaintenanceAction:
+    """One thing a ``pgjobs.maintain()`` pass did: ``tick`` (events given ids), ``truncate`` (an inbox
+    partition emptied), ``rotate`` (the log moved to a partition it emptied), ``wait`` (rotation waits for the
+    retention), ``skip`` (a partition was busy, retried next pass), ``forget`` (expired follower marks), ``busy``
+    (another pass was running: nothing done)."""
+
+    action: str
+    target: str
+    rows: int | None
+
+
+def maintain_call() -> Call[list[MaintenanceAction]]:
+    return Call(
+        "SELECT action, target, rows FROM pgjobs.maintain()",
+        {},
+        lambda rows: [MaintenanceAction(r["action"], r["target"], r["rows"]) for r in rows],
+    )
+
+
 class SyncStreamOps(SyncRunner):
-    """``Client.read_events``."""
+    """``Client.read_events`` and ``Client.maintain``."""
+
+    def maintain(self) -> list[MaintenanceAction]:
+        """One maintenance pass of the status stream (workers run one every few seconds by themselves)."""
+        return self._run(maintain_call())
 
     def read_events(
         self,

@@ -1,0 +1,42 @@
+"""``pgjobs maintain``: one maintenance pass of the status stream, and what it did.
+
+Workers run these passes by themselves (one at a time, from their heartbeat, at most every few seconds), so
+this is for operations: to see what the pass does, or to keep the event log rotated while no worker runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from pgjobs.client import Client
+from pgjobs.jsonable import to_jsonable
+
+
+def register(subparsers: Any) -> None:
+    """Adds ``maintain`` to the ``pgjobs`` command line."""
+    p = subparsers.add_parser(
+        "maintain",
+        help="one maintenance pass of the status stream (tick, truncate, rotate); prints what it did",
+        description="One maintenance pass of the status stream's event log: gives ids to committed events, "
+        "TRUNCATEs the inbox partitions already copied to the log, rotates the log past its retention.",
+    )
+    p.add_argument("--json", action="store_true", help="print the actions as JSON")
+    p.set_defaults(func=cmd_maintain, _needs="schema")
+
+
+def cmd_maintain(args: argparse.Namespace) -> int:
+    with Client(args.dsn, min_size=1, max_size=1) as client:
+        actions = client.maintain()
+    if args.json:
+        print(json.dumps(to_jsonable(actions)))
+        return 0
+    table = Table("action", "target", "rows", box=None, header_style="bold")
+    for a in actions:
+        table.add_row(a.action, a.target, "" if a.rows is None else str(a.rows))
+    Console().print(table)
+    return 0

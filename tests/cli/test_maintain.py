@@ -1,0 +1,33 @@
+"""``pgjobs maintain``: one maintenance pass of the status stream, printed."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import psycopg
+import pytest
+
+from pgjobs.cli.main import main
+
+
+def test_maintain_prints_what_the_pass_did(
+    dsn: str, conn: psycopg.Connection[Any], capsys: pytest.CaptureFixture[str]
+) -> None:
+    conn.execute("SELECT pgjobs.enqueue('k')")
+    # a committed row in an inbox partition that is not the current one: the pass ticks and truncates it
+    conn.execute(
+        "INSERT INTO pgjobs.event_inbox (slot, xid, at, ids, states, queues, kinds, attempts, batch_ids)"
+        " VALUES (mod(floor(extract(epoch FROM now()) / 15)::bigint + 2, 4), pg_current_xact_id(), now(),"
+        " '{99}', '{pending}', '{default}', '{aged}', '{0}', '{NULL}')"
+    )
+    capsys.readouterr()
+    assert main(["--dsn", dsn, "maintain", "--json"]) == 0
+    actions = json.loads(capsys.readouterr().out)
+    assert {"action": "tick", "target": "event_log", "rows": 2} in actions
+    assert [a["action"] for a in actions].count("truncate") == 1
+    assert main(["--dsn", dsn, "maintain"]) == 0
+    out = capsys.readouterr().out
+    assert "tick" in out and "event_log" in out
+    kinds = [r[0] for r in conn.execute("SELECT kind FROM pgjobs.read_events()").fetchall()]
+    assert kinds == ["k", "aged"]

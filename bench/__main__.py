@@ -228,6 +228,10 @@ def main(argv: list[str] | None = None, prog: str = "python -m bench") -> int:
         from . import peers
 
         return peers.main(argv[1:])
+    if argv[:1] == ["soak"]:  # its own options: python -m bench soak --help
+        from .soak import main as soak_main
+
+        return soak_main(argv[1:])
     args = _parser(prog).parse_args(argv)
     names = [s.strip() for s in args.only.split(",")] if args.only else list(SUITES)
     unknown = [n for n in names if n not in SUITES]

@@ -94,13 +94,44 @@ def _fill(conn: psycopg.Connection[Any], n: int) -> None:
     conn.execute("VACUUM ANALYZE pgjobs.jobs")
 
 
-def throughput(dsn: str, n_jobs: int, processes: int, concurrency: int, events: str, durable: bool = True) -> float:
+def _start_follower(dsn: str, out: Path) -> subprocess.Popen[bytes]:
+    env = dict(os.environ, PYTHONPATH=str(HERE.parent) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    cmd = [sys.executable, "-m", "bench._follower", dsn, QUEUE, str(out)]
+    return subprocess.Popen(cmd, cwd=HERE.parent, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+
+
+def _stop_follower(proc: subprocess.Popen[bytes], out: Path) -> dict[str, Any]:
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        raise RuntimeError("the follower did not stop") from None
+    if not out.exists():
+        err = proc.stderr.read().decode(errors="replace")[-2000:] if proc.stderr else ""
+        raise RuntimeError(f"the follower wrote nothing: {err}")
+    data: dict[str, Any] = json.loads(out.read_text())
+    out.unlink()
+    return data
+
+
+DELIVERIES: list[tuple[int, int, list[float]]] = []  # (events seen, jobs, delays) per follower run
+
+
+def throughput(
+    dsn: str, n_jobs: int, processes: int, concurrency: int, events: str, durable: bool = True, follower: bool = False
+) -> float:
     """Jobs/s for one configuration (see the module docstring)."""
     with connect(dsn) as conn:
         conn.execute("SELECT pgjobs.configure_queue(%s, paused => true, status_events => %s)", [QUEUE, events])
+        conn.execute("TRUNCATE pgjobs.stream_followers")
         _fill(conn, n_jobs)
         procs = _start_workers(dsn, processes, QUEUE, concurrency, durable)
+        out = Path(f"/tmp/pgjobs-bench-follower-{os.getpid()}.json")
+        follow = _start_follower(dsn, out) if follower else None
         try:
+            if follow is not None:
+                time.sleep(1.0)  # subscribed (it starts at the head of the log)
             _wait_ready(conn, procs)
             row = conn.execute(
                 "SELECT now() FROM pgjobs.configure_queue(%s, paused => false), pg_notify('pgjobs_wake', %s)",
@@ -128,9 +159,23 @@ def throughput(dsn: str, n_jobs: int, processes: int, concurrency: int, events: 
             done, seconds = int(row[0]), float(row[1])
             if done != n_jobs:
                 raise RuntimeError(f"{done} of {n_jobs} bench jobs succeeded")
+            if follow is not None:
+                time.sleep(0.5)  # the last events on their way
+                got = _stop_follower(follow, out)
+                follow = None
+                DELIVERIES.append((int(got["events"]), n_jobs, [float(d) for d in got["delays"]]))
             return n_jobs / seconds
         finally:
             _stop(procs)
+            if follow is not None:
+                follow.kill()
+                follow.wait(5)
+            conn.execute("TRUNCATE pgjobs.stream_followers")
+
+
+def _head(conn: psycopg.Connection[Any]) -> int:
+    row = conn.execute("SELECT coalesce((SELECT newest_id FROM pgjobs.stream_bounds()), 0)").fetchone()
+    return int(row[0]) if row else 0
 
 
 def wake_latency(dsn: str, samples: int = 200) -> list[float]:
@@ -150,6 +195,7 @@ def wake_latency(dsn: str, samples: int = 200) -> list[float]:
         try:
             _wait_ready(conn, procs)
             out: list[float] = []
+            cursor = _head(listen)
             for i in range(samples + 5):
                 time.sleep(random.uniform(0.005, 0.025))
                 row = conn.execute(
@@ -161,16 +207,22 @@ def wake_latency(dsn: str, samples: int = 200) -> list[float]:
                 assert row is not None
                 job_id, committed = row
                 started = None
-                # Wait on the job's own status notification rather than polling: the bench then uses no CPU
-                # while the worker wakes up, claims and runs the job.
+                # Wait on the status stream's hints (reading read_events after each) rather than polling: the
+                # bench then uses no CPU while the worker wakes up, claims and runs the job.
                 deadline = time.monotonic() + 10
                 while started is None and time.monotonic() < deadline:
-                    for n in listen.notifies(timeout=0.5, stop_after=1):
-                        events = json.loads(n.payload)
-                        for e in events if isinstance(events, list) else [events]:
-                            if e.get("id") == job_id and e.get("state") == "succeeded":
-                                r = conn.execute("SELECT result FROM pgjobs.jobs WHERE id = %s", [job_id]).fetchone()
-                                started = float(r[0]) if r is not None else None
+                    rows = listen.execute(
+                        "SELECT event_id, state::text FROM pgjobs.read_events(after_id => %s, job_ids => ARRAY[%s])",
+                        [cursor, job_id],
+                    ).fetchall()
+                    for event_id, state in rows:
+                        cursor = max(cursor, event_id)
+                        if state == "succeeded":
+                            r = conn.execute("SELECT result FROM pgjobs.jobs WHERE id = %s", [job_id]).fetchone()
+                            started = float(r[0]) if r is not None else None
+                    if started is None:
+                        for _ in listen.notifies(timeout=0.5, stop_after=1):
+                            pass
                 if started is None:
                     raise RuntimeError(f"latency job {job_id} did not run")
                 if i >= 5:  # the first few warm up the prepared statements
@@ -186,17 +238,20 @@ def run(dsn: str, quick: bool = False) -> dict[str, Any]:
     n10 = 5_000 if quick else 20_000
     rounds = 1 if quick else 5
     configs = [
-        ("1 process, concurrency 10, status events all", 1, 10, "all", n10, True),
-        ("1 process, concurrency 50, status events all", 1, 50, "all", n50, True),
-        ("1 process, concurrency 50, status events none", 1, 50, "none", n50, True),
-        ("2 processes, concurrency 50 each, status events all", 2, 50, "all", n50, True),
-        ("2 processes, concurrency 50 each, status events none", 2, 50, "none", n50, True),
-        ("1 process, concurrency 50, status events all, durable_completions=False", 1, 50, "all", n50, False),
-    ]
+        ("1 process, concurrency 10, status events all", 1, 10, "all", n10, True, False),
+        ("1 process, concurrency 50, status events all", 1, 50, "all", n50, True, False),
+        ("1 process, concurrency 50, status events none", 1, 50, "none", n50, True, False),
+        ("2 processes, concurrency 50 each, status events all", 2, 50, "all", n50, True, False),
+        ("2 processes, concurrency 50 each, status events none", 2, 50, "none", n50, True, False),
+        ("1 process, concurrency 50, status events all, durable_completions=False", 1, 50, "all", n50, False, False),
+        ("1 process, concurrency 50, status events all, one subscriber following the queue", 1, 50, "all", n50,
+         True, True),
+    ]  # fmt: skip
     samples: dict[str, list[float]] = {c[0]: [] for c in configs}
+    DELIVERIES.clear()
     for r in range(rounds):
-        for name, procs, conc, events, n, durable in configs if r % 2 == 0 else reversed(configs):
-            samples[name].append(throughput(dsn, n, procs, conc, events, durable))
+        for name, procs, conc, events, n, durable, follower in configs if r % 2 == 0 else reversed(configs):
+            samples[name].append(throughput(dsn, n, procs, conc, events, durable, follower))
     tput = {name: median(v) for name, v in samples.items()}
     lat = wake_latency(dsn, 50 if quick else 200)
     p50, p99 = percentile(lat, 50) * 1000, percentile(lat, 99) * 1000
@@ -205,6 +260,8 @@ def run(dsn: str, quick: bool = False) -> dict[str, Any]:
     one_none = tput[configs[2][0]]
     two_all = tput[configs[3][0]]
     two_none = tput[configs[4][0]]
+    delays = [d for _, _, ds in DELIVERIES for d in ds]
+    seen_all = all(events >= 2 * jobs for events, jobs, _ in DELIVERIES)  # each job's active and succeeded
     figures: list[Figure] = [
         figure(
             "worker no-op jobs/s, " + configs[0][0], tput[configs[0][0]], "jobs/s",
@@ -231,6 +288,22 @@ def run(dsn: str, quick: bool = False) -> dict[str, Any]:
             "worker no-op jobs/s, " + configs[5][0], tput[configs[5][0]], "jobs/s",
             baseline=one_all, baseline_name="durable completions (the default)",
             note="informational: completions committed without waiting for the WAL flush (opt-in)",
+        ),
+        figure(
+            "worker no-op jobs/s, " + configs[6][0], tput[configs[6][0]], "jobs/s",
+            baseline=one_all, baseline_name="no subscriber", bar=0.9,
+            note="the subscriber is a separate process (client.subscribe(queue=...)) on the same 2 cores",
+        ),
+        figure(
+            "status event delivery p50 (transition -> subscriber, worker at full speed)",
+            percentile(delays, 50) * 1000 if delays else float("nan"), "ms",
+            baseline=10.0, baseline_name="the bar: 10 ms", bar=1.0, bar_kind="max",
+            note="every event delivered" if seen_all else "EVENTS MISSING",
+        ),
+        figure(
+            "status event delivery p99 (transition -> subscriber, worker at full speed)",
+            percentile(delays, 99) * 1000 if delays else float("nan"), "ms",
+            baseline=50.0, baseline_name="the bar: 50 ms", bar=1.0, bar_kind="max",
         ),
         figure(
             "wake latency p50 (enqueue commit -> handler start, idle worker)", p50, "ms",

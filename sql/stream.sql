@@ -354,21 +354,22 @@ LANGUAGE sql
 STABLE
 SECURITY DEFINER
 SET search_path = pg_catalog, pgjobs, pg_temp
-BEGIN ATOMIC
-    SELECT (SELECT l.first_id FROM pgjobs.event_log AS l ORDER BY l.last_id LIMIT 1),
-           (SELECT l.last_id FROM pgjobs.event_log AS l ORDER BY l.last_id DESC LIMIT 1);
-END;
+AS $$
+    SELECT (SELECT l.first_id FROM event_log AS l ORDER BY l.last_id LIMIT 1),
+           (SELECT l.last_id FROM event_log AS l ORDER BY l.last_id DESC LIMIT 1);
+$$;
 
--- Retention and rotation period of the event log; NULL leaves a setting as it is.
+-- Retention and rotation period of the event log; NULL leaves a setting as it is. Returns the
+-- settings now in force, as {"retention": ..., "rotate_every": ...}.
 CREATE OR REPLACE FUNCTION pgjobs.configure_stream(retention interval DEFAULT NULL, rotate_every interval DEFAULT NULL)
-RETURNS pgjobs.stream_settings
+RETURNS jsonb
 LANGUAGE plpgsql
 SECURITY DEFINER
 SET search_path = pg_catalog, pgjobs, pg_temp
 AS $$
 #variable_conflict use_column
 DECLARE
-    v_row stream_settings;
+    v_row jsonb;
 BEGIN
     IF configure_stream.retention IS NOT NULL AND configure_stream.retention < interval '1 minute' THEN
         RAISE EXCEPTION USING ERRCODE = 'PJ002',
@@ -380,7 +381,7 @@ BEGIN
     UPDATE stream_settings AS s
        SET retention = coalesce(configure_stream.retention, s.retention),
            rotate_every = coalesce(configure_stream.rotate_every, s.rotate_every)
-    RETURNING s.* INTO v_row;
+    RETURNING jsonb_build_object('retention', s.retention, 'rotate_every', s.rotate_every) INTO v_row;
     RETURN v_row;
 END;
 $$;

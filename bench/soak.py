@@ -1,0 +1,258 @@
+"""``python -m bench soak``: a fixed offered rate through one worker process for minutes, and how it holds up.
+
+First the worker's clean maximum is measured (a fresh database, 20,000 no-op jobs, one process at concurrency
+50), unless ``--rate`` gives the offered rate; the soak offers 60 % of it (``--share``) for ``--minutes``
+(default 10) on a fresh database: a producer thread enqueues every 100 ms, one worker process (the real
+``pgjobs.Worker``, concurrency 50) runs the jobs, and a probe claims one job every 200 ms to time a claim
+under the same table (its job is completed at once). Every 10 s it prints:
+
+* completion rate (jobs/s finished in the window: enqueued minus the growth of the live backlog),
+* claim p50/p99: the probe's claim call, and the wait of the job it got (now - run_at: the queue delay),
+* queue depth (jobs not yet terminal),
+* ``n_dead_tup`` and total size of every pgjobs table (partitions summed into their parent).
+
+``--idle-tx SECONDS`` holds a foreign snapshot (``BEGIN; SELECT txid_current();`` then nothing) for that long
+in the middle of the run. ``--fair`` runs on a fair queue with 100 groups. Results go to
+``bench/results/soak-<timestamp>.json`` (``--json``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import psycopg
+
+from .common import connect, fresh_database, percentile
+from .worker import HERE, throughput
+
+QUEUE = "soak"
+WINDOW = 10.0
+_TABLES_SQL = """
+SELECT coalesce(p.relname, c.relname) AS tbl, sum(coalesce(s.n_dead_tup, 0))::bigint,
+       sum(pg_total_relation_size(c.oid))::bigint, sum(coalesce(s.n_live_tup, 0))::bigint
+  FROM pg_class AS c
+  JOIN pg_namespace AS n ON n.oid = c.relnamespace AND n.nspname = 'pgjobs'
+  LEFT JOIN pg_inherits AS i ON i.inhrelid = c.oid
+  LEFT JOIN pg_class AS p ON p.oid = i.inhparent
+  LEFT JOIN pg_stat_user_tables AS s ON s.relid = c.oid
+ WHERE c.relkind = 'r'
+ GROUP BY 1 ORDER BY 3 DESC
+"""
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m bench soak", description=__doc__.split("\n\n")[0])
+    p.add_argument("--dsn", default=os.environ.get("PGJOBS_DSN"), help="server (default $PGJOBS_DSN)")
+    p.add_argument("--rate", type=float, help="offered jobs/s (default: --share of the clean maximum, measured)")
+    p.add_argument("--share", type=float, default=0.6, help="share of the clean maximum to offer (default 0.6)")
+    p.add_argument("--minutes", type=float, default=10.0, help="how long to offer the rate (default 10)")
+    p.add_argument("--idle-tx", type=float, default=0.0, metavar="SECONDS", help="hold a snapshot that long, mid-run")
+    p.add_argument("--fair", action="store_true", help="a fair queue with 100 groups")
+    p.add_argument("--concurrency", type=int, default=50, help="the worker's concurrency (default 50)")
+    p.add_argument("--json", metavar="PATH", help="where to write the results")
+    return p
+
+
+class Producer(threading.Thread):
+    """Enqueues ``rate`` jobs/s in enqueue_many calls every 100 ms (the fractional rest carries over)."""
+
+    def __init__(self, dsn: str, rate: float, fair: bool) -> None:
+        super().__init__(daemon=True)
+        self.dsn, self.rate, self.fair = dsn, rate, fair
+        self.stop = threading.Event()
+        self.enqueued = 0
+        self.behind = 0.0  # seconds the producer could not keep up with its schedule, in total
+
+    def run(self) -> None:
+        with connect(self.dsn) as conn:
+            start = time.monotonic()
+            tick = 0
+            while not self.stop.is_set():
+                tick += 1
+                due = int(self.rate * tick * 0.1) - self.enqueued
+                if due > 0:
+                    n0 = self.enqueued
+                    specs = [
+                        {"kind": "noop", "queue": QUEUE, **({"group_key": f"g{(n0 + i) % 100}"} if self.fair else {})}
+                        for i in range(due)
+                    ]
+                    conn.execute("SELECT count(*) FROM pgjobs.enqueue_many(%s::jsonb)", [json.dumps(specs)])
+                    self.enqueued += due
+                wait = start + tick * 0.1 - time.monotonic()
+                if wait > 0:
+                    self.stop.wait(wait)
+                else:
+                    self.behind -= wait
+
+
+class Probe(threading.Thread):
+    """Claims one job every 200 ms (and completes it): the claim call's time and the job's queue delay."""
+
+    def __init__(self, dsn: str) -> None:
+        super().__init__(daemon=True)
+        self.dsn = dsn
+        self.stop = threading.Event()
+        self.samples: list[tuple[float, float, float | None]] = []  # (monotonic, claim seconds, wait seconds)
+
+    def run(self) -> None:
+        with connect(self.dsn) as conn:
+            while not self.stop.wait(0.2):
+                t0 = time.perf_counter()
+                row = conn.execute(
+                    "SELECT c.id, c.lease_token,"
+                    " (SELECT extract(epoch FROM clock_timestamp() - j.run_at)::float8 FROM pgjobs.jobs AS j"
+                    "   WHERE j.id = c.id)"
+                    " FROM pgjobs.claim(worker => 'probe', queues => ARRAY[%s], max_jobs => 1) AS c",
+                    [QUEUE],
+                ).fetchone()
+                took = time.perf_counter() - t0
+                self.samples.append((time.monotonic(), took, None if row is None else float(row[2])))
+                if row is not None:
+                    conn.execute("SELECT pgjobs.complete(id => %s, lease_token => %s)", [row[0], row[1]])
+
+
+class IdleTx(threading.Thread):
+    """``BEGIN; SELECT txid_current();`` then nothing for ``hold`` seconds, starting after ``delay``."""
+
+    def __init__(self, dsn: str, delay: float, hold: float) -> None:
+        super().__init__(daemon=True)
+        self.dsn, self.delay, self.hold = dsn, delay, hold
+        self.began: float | None = None
+        self.ended: float | None = None
+
+    def run(self) -> None:
+        time.sleep(self.delay)
+        with psycopg.connect(self.dsn) as conn:
+            conn.execute("SELECT txid_current()")
+            self.began = time.monotonic()
+            time.sleep(self.hold)
+            conn.rollback()
+            self.ended = time.monotonic()
+
+
+def _depth(conn: psycopg.Connection[Any]) -> int:
+    row = conn.execute(
+        "SELECT count(*) FROM pgjobs.jobs WHERE queue = %s AND state IN ('pending', 'active', 'scheduled')", [QUEUE]
+    ).fetchone()
+    return int(row[0]) if row else 0
+
+
+def _start_worker(dsn: str, concurrency: int) -> subprocess.Popen[bytes]:
+    env = dict(os.environ, PYTHONPATH=str(HERE.parent) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    cmd = [sys.executable, "-m", "bench._worker_app", dsn, QUEUE, str(concurrency)]
+    return subprocess.Popen(cmd, cwd=HERE.parent, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+
+
+def _window(probe: Probe, since: float) -> dict[str, float | None]:
+    got = [s for s in probe.samples if s[0] >= since]
+    claims = [s[1] for s in got]
+    waits = [s[2] for s in got if s[2] is not None]
+    return {
+        "claim_p50_ms": percentile(claims, 50) * 1000 if claims else None,
+        "claim_p99_ms": percentile(claims, 99) * 1000 if claims else None,
+        "wait_p50_ms": percentile(waits, 50) * 1000 if waits else None,
+        "wait_p99_ms": percentile(waits, 99) * 1000 if waits else None,
+    }
+
+
+def _ms(v: float | None) -> str:
+    return "-" if v is None else f"{v:.1f}"
+
+
+def soak(dsn: str, rate: float, minutes: float, idle_tx: float, fair: bool, concurrency: int) -> dict[str, Any]:
+    with connect(dsn) as conn:
+        if fair:
+            conn.execute("SELECT pgjobs.configure_queue(%s, fair => true)", [QUEUE])
+        worker = _start_worker(dsn, concurrency)
+        producer, probe = Producer(dsn, rate, fair), Probe(dsn)
+        total = minutes * 60
+        idle = IdleTx(dsn, max(0.0, (total - idle_tx) / 2), idle_tx) if idle_tx > 0 else None
+        windows: list[dict[str, Any]] = []
+        try:
+            time.sleep(2.0)  # the worker is up
+            start = time.monotonic()
+            producer.start()
+            probe.start()
+            if idle is not None:
+                idle.start()
+            last_enq, last_depth, last_t = 0, _depth(conn), start
+            while time.monotonic() - start < total:
+                time.sleep(max(0.0, last_t + WINDOW - time.monotonic()))
+                now = time.monotonic()
+                enq, depth = producer.enqueued, _depth(conn)
+                done = (enq - last_enq) - (depth - last_depth)
+                held = idle is not None and idle.began is not None and (idle.ended is None or idle.ended > last_t)
+                tables = [
+                    {"table": t, "dead": d, "bytes": b, "live": live}
+                    for t, d, b, live in conn.execute(_TABLES_SQL).fetchall()
+                ]
+                w: dict[str, Any] = {
+                    "t": round(now - start, 1), "completed_per_s": done / (now - last_t),
+                    "offered_per_s": (enq - last_enq) / (now - last_t), "depth": depth, "snapshot_held": held,
+                    **_window(probe, last_t), "tables": tables,
+                }  # fmt: skip
+                windows.append(w)
+                print(
+                    f"t={w['t']:6.1f}s{' [snapshot held]' if held else ''}  done {w['completed_per_s']:7.0f}/s"
+                    f" (offered {w['offered_per_s']:6.0f}/s)  depth {depth:6d}  claim p50/p99"
+                    f" {_ms(w['claim_p50_ms'])}/{_ms(w['claim_p99_ms'])} ms  wait p50/p99"
+                    f" {_ms(w['wait_p50_ms'])}/{_ms(w['wait_p99_ms'])} ms",
+                    flush=True,
+                )
+                print(
+                    "    "
+                    + "  ".join(
+                        f"{t['table']} {t['dead']}d/{t['bytes'] // 1024}k"
+                        for t in tables
+                        if t["bytes"] > 16384 or t["dead"] > 0
+                    ),
+                    flush=True,
+                )
+                last_enq, last_depth, last_t = enq, depth, now
+        finally:
+            producer.stop.set()
+            probe.stop.set()
+            producer.join(10)
+            probe.join(10)
+            if worker.poll() is None:
+                worker.send_signal(signal.SIGTERM)
+                try:
+                    worker.wait(30)
+                except subprocess.TimeoutExpired:
+                    worker.kill()
+    return {"windows": windows, "producer_behind_s": producer.behind}
+
+
+def main(argv: list[str]) -> int:
+    args = _parser().parse_args(argv)
+    if not args.dsn:
+        print("soak needs --dsn or PGJOBS_DSN", file=sys.stderr)
+        return 2
+    clean_max = None
+    rate = args.rate
+    if rate is None:
+        with fresh_database(args.dsn, "soakmax") as dsn:
+            clean_max = throughput(dsn, 20_000, 1, args.concurrency, "all")
+        rate = args.share * clean_max
+        print(f"clean maximum {clean_max:.0f} jobs/s; offering {rate:.0f} jobs/s ({args.share:.0%})", flush=True)
+    with fresh_database(args.dsn, "soak") as dsn:
+        result = soak(dsn, rate, args.minutes, args.idle_tx, args.fair, args.concurrency)
+    result.update(
+        clean_max=clean_max, rate=rate, minutes=args.minutes, idle_tx=args.idle_tx, fair=args.fair,
+        concurrency=args.concurrency,
+    )  # fmt: skip
+    out = Path(args.json) if args.json else HERE / "results" / f"soak-{dt.datetime.now():%Y%m%d-%H%M%S}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=1, default=str))
+    print(f"results: {out}")
+    return 0

@@ -9,6 +9,7 @@ Same machine, same clock as the server.
 from __future__ import annotations
 
 import json
+import os
 import signal
 import sys
 import time
@@ -29,7 +30,8 @@ async def follow(dsn: str, queue: str, out: str) -> None:
 
     async def consume() -> None:
         async with AsyncClient(dsn, min_size=1, max_size=1) as client:
-            async for ev in client.subscribe(queue=queue):
+            poll = float(os.environ.get("BENCH_FOLLOWER_POLL", "1.0"))
+            async for ev in client.subscribe(queue=queue, poll_interval=poll):
                 if ev.at is not None:
                     delays.append(time.time() - ev.at.timestamp())
 

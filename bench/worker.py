@@ -126,6 +126,7 @@ def throughput(
         conn.execute("SELECT pgjobs.configure_queue(%s, paused => true, status_events => %s)", [QUEUE, events])
         conn.execute("TRUNCATE pgjobs.stream_followers")
         _fill(conn, n_jobs)
+        conn.execute("SELECT count(*) FROM pgjobs.maintain()")  # the fill's events ticked: not the follower's
         procs = _start_workers(dsn, processes, QUEUE, concurrency, durable)
         out = Path(f"/tmp/pgjobs-bench-follower-{os.getpid()}.json")
         follow = _start_follower(dsn, out) if follower else None

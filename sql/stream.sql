@@ -70,11 +70,18 @@
 -- THE HINT. `pgjobs_status` NOTIFY carries only {"event_id": N} (the newest id the sender knows;
 -- "pending": true when sent by a writer whose own events get their ids at the next tick): any role
 -- can LISTEN, so it says nothing about jobs, and a notification is never a fact (readers read
--- read_events). It is sent only while someone follows the stream: read_events (the follower's
--- call, at least every few seconds) inserts an expiry time in stream_followers when the newest
--- one is near its end, and a writer probes the newest with one index descent per call. With no
--- follower, claim and complete_many send no NOTIFY and so never take NOTIFY's cluster-wide commit
--- lock. pgjobs_wake is not affected.
+-- read_events). A notifying commit takes NOTIFY's cluster-wide lock and holds it through its WAL
+-- flush, so every writer that notifies serialises its commit with all others: writers notify only
+-- when a follower is WAITING for a hint. Each read_events call (in a transaction that may tick)
+-- leaves a mark in stream_followers, insert-only and only when it changes or is 5 s from expiring:
+-- armed when the read found nothing (the follower now waits for a hint), disarmed when it found
+-- events (a follower reads again by itself after a read that returned events: subscribe() does so
+-- every few milliseconds until a read comes back empty). A writer probes the newest mark with one
+-- index descent per call. So with no follower, or a busy one (under load), claim and complete_many
+-- send no NOTIFY and never take the lock; an idle follower is woken by the first writer. A reader
+-- that ticked events also hints (from its own transaction, off the hot path) so that other
+-- followers, whose marks the busy one overwrote, hear of them. Marks last 10 s (a follower calls
+-- read_events at least every few seconds). pgjobs_wake is not affected.
 
 -- The advisory lock of the ticker and of maintenance ("pgjobs" + 1).
 CREATE OR REPLACE FUNCTION pgjobs._stream_lock()
@@ -105,8 +112,10 @@ BEGIN
     VALUES ((floor(extract(epoch FROM now()) / 15)::bigint % 4)::smallint, pg_current_xact_id(), now(),
             _append_events.ids, _append_events.states, _append_events.queues, _append_events.kinds,
             _append_events.attempts, _append_events.batch_ids, _append_events.progress);
-    -- One index descent to the newest expiry time: no follower, no NOTIFY (and no commit lock).
-    IF EXISTS (SELECT 1 FROM stream_followers AS f WHERE f.until > statement_timestamp()) THEN
+    -- One index descent to the newest follower mark: no follower waiting, no NOTIFY (and no commit
+    -- lock). A follower that is reading (it got events last time) comes back by itself.
+    IF (SELECT f.armed FROM stream_followers AS f WHERE f.until > statement_timestamp()
+         ORDER BY f.until DESC LIMIT 1) THEN
         -- The same text for the whole transaction as long as no tick runs between: NOTIFY folds
         -- duplicates of one transaction into one.
         PERFORM pg_notify('pgjobs_status', '{"event_id": '
@@ -294,6 +303,7 @@ AS $$
 DECLARE
     v_after bigint := _read_events.after_id;
     v_tick  record;
+    v_n     bigint;
 BEGIN
     IF v_after IS NULL OR v_after < 0 THEN
         RAISE EXCEPTION USING ERRCODE = 'PJ002',
@@ -312,9 +322,6 @@ BEGIN
                 PERFORM pg_notify('pgjobs_status', '{"event_id": ' || v_tick.newest || '}');
             END IF;
         END IF;
-        IF NOT EXISTS (SELECT 1 FROM stream_followers AS f WHERE f.until > clock_timestamp() + interval '5 seconds') THEN
-            INSERT INTO stream_followers (until) VALUES (clock_timestamp() + interval '10 seconds');
-        END IF;
     END IF;
 
     IF job_ids IS NULL AND in_batch IS NULL THEN
@@ -328,6 +335,8 @@ BEGIN
            AND (in_queue IS NULL OR u.queue = in_queue)
          ORDER BY l.last_id, u.o
          LIMIT max_rows;
+        GET DIAGNOSTICS v_n = ROW_COUNT;
+        PERFORM _mark_follower(v_n = 0);
         RETURN;
     END IF;
     -- Watched jobs or a batch: their rows by the GIN indexes, then their events.
@@ -343,6 +352,33 @@ BEGIN
        AND (in_queue IS NULL OR u.queue = in_queue)
      ORDER BY l.last_id, u.o
      LIMIT max_rows;
+    GET DIAGNOSTICS v_n = ROW_COUNT;
+    PERFORM _mark_follower(v_n = 0);
+END;
+$$;
+
+-- The follower mark (see the header): a read that found nothing means its caller now waits for a
+-- hint (armed); one that found events means it reads again by itself (writers need not hint). A
+-- mark lasts 10 s and is renewed when it has less than 5 s left; only a change or a renewal
+-- inserts a row. Not in a transaction that may not tick (read-only, or not its first statement).
+CREATE OR REPLACE FUNCTION pgjobs._mark_follower(armed boolean)
+RETURNS void
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pgjobs, pg_temp
+SET plan_cache_mode = force_generic_plan
+SET jit = off
+AS $$
+DECLARE
+    v_mark stream_followers;
+BEGIN
+    IF NOT _may_tick() THEN
+        RETURN;
+    END IF;
+    SELECT * INTO v_mark FROM stream_followers AS f ORDER BY f.until DESC LIMIT 1;
+    IF v_mark.until IS NULL OR v_mark.until < clock_timestamp() + interval '5 seconds'
+       OR v_mark.armed IS DISTINCT FROM _mark_follower.armed THEN
+        INSERT INTO stream_followers (until, armed) VALUES (clock_timestamp() + interval '10 seconds', _mark_follower.armed);
+    END IF;
 END;
 $$;
 

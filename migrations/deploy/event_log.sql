@@ -11,7 +11,8 @@
 --   rotation TRUNCATEs the oldest once the retention has passed.
 -- * event_ticks: one row per tick that assigned ids (insert-only, in the log's ring): the snapshot
 --   it saw, from which the next tick knows which transactions committed since.
--- * stream_followers: "someone follows" as insert-only expiry times; writers probe the newest.
+-- * stream_followers: "someone follows, and is waiting for a hint" as insert-only marks with an
+--   expiry time; writers probe the newest.
 -- * stream_maintenance: one row per maintenance pass ("at most every few seconds").
 -- * stream_settings: retention and rotation period (one row, written only by configure_stream).
 BEGIN;
@@ -83,7 +84,6 @@ $$;
 CREATE INDEX event_log_last_id_idx ON pgjobs.event_log (last_id);
 CREATE INDEX event_log_ids_idx ON pgjobs.event_log USING gin (ids);
 CREATE INDEX event_log_batch_ids_idx ON pgjobs.event_log USING gin (batch_ids);
-CREATE INDEX event_log_queues_idx ON pgjobs.event_log USING gin (queues);
 CREATE INDEX event_ticks_tick_id_idx ON pgjobs.event_ticks (tick_id);
 
 CREATE TABLE pgjobs.event_rotations (
@@ -96,7 +96,8 @@ INSERT INTO pgjobs.event_rotations (slot) VALUES (0);
 INSERT INTO pgjobs.event_ticks (slot, snap) VALUES (0, pg_current_snapshot());
 
 CREATE TABLE pgjobs.stream_followers (
-    until timestamptz NOT NULL
+    until timestamptz NOT NULL,
+    armed boolean NOT NULL    -- the follower is idle, waiting for a hint (false: it reads again by itself)
 );
 CREATE INDEX stream_followers_until_idx ON pgjobs.stream_followers (until);
 

@@ -4,7 +4,7 @@ SELECT slot, seq, xid, at, ids, states, queues, kinds, attempts, batch_ids, prog
 SELECT slot, first_id, last_id, at, ids, states, queues, kinds, attempts, batch_ids, progress FROM pgjobs.event_log WHERE false;
 SELECT slot, tick_id, at, snap, last_id FROM pgjobs.event_ticks WHERE false;
 SELECT rotation_id, slot, started_at FROM pgjobs.event_rotations WHERE false;
-SELECT until FROM pgjobs.stream_followers WHERE false;
+SELECT until, armed FROM pgjobs.stream_followers WHERE false;
 SELECT run_id, at FROM pgjobs.stream_maintenance WHERE false;
 SELECT 1 / count(*) FROM pgjobs.stream_settings;
 SELECT 1 / (count(*) = 16)::int FROM pg_inherits WHERE inhparent = 'pgjobs.event_log'::regclass;

@@ -361,6 +361,26 @@ def test_the_hint_is_sent_only_while_someone_follows(connect: ConnectFactory) ->
     assert any(p == f'{{"event_id": {newest}}}' for p in payloads(drain(listener), "pgjobs_status"))
 
 
+def test_no_hint_while_the_follower_reads_by_itself(connect: ConnectFactory) -> None:
+    """A follower whose last read found events reads again by itself: writers send no hint meanwhile (each
+    notifying commit would serialise with all others). Its next empty read asks for hints again."""
+    conn, listener = connect(), connect()
+    listen(listener, "pgjobs_status")
+    enqueue(conn)
+    first = events(conn)
+    assert len(first) == 1  # found events: busy
+    drain(listener)
+    enqueue(conn)
+    enqueue_n(conn, 3)
+    assert payloads(drain(listener), "pgjobs_status") == []
+    got = events(conn, after=first[0]["event_id"])
+    assert len(got) == 4
+    assert events(conn, after=got[-1]["event_id"]) == []  # caught up: idle, waiting for a hint
+    drain(listener)
+    enqueue(conn)
+    assert len(payloads(drain(listener), "pgjobs_status")) == 1
+
+
 def test_no_notify_on_claim_and_complete_many_when_nobody_follows(connect: ConnectFactory) -> None:
     """NOTIFY's commit lock is taken only by a transaction that notified: with nobody following, the hot
     paths send nothing at all (the queue usage stays 0 and a LISTENer hears nothing)."""

@@ -44,8 +44,11 @@ def status_events(conn: Conn, after: int = 0) -> list[dict[str, Any]]:
 
 
 def newest(conn: Conn) -> int:
+    """The newest event id; the reads leave the stream followed by an idle follower (hints are sent)."""
     rows = call(conn, "read_events", after_id=0, max_rows=100_000)
-    return int(rows[-1]["event_id"]) if rows else 0
+    head = int(rows[-1]["event_id"]) if rows else 0
+    assert call(conn, "read_events", after_id=head) == []  # an empty read: the follower waits for a hint
+    return head
 
 
 @pytest.mark.smoke
@@ -140,7 +143,7 @@ def test_enqueue_many_sends_one_wake_per_queue_and_logs_one_event_per_job(pair: 
 def test_a_multi_job_claim_and_complete_many_coalesce_into_one_hint_each(pair: tuple[Conn, Conn]) -> None:
     conn, listener = pair
     call(conn, "enqueue_many", jobs=[{"kind": "k"} for _ in range(5)])
-    seen = newest(conn)  # (a read marks the stream followed: hints are sent from now on)
+    seen = newest(conn)  # (an empty read marks the stream followed by an idle follower: hints are sent)
     drain(listener)
     got = claim(conn, max_jobs=5)
     notes = drain(listener)

@@ -35,6 +35,9 @@
 --   a tick inside a transaction that has an xid (worker_heartbeat's maintenance pass, or a user who
 --   enqueued and then read) leaves its own rows out and records its xid as in progress: those rows
 --   are ticked after their commit, like anyone's.
+-- * read_events ticks before it reads, waiting at most 200 ms for another reader's tick to end: so
+--   it returns every event whose transaction committed before the call (unless the lock holder is a
+--   transaction left open, which is not waited out).
 -- * The ticker needs READ COMMITTED (a new snapshot after taking the lock); read_events under
 --   REPEATABLE READ/SERIALIZABLE or in a read-only transaction does not tick, it reads what others
 --   ticked (maintain or another reader). read_events ticks only as the first statement of its
@@ -315,7 +318,7 @@ BEGIN
         RAISE EXCEPTION USING ERRCODE = 'PJ002', MESSAGE = 'queue must not be empty (NULL reads every queue)';
     END IF;
     IF _may_tick() THEN
-        IF pg_try_advisory_xact_lock(_stream_lock()) THEN
+        IF pg_try_advisory_xact_lock(_stream_lock()) OR _wait_stream_lock() THEN
             v_tick := _tick_events(false);
             IF v_tick.events > 0 AND EXISTS (SELECT 1 FROM stream_followers AS f WHERE f.until > statement_timestamp()) THEN
                 -- Tells the other followers (whose own try-lock failed while we ticked).
@@ -354,6 +357,28 @@ BEGIN
      LIMIT max_rows;
     GET DIAGNOSTICS v_n = ROW_COUNT;
     PERFORM _mark_follower(v_n = 0);
+END;
+$$;
+
+-- The stream lock, waited for at most 200 ms: another reader's tick is short, and after it ours
+-- returns everything committed before this call. A holder that stays longer (a reader's open
+-- transaction) is not waited out: the call then reads what is already ticked.
+CREATE OR REPLACE FUNCTION pgjobs._wait_stream_lock()
+RETURNS boolean
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pgjobs, pg_temp
+SET jit = off
+AS $$
+DECLARE
+    v_timeout text := current_setting('lock_timeout');
+BEGIN
+    PERFORM set_config('lock_timeout', '200ms', true);
+    PERFORM pg_advisory_xact_lock(_stream_lock());
+    PERFORM set_config('lock_timeout', v_timeout, true);
+    RETURN true;
+EXCEPTION WHEN lock_not_available THEN
+    PERFORM set_config('lock_timeout', v_timeout, true);
+    RETURN false;
 END;
 $$;
 

@@ -203,23 +203,17 @@ BEGIN
                       j.lease_expires_at, j.checkpoint, j.group_key, j.batch_id, j.first_started_at,
                       j.priority, j.run_at
         ), done AS MATERIALIZED (
-            -- Runs once, after the update (it reads all of upd): the status events, worded here
-            -- as _status_event words them (the general path cuts outsized names), and the start
-            -- of any batch whose first member this is.
-            SELECT CASE WHEN max(octet_length(e.event)) > 1000
-                        THEN _notify_status_rows(array_agg(e.id), array_agg('active'::job_state), array_agg(e.queue),
-                                                 array_agg(e.kind), array_agg(e.attempt), array_agg(e.batch_id))
-                        ELSE _notify_status_texts(array_agg(e.event), max(octet_length(e.event))) END AS sent,
+            -- Runs once, after the update (it reads all of upd): the status events, one append to the
+            -- event log (stream.sql; queues whose status_events is not 'all' log no claim), and the
+            -- start of any batch whose first member this is.
+            SELECT (SELECT _append_events(array_agg(u.id), array_fill('active'::job_state, ARRAY[count(*)::int]),
+                                          array_agg(u.queue), array_agg(u.kind), array_agg(u.attempt),
+                                          array_agg(u.batch_id))
+                      FROM upd AS u
+                     WHERE u.queue <> ALL (v_quiet)) AS sent,
                    (SELECT CASE WHEN bool_or(u.batch_id IS NOT NULL)
                                 THEN _start_batches(array_agg(u.batch_id) FILTER (WHERE u.batch_id IS NOT NULL)) END
                       FROM upd AS u) AS started
-              FROM (SELECT u.id, u.queue, u.kind, u.attempt, u.batch_id,
-                           '{"id": ' || u.id || ', "kind": ' || to_json(u.kind)::text || ', "queue": '
-                           || to_json(u.queue)::text || ', "state": "active", "attempt": ' || u.attempt
-                           || ', "batch_id": ' || coalesce(u.batch_id::text, 'null') || '}' AS event
-                      FROM upd AS u
-                     WHERE u.queue <> ALL (v_quiet)
-                    OFFSET 0) AS e
         )
         SELECT u.id, u.kind, u.queue, u.payload, u.meta, u.attempt, u.max_attempts, u.lease_token,
                u.lease_expires_at, u.checkpoint, u.group_key, u.batch_id, u.first_started_at

@@ -70,21 +70,3 @@ BEGIN
     PERFORM _log_events(ids, states, queues, kinds, attempts, batch_ids);
 END;
 $$;
-
--- Interim: claim.sql's fast path still hands over prebuilt event texts ({"id", "kind", "queue",
--- "state", "attempt", "batch_id"}); they are logged like the rest. Goes when that call moves to
--- _append_events.
-CREATE OR REPLACE FUNCTION pgjobs._notify_status_texts(events text[], longest int)
-RETURNS void
-LANGUAGE plpgsql
-SET search_path = pg_catalog, pgjobs, pg_temp
-SET plan_cache_mode = force_generic_plan
-SET jit = off
-AS $$
-BEGIN
-    IF events IS NULL OR cardinality(events) = 0 THEN
-        RETURN;
-    END IF;
-    PERFORM _notify_status(jsonb_agg(t::jsonb ORDER BY n)) FROM unnest(events) WITH ORDINALITY AS u(t, n);
-END;
-$$;

@@ -58,6 +58,13 @@ CLAIM_SQL: LiteralString = (
 )
 
 
+# Gives back jobs a claim returned after the worker began to stop (ids, tokens as array literals): one round trip.
+RELEASE_CLAIMED_SQL: LiteralString = (
+    "SELECT count(*) FILTER (WHERE pgjobs.release(id => r.id, lease_token => r.tok))"
+    " FROM unnest(%s::bigint[], %s::uuid[]) AS r(id, tok)"
+)
+
+
 def text_array_literal(items: Sequence[str]) -> str:
     """A PostgreSQL array literal of text items, each quoted (a ``::text[]`` parameter)."""
     quoted = ['"' + i.replace("\\", "\\\\").replace('"', '\\"') + '"' for i in items]

@@ -15,7 +15,7 @@ from typing import Any
 import anyio
 import psycopg
 
-from pgjobs.client.claim import CLAIM_SQL, bigint_array_literal, text_array_literal
+from pgjobs.client.claim import CLAIM_SQL, RELEASE_CLAIMED_SQL, bigint_array_literal, text_array_literal
 from pgjobs.client.graph import PARENT_RESULTS_MANY_SQL
 from pgjobs.client.listen import backoff_delay
 from pgjobs.errors import translate
@@ -70,7 +70,11 @@ async def claim_loop(w: WorkerState, q: QueueState) -> None:
                         # meanwhile, and this claim would take our own expired jobs back (attempt + 1, run
                         # twice). Renew them first, on this connection that just proved the server is back.
                         await renew_held(w, conn)
-                await cur.execute(CLAIM_SQL, (w.name, queues, want, lease, _kind_limits(w, want)), prepare=True)
+                # Shielded: a claim cancelled on its way (the stop's last resort cancels every task) may still
+                # commit on the server, and its jobs would stay leased to nobody until the lease runs out. The
+                # deadline bounds the wait on a server that stopped answering.
+                with anyio.CancelScope(shield=True, deadline=anyio.current_time() + max(10.0, w.lease)):
+                    await cur.execute(CLAIM_SQL, (w.name, queues, want, lease, _kind_limits(w, want)), prepare=True)
                 rows = await cur.fetchall()
                 w.claim_calls += 1
                 failures = 0
@@ -92,6 +96,10 @@ async def claim_loop(w: WorkerState, q: QueueState) -> None:
             if len(rows) >= want:
                 q.more = True
                 q.poke("wake")  # a sibling claimer may take more meanwhile
+            if rows and w._stopping:
+                # The answer of a claim that was on its way when the stop began: the slots may be gone already.
+                await _release_claimed(w, cur, rows)
+                continue
             if rows:
                 parents = None
                 if w._wants_parents and any((h := handlers.get(r[1])) is not None and h.parent_results for r in rows):
@@ -101,6 +109,22 @@ async def claim_loop(w: WorkerState, q: QueueState) -> None:
         if conn is not None:
             with anyio.CancelScope(shield=True):
                 await conn.close()
+
+
+async def _release_claimed(w: WorkerState, cur: psycopg.AsyncCursor[Any], rows: list[tuple[Any, ...]]) -> None:
+    """Gives back, in one round trip on the claim connection, jobs claimed after the stop began (attempt refunded).
+    Shielded and bounded like the claim: a failure leaves them to their lease, and says so."""
+    ids = bigint_array_literal([r[0] for r in rows])
+    tokens = "{" + ",".join(str(r[6]) for r in rows) + "}"
+    try:
+        with anyio.CancelScope(shield=True, deadline=anyio.current_time() + max(5.0, w.lease / 3)):
+            await cur.execute(RELEASE_CLAIMED_SQL, (ids, tokens))
+            got = await cur.fetchone()
+        w.released += int(got[0]) if got else 0
+        w.claimed += len(rows)
+    except psycopg.Error as exc:
+        log.warning("%d job(s) claimed as the worker stopped could not be released (%s); their leases will expire",
+                    len(rows), exc)  # fmt: skip
 
 
 async def _parent_results(w: WorkerState, cur: psycopg.AsyncCursor[Any], rows: list[tuple[Any, ...]]) -> dict[int, str]:

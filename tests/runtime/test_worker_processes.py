@@ -5,6 +5,7 @@ connection killed with pg_terminate_backend (the worker reconnects and keeps pro
 from __future__ import annotations
 
 import signal
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -151,3 +152,29 @@ def test_every_connection_terminated_the_worker_recovers(
     later = [enqueue(conn, "noop") for _ in range(20)]
     wait_for(lambda: all(job_row(conn, j)[0] == "succeeded" for j in later), timeout=30, what="jobs after the kill")
     assert proc.poll() is None
+
+
+def test_sigterm_under_load_leaves_no_job_active(conn: psycopg.Connection[Any], start_worker: StartWorker) -> None:
+    """A busy worker always has a claim on its way: stopped 20 times mid-stream, every claimed job, those of a
+    claim whose answer arrived after the stop began included, is finished or released (none left active until
+    its lease runs out)."""
+    import random
+
+    conn.execute(
+        "SELECT count(*) FROM pgjobs.enqueue_many(%s)",
+        [psycopg.types.json.Jsonb([{"kind": "noop"}] * 100_000)],
+    )
+    for i in range(20):
+        before = conn.execute("SELECT count(*) FROM pgjobs.jobs WHERE state = 'succeeded'").fetchone()
+        proc = start_worker(name=f"busy-{i}", queues={"default": 50}, grace_period=1.0, lease=60)
+        wait_for(
+            lambda: conn.execute("SELECT count(*) FROM pgjobs.jobs WHERE state = 'succeeded'").fetchone() != before,
+            what="the worker to be busy",
+        )
+        time.sleep(random.uniform(0.0, 0.3))
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(60) == 0
+        active = conn.execute("SELECT count(*) FROM pgjobs.jobs WHERE state = 'active'").fetchone()
+        assert active == (0,), f"stop {i}: {active[0] if active else '?'} job(s) left active"
+    left = conn.execute("SELECT count(*) FROM pgjobs.jobs WHERE state = 'pending'").fetchone()
+    assert left is not None and left[0] > 0  # the queue never ran dry: every stop came under load

@@ -168,7 +168,7 @@ def test_sigterm_under_load_leaves_no_job_active(conn: psycopg.Connection[Any], 
         before = conn.execute("SELECT count(*) FROM pgjobs.jobs WHERE state = 'succeeded'").fetchone()
         proc = start_worker(name=f"busy-{i}", queues={"default": 50}, grace_period=1.0, lease=60)
         wait_for(
-            lambda: conn.execute("SELECT count(*) FROM pgjobs.jobs WHERE state = 'succeeded'").fetchone() != before,
+            lambda b=before: conn.execute("SELECT count(*) FROM pgjobs.jobs WHERE state = 'succeeded'").fetchone() != b,
             what="the worker to be busy",
         )
         time.sleep(random.uniform(0.0, 0.3))

@@ -116,7 +116,8 @@ class Probe(threading.Thread):
                     [QUEUE],
                 ).fetchone()
                 took = time.perf_counter() - t0
-                self.samples.append((time.monotonic(), took, None if row is None else float(row[2])))
+                wait = None if row is None or row[2] is None else float(row[2])
+                self.samples.append((time.monotonic(), took, wait))
                 if row is not None:
                     conn.execute("SELECT pgjobs.complete(id => %s, lease_token => %s)", [row[0], row[1]])
 
@@ -147,10 +148,11 @@ def _depth(conn: psycopg.Connection[Any]) -> int:
     return int(row[0]) if row else 0
 
 
-def _start_worker(dsn: str, concurrency: int) -> subprocess.Popen[bytes]:
+def _start_worker(dsn: str, concurrency: int, log: Path) -> subprocess.Popen[bytes]:
     env = dict(os.environ, PYTHONPATH=str(HERE.parent) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     cmd = [sys.executable, "-m", "bench._worker_app", dsn, QUEUE, str(concurrency)]
-    return subprocess.Popen(cmd, cwd=HERE.parent, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    with log.open("wb") as out:  # a file, not a pipe nobody reads: a chatty worker would block on a full pipe
+        return subprocess.Popen(cmd, cwd=HERE.parent, env=env, stdout=subprocess.DEVNULL, stderr=out)
 
 
 def _window(probe: Probe, since: float) -> dict[str, float | None]:
@@ -173,7 +175,8 @@ def soak(dsn: str, rate: float, minutes: float, idle_tx: float, fair: bool, conc
     with connect(dsn) as conn:
         if fair:
             conn.execute("SELECT pgjobs.configure_queue(%s, fair => true)", [QUEUE])
-        worker = _start_worker(dsn, concurrency)
+        worker_log = Path(f"/tmp/pgjobs-soak-worker-{os.getpid()}.log")
+        worker = _start_worker(dsn, concurrency, worker_log)
         producer, probe = Producer(dsn, rate, fair), Probe(dsn)
         total = minutes * 60
         idle = IdleTx(dsn, max(0.0, (total - idle_tx) / 2), idle_tx) if idle_tx > 0 else None
@@ -230,7 +233,10 @@ def soak(dsn: str, rate: float, minutes: float, idle_tx: float, fair: bool, conc
                     worker.wait(30)
                 except subprocess.TimeoutExpired:
                     worker.kill()
-    return {"windows": windows, "producer_behind_s": producer.behind}
+    tail = worker_log.read_text(errors="replace")[-3000:] if worker_log.exists() else ""
+    if tail:
+        print(f"worker log ({worker_log}), last lines:\n{tail}")
+    return {"windows": windows, "producer_behind_s": producer.behind, "worker_log_tail": tail}
 
 
 def main(argv: list[str]) -> int:

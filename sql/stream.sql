@@ -601,7 +601,12 @@ BEGIN
        OR NOT pg_try_advisory_xact_lock(_stream_lock()) THEN
         RETURN;
     END IF;
-    PERFORM count(*) FROM _maintain();
+    BEGIN
+        PERFORM count(*) FROM _maintain();
+    EXCEPTION WHEN OTHERS THEN
+        -- The heartbeat must not fail with it (a worker whose heartbeats fail is reaped by the others).
+        RAISE WARNING 'pgjobs status stream maintenance failed: % (%)', SQLERRM, SQLSTATE;
+    END;
 END;
 $$;
 

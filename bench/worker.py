@@ -234,64 +234,43 @@ def wake_latency(dsn: str, samples: int = 200) -> list[float]:
             listen.close()
 
 
-def run(dsn: str, quick: bool = False) -> dict[str, Any]:
-    n50 = 10_000 if quick else 50_000
-    n10 = 5_000 if quick else 20_000
-    rounds = 1 if quick else 5
-    configs = [
-        ("1 process, concurrency 10, status events all", 1, 10, "all", n10, True, False),
-        ("1 process, concurrency 50, status events all", 1, 50, "all", n50, True, False),
-        ("1 process, concurrency 50, status events none", 1, 50, "none", n50, True, False),
-        ("2 processes, concurrency 50 each, status events all", 2, 50, "all", n50, True, False),
-        ("2 processes, concurrency 50 each, status events none", 2, 50, "none", n50, True, False),
-        ("1 process, concurrency 50, status events all, durable_completions=False", 1, 50, "all", n50, False, False),
-        ("1 process, concurrency 50, status events all, one subscriber following the queue", 1, 50, "all", n50,
-         True, True),
-    ]  # fmt: skip
-    samples: dict[str, list[float]] = {c[0]: [] for c in configs}
-    DELIVERIES.clear()
-    for r in range(rounds):
-        for name, procs, conc, events, n, durable, follower in configs if r % 2 == 0 else reversed(configs):
-            samples[name].append(throughput(dsn, n, procs, conc, events, durable, follower))
-    tput = {name: median(v) for name, v in samples.items()}
-    lat = wake_latency(dsn, 50 if quick else 200)
-    p50, p99 = percentile(lat, 50) * 1000, percentile(lat, 99) * 1000
-
-    one_all = tput[configs[1][0]]
-    one_none = tput[configs[2][0]]
-    two_all = tput[configs[3][0]]
-    two_none = tput[configs[4][0]]
+def _figures(names: list[str], tput: dict[str, float], p50: float, p99: float) -> list[Figure]:
+    """The suite's table rows (names: the configurations, in run()'s order)."""
+    one_all = tput[names[1]]
+    one_none = tput[names[2]]
+    two_all = tput[names[3]]
+    two_none = tput[names[4]]
     delays = [d for _, _, ds in DELIVERIES for d in ds]
     seen_all = all(events >= 2 * jobs for events, jobs, _ in DELIVERIES)  # each job's active and succeeded
     figures: list[Figure] = [
         figure(
-            "worker no-op jobs/s, " + configs[0][0], tput[configs[0][0]], "jobs/s",
+            "worker no-op jobs/s, " + names[0], tput[names[0]], "jobs/s",
             note="informational (the bar is for one process; concurrency 10 caps each claim at 10 jobs)",
         ),
         figure(
-            "worker no-op jobs/s, " + configs[1][0], one_all, "jobs/s",
+            "worker no-op jobs/s, " + names[1], one_all, "jobs/s",
             baseline=BAR_JOBS_PER_S, baseline_name="the bar: 10,000 jobs/s", bar=1.0,
         ),
         figure(
-            "worker no-op jobs/s, " + configs[2][0], one_none, "jobs/s",
+            "worker no-op jobs/s, " + names[2], one_none, "jobs/s",
             baseline=BAR_JOBS_PER_S, baseline_name="the bar: 10,000 jobs/s", bar=1.0,
         ),
         figure(
-            "worker no-op jobs/s, " + configs[3][0], two_all, "jobs/s",
+            "worker no-op jobs/s, " + names[3], two_all, "jobs/s",
             baseline=one_all, baseline_name="one process (events all)", bar=1.0,
             note="two processes must do more than one",
         ),
         figure(
-            "worker no-op jobs/s, " + configs[4][0], two_none, "jobs/s",
+            "worker no-op jobs/s, " + names[4], two_none, "jobs/s",
             baseline=one_none, baseline_name="one process (events none)", bar=1.0,
         ),
         figure(
-            "worker no-op jobs/s, " + configs[5][0], tput[configs[5][0]], "jobs/s",
+            "worker no-op jobs/s, " + names[5], tput[names[5]], "jobs/s",
             baseline=one_all, baseline_name="durable completions (the default)",
             note="informational: completions committed without waiting for the WAL flush (opt-in)",
         ),
         figure(
-            "worker no-op jobs/s, " + configs[6][0], tput[configs[6][0]], "jobs/s",
+            "worker no-op jobs/s, " + names[6], tput[names[6]], "jobs/s",
             baseline=one_all, baseline_name="no subscriber", bar=0.9,
             note="the subscriber is a separate process (client.subscribe(queue=...)) on the same 2 cores",
         ),
@@ -315,6 +294,33 @@ def run(dsn: str, quick: bool = False) -> dict[str, Any]:
             baseline=BAR_P99_MS, baseline_name="the bar: 20 ms", bar=1.0, bar_kind="max",
         ),
     ]  # fmt: skip
+    return figures
+
+
+def run(dsn: str, quick: bool = False) -> dict[str, Any]:
+    n50 = 10_000 if quick else 50_000
+    n10 = 5_000 if quick else 20_000
+    rounds = 1 if quick else 5
+    configs = [
+        ("1 process, concurrency 10, status events all", 1, 10, "all", n10, True, False),
+        ("1 process, concurrency 50, status events all", 1, 50, "all", n50, True, False),
+        ("1 process, concurrency 50, status events none", 1, 50, "none", n50, True, False),
+        ("2 processes, concurrency 50 each, status events all", 2, 50, "all", n50, True, False),
+        ("2 processes, concurrency 50 each, status events none", 2, 50, "none", n50, True, False),
+        ("1 process, concurrency 50, status events all, durable_completions=False", 1, 50, "all", n50, False, False),
+        ("1 process, concurrency 50, status events all, one subscriber following the queue", 1, 50, "all", n50,
+         True, True),
+    ]  # fmt: skip
+    samples: dict[str, list[float]] = {c[0]: [] for c in configs}
+    DELIVERIES.clear()
+    for r in range(rounds):
+        for name, procs, conc, events, n, durable, follower in configs if r % 2 == 0 else reversed(configs):
+            samples[name].append(throughput(dsn, n, procs, conc, events, durable, follower))
+    tput = {name: median(v) for name, v in samples.items()}
+    lat = wake_latency(dsn, 50 if quick else 200)
+    p50, p99 = percentile(lat, 50) * 1000, percentile(lat, 99) * 1000
+
+    figures = _figures([c[0] for c in configs], tput, p50, p99)
     return {
         "suite": "worker",
         "figures": figures,

@@ -5,13 +5,15 @@
   timestamps. Configurations: one process at concurrency 10 and 50, two processes at 50 each; status
   events ``all`` (the default) and ``none`` (``configure_queue(status_events => 'none')``). Each runs
   ``rounds`` times, alternating; the median is reported. One more (informational) configuration runs the
-  single process with ``durable_completions=False``.
+  single process with ``durable_completions=False``, and one with a live subscriber: a separate process
+  (``bench/_follower.py``) following the queue with ``client.subscribe(queue=...)``, which also gives the
+  event delivery figures (receipt time minus the event's ``at``; every event must arrive).
 * **Wake latency**: an idle worker (one process, concurrency 10); 200 times, one job is enqueued (one
   autocommit ``enqueue`` call) and the handler returns ``time.time()`` at its start, stored as the job's
   result; the sample is that minus the server's clock at the end of the enqueue statement, which commits
   right after it (see :func:`wake_latency`).
-  Between samples the bench waits (on the job's pgjobs_status notification, not polling) for the job to
-  finish and a random 5-25 ms more, so the worker is asleep on its LISTEN connection each time.
+  Between samples the bench waits (reading the status stream on each pgjobs_status hint, not polling) for
+  the job to finish and a random 5-25 ms more, so the worker is asleep on its LISTEN connection each time.
 
 The machine has 2 cores shared by PostgreSQL, the worker process(es) and this bench.
 """

@@ -103,7 +103,9 @@ RETURNS bigint
 LANGUAGE sql
 IMMUTABLE PARALLEL SAFE
 SET search_path = pg_catalog, pgjobs, pg_temp
-RETURN 123712594846324;
+AS $$
+    SELECT 123712594846324::bigint;
+$$;
 
 -- The hot paths' one call per transition call: appends the events as one inbox row and, when
 -- someone follows the stream, sends the hint. No filtering here (see _log_events).
@@ -282,10 +284,12 @@ RETURNS boolean
 LANGUAGE sql
 STABLE
 SET search_path = pg_catalog, pgjobs, pg_temp
-RETURN current_setting('transaction_isolation') = 'read committed'
-       AND current_setting('transaction_read_only') = 'off'
-       AND statement_timestamp() - transaction_timestamp() < interval '50 milliseconds'
-       AND NOT pg_is_in_recovery();
+AS $$
+    SELECT current_setting('transaction_isolation') = 'read committed'
+           AND current_setting('transaction_read_only') = 'off'
+           AND statement_timestamp() - transaction_timestamp() < interval '50 milliseconds'
+           AND NOT pg_is_in_recovery();
+$$;
 
 -- The contract's reader. Ticks first when it may (so a follower sees what committed up to now),
 -- renews the "someone follows" mark, then returns up to max_rows events after after_id in event_id

@@ -33,7 +33,7 @@ from typing import Any, LiteralString
 import anyio
 import psycopg
 
-from pgjobs.client._call import AsyncRunner, Call, Rows, SyncRunner
+from pgjobs.client._call import AsyncRunner, Call, Rows, SyncRunner, scalar
 from pgjobs.client.listen import Connected, Listener, Notifications, Tick
 from pgjobs.records import JobState
 
@@ -51,6 +51,7 @@ _READ_SQL: LiteralString = (
     " LEFT JOIN LATERAL pgjobs.read_events(after_id => %s, max_rows => %s, queue => %s, job_ids => %s::bigint[],"
     " batch_id => %s) AS e ON true"
 )
+_HEAD_SQL: LiteralString = "SELECT coalesce((SELECT newest_id FROM pgjobs.stream_bounds()), 0) AS head"
 _SNAPSHOT_SQL: LiteralString = (
     "SELECT id, state::text, queue, kind, attempt, batch_id, progress"
     " FROM pgjobs.status_snapshot(job_ids => %s::bigint[], in_batch => %s::bigint, live_only => false)"
@@ -349,7 +350,11 @@ def maintain_call() -> Call[list[MaintenanceAction]]:
 
 
 class SyncStreamOps(SyncRunner):
-    """``Client.read_events`` and ``Client.maintain``."""
+    """``Client.read_events``, ``Client.stream_head`` and ``Client.maintain``."""
+
+    def stream_head(self) -> int:
+        """The newest event id in the log (0 when it is empty): a live follower's starting cursor."""
+        return int(self._run(Call(_HEAD_SQL, {}, scalar)) or 0)
 
     def maintain(self) -> list[MaintenanceAction]:
         """One maintenance pass of the status stream (workers run one every few seconds by themselves)."""

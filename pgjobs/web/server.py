@@ -1,7 +1,7 @@
 """``pgjobs web``: a small read-mostly dashboard over the SQL functions, with a live status stream.
 
 Standard library HTTP server, no framework, no JavaScript build. Every page and endpoint is one
-client call; the live view is Server-Sent Events fed by ``LISTEN pgjobs_status``. It binds to
+client call; the live view is Server-Sent Events of ``read_events``, woken by ``LISTEN pgjobs_status``. It binds to
 127.0.0.1 by default and has no authentication of its own: put it behind your own proxy and auth
 before exposing it anywhere.
 
@@ -141,26 +141,35 @@ class _Handler(BaseHTTPRequestHandler):
         self._send(HTTPStatus.OK, to_json({"id": job_id, "action": parts[3], "done": done}))
 
     def _stream_events(self) -> None:
-        """Server-Sent Events: every pgjobs_status payload, as it arrives, until the client leaves."""
+        """Server-Sent Events: every status event ({"id","state","queue","kind","attempt","batch_id"}) from the
+        event log (read_events), read on each pgjobs_status hint and every second, until the client leaves."""
         self.send_response(HTTPStatus.OK)
         self.send_header("Content-Type", "text/event-stream")
         self.send_header("Cache-Control", "no-store")
         self.end_headers()
+        client = self.dashboard.client
+        keys = ("id", "state", "queue", "kind", "attempt", "batch_id")
         try:
             with psycopg.connect(self.dashboard.dsn, autocommit=True) as conn:
                 conn.execute("LISTEN pgjobs_status")
+                cursor = client.stream_head()
                 self.wfile.write(b": listening\n\n")
                 self.wfile.flush()
+                quiet, wait = 0.0, 1.0
                 while not self.dashboard.stopping.is_set():
-                    got = False
-                    for note in conn.notifies(timeout=15.0):
-                        got = True
-                        self.wfile.write(b"data: " + note.payload.encode() + b"\n\n")
-                        self.wfile.flush()
-                        break
-                    if not got:  # keep-alive, and notices a client that went away
+                    # After a read that found events no hint comes (the follower reads again by itself): 5 ms.
+                    for _ in conn.notifies(timeout=wait, stop_after=1):
+                        pass
+                    events = client.read_events(after_id=cursor)
+                    for ev in events:
+                        cursor = ev.event_id or cursor
+                        data = {k: getattr(ev, k) for k in keys} | {"state": ev.state.value}
+                        self.wfile.write(b"data: " + json.dumps(data).encode() + b"\n\n")
+                    quiet, wait = (0.0, 0.005) if events else (quiet + wait, 1.0)
+                    if quiet >= 15.0:  # keep-alive, and notices a client that went away
+                        quiet = 0.0
                         self.wfile.write(b": ping\n\n")
-                        self.wfile.flush()
+                    self.wfile.flush()
         except (BrokenPipeError, ConnectionResetError):
             return
 

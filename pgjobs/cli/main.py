@@ -148,11 +148,10 @@ def build_parser() -> argparse.ArgumentParser:
 def _plugins() -> list[Callable[[Any], None]]:
     """``register(subparsers)`` of the command groups that live beside their layer (imported when the parser
     is built: the schedules and web modules pull in the scheduler and the dashboard)."""
+    from pgjobs.cli import maintain as cli_maintain
     from pgjobs.cli import queue as cli_queue
     from pgjobs.cli import schedules as cli_schedules
     from pgjobs.web import server as web
-
-    from pgjobs.cli import maintain as cli_maintain
 
     return [cli_queue.register, cli_schedules.register, web.register, cli_maintain.register]
 

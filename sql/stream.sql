@@ -87,13 +87,13 @@
 -- read_events at least every few seconds). pgjobs_wake is not affected.
 
 -- MEASURED (this 2-core machine, shared with other work, so same-run ratios; bench/worker.py,
--- bench/soak.py). Worker, 1 process, concurrency 50, 30,000 no-op jobs, no subscriber: 11.6-14.0k
--- jobs/s against 8.2-8.7k for the NOTIFY payloads this replaces (x1.45: no NOTIFY, so no commit
--- serialised through the cluster-wide lock). With one subscriber following the queue (a separate
--- process on the same cores): first design, a hint per writer commit: 0.4-0.5x; the armed mark:
--- 0.7-0.8x of no subscriber, every event delivered; delivery (transition -> subscriber) p50
--- 30-40 ms, p99 100-200 ms on the loaded machine (the bars, 0.9x and 10/50 ms, are not met here;
--- no-hint polling every 5 ms gave 0.7-0.84x with worse latency). Soak at 1,000 jobs/s with a
+-- bench/soak.py). Worker, concurrency 50, 30,000 no-op jobs, no subscriber: 1 process 15.9-17.3k
+-- jobs/s against 13.2-14.4k for the NOTIFY payloads this replaces (x1.2), 2 processes 22.2k
+-- against 18.1k: no NOTIFY, so no commit serialised through the cluster-wide lock. With one
+-- subscriber following the queue (a separate process on the same cores): a hint per writer
+-- commit (the first design) gave 0.4-0.5x; with the armed mark 0.94-1.03x of no subscriber, every
+-- event delivered, delivery (transition -> subscriber) p50 18-21 ms, p99 38-68 ms. One append
+-- costs ~15 us (a plain INSERT 7 us, the follower probe 3 us). Soak at 1,000 jobs/s with a
 -- snapshot held 60 s: event_inbox stays under 2 MB (truncated every pass), event_ticks flat,
 -- event_log grows ~120 kB/s until its retention, and none of them has a dead tuple, snapshot or not.
 

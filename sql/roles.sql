@@ -78,7 +78,8 @@ DECLARE
         "count_jobs": ["pgjobs_reader"],
         "list_schedules": ["pgjobs_reader"],
         "get_schedule": ["pgjobs_reader"],
-        "read_events": ["pgjobs_reader"]
+        "read_events": ["pgjobs_reader"],
+        "stream_bounds": ["pgjobs_reader"]
     }';
 BEGIN
     EXECUTE 'REVOKE ALL ON SCHEMA pgjobs FROM PUBLIC';

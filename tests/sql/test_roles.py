@@ -32,11 +32,11 @@ WORKER = {
 }  # fmt: skip
 READER = {
     "job_status", "batch_status", "status_snapshot", "batch_graph", "stats", "list_jobs", "list_workers",
-    "list_queues", "count_jobs", "list_schedules", "get_schedule", "read_events",
+    "list_queues", "count_jobs", "list_schedules", "get_schedule", "read_events", "stream_bounds",
 }  # fmt: skip
 ADMIN_ONLY = {
     "cancel", "cancel_batch", "retry", "delete", "delete_batch", "purge", "configure_queue", "pause_schedule",
-    "resume_schedule", "remove_schedule",
+    "resume_schedule", "remove_schedule", "configure_stream", "maintain",
 }  # fmt: skip
 ALLOWED = {"pgjobs_producer": PRODUCER, "pgjobs_worker": WORKER, "pgjobs_reader": READER}
 KNOWN = PRODUCER | WORKER | READER | ADMIN_ONLY

@@ -765,7 +765,10 @@ DECLARE
     v_wake    text[] := '{}';
     v_group   record;
     v_groups  int := 0;
-    v_per     int;
+    v_ev_ids    bigint[] := '{}';
+    v_ev_states job_state[] := '{}';
+    v_ev_queues text[] := '{}';
+    v_ev_kinds  text[] := '{}';
 BEGIN
     -- One pass decides the path and checks the plain specs. The general path (enqueue_many on the
     -- specs as JSON) takes a batch, unique keys (their races are decided there, by the unique
@@ -808,9 +811,7 @@ BEGIN
 
     -- The insert takes the specs in their order, so the ids it draws ascend in that order: sorted,
     -- they pair with the specs without reading anything back. It returns one row per group of kind,
-    -- queue and state (a bulk load is mostly one group): the group's ids and the words its status
-    -- events share (as _status_event words them), so a whole notification of them is one
-    -- array_to_string of ids rather than a text built per job.
+    -- queue and state (a bulk load is mostly one group) with the group's ids.
     FOR v_group IN EXECUTE format($q$
         WITH ins AS (
             INSERT INTO jobs AS j (kind, queue, payload, meta, state, priority, run_at, max_attempts,
@@ -823,9 +824,7 @@ BEGIN
              ORDER BY s.n
             RETURNING j.id, j.kind, j.queue, j.state
         )
-        SELECT ins.queue, ins.state, array_agg(ins.id ORDER BY ins.id) AS ids,
-               ', "kind": ' || to_json(ins.kind)::text || ', "queue": ' || to_json(ins.queue)::text
-               || ', "state": "' || ins.state::text || '", "attempt": 0, "batch_id": null}' AS tail
+        SELECT ins.queue, ins.state, ins.kind, array_agg(ins.id ORDER BY ins.id) AS ids
           FROM ins
          GROUP BY ins.kind, ins.queue, ins.state$q$, v_table)
     LOOP
@@ -835,15 +834,11 @@ BEGIN
             v_wake := v_wake || v_group.queue;
         END IF;
         IF v_group.queue <> ALL (v_quiet) THEN
-            -- Runs of as many events as surely fit in 6,000 bytes (below NOTIFY's 8,000-byte limit);
-            -- a run of one is the event alone, longer ones JSON arrays, as _notify_status_texts sends.
-            v_per := 6000 / (octet_length(v_group.tail) + 27);
-            PERFORM pg_notify('pgjobs_status',
-                              CASE WHEN cardinality(r.ids) = 1 THEN '{"id": ' || r.ids[1] || v_group.tail
-                                   ELSE '[{"id": ' || array_to_string(r.ids, v_group.tail || ', {"id": ')
-                                        || v_group.tail || ']' END)
-               FROM (SELECT v_group.ids[c * v_per + 1 : (c + 1) * v_per] AS ids
-                       FROM generate_series(0, (cardinality(v_group.ids) - 1) / v_per) AS c) AS r;
+            -- The group's status events, appended to the event log after the loop (one call).
+            v_ev_ids := v_ev_ids || v_group.ids;
+            v_ev_states := v_ev_states || array_fill(v_group.state, ARRAY[cardinality(v_group.ids)]);
+            v_ev_queues := v_ev_queues || array_fill(v_group.queue, ARRAY[cardinality(v_group.ids)]);
+            v_ev_kinds := v_ev_kinds || array_fill(v_group.kind, ARRAY[cardinality(v_group.ids)]);
         END IF;
     END LOOP;
     IF v_groups > 1 THEN
@@ -852,6 +847,8 @@ BEGIN
     IF v_named THEN
         EXECUTE format('SELECT array_agg(s.ref ORDER BY s.n) FROM ONLY %s AS s', v_table) INTO v_refs;
     END IF;
+    PERFORM _append_events(v_ev_ids, v_ev_states, v_ev_queues, v_ev_kinds,
+                           array_fill(0, ARRAY[cardinality(v_ev_ids)]), array_fill(NULL::bigint, ARRAY[cardinality(v_ev_ids)]));
     PERFORM _wake(v_wake);
     RETURN QUERY SELECT u.ref, u.id, true, NULL::bigint FROM unnest(v_refs, v_ids) AS u(ref, id);
 END;

@@ -443,12 +443,15 @@ AS $$
 DECLARE
     v_row jsonb;
 BEGIN
-    IF configure_stream.retention IS NOT NULL AND configure_stream.retention < interval '1 minute' THEN
+    -- (upper bounds too: timestamps must stay computable from now() minus either)
+    IF configure_stream.retention IS NOT NULL
+       AND (configure_stream.retention < interval '1 minute' OR configure_stream.retention > interval '10 years') THEN
         RAISE EXCEPTION USING ERRCODE = 'PJ002',
-            MESSAGE = format('retention must be at least 1 minute, got %s', configure_stream.retention);
-    ELSIF configure_stream.rotate_every IS NOT NULL AND configure_stream.rotate_every < interval '1 second' THEN
+            MESSAGE = format('retention must be between 1 minute and 10 years, got %s', configure_stream.retention);
+    ELSIF configure_stream.rotate_every IS NOT NULL
+          AND (configure_stream.rotate_every < interval '1 second' OR configure_stream.rotate_every > interval '1 year') THEN
         RAISE EXCEPTION USING ERRCODE = 'PJ002',
-            MESSAGE = format('rotate_every must be at least 1 second, got %s', configure_stream.rotate_every);
+            MESSAGE = format('rotate_every must be between 1 second and 1 year, got %s', configure_stream.rotate_every);
     END IF;
     UPDATE stream_settings AS s
        SET retention = coalesce(configure_stream.retention, s.retention),

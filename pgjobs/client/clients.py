@@ -31,9 +31,7 @@ def _conn_kwargs(prepare: bool) -> dict[str, Any]:
     return {"autocommit": True} if prepare else {"autocommit": True, "prepare_threshold": None}
 
 
-class Client(
-    EnqueueOps, ClaimOps, LifecycleOps, AdminOps, StatusOps, WorkerOps, RecurringOps, GraphOps, SyncStreamOps
-):
+class Client(EnqueueOps, ClaimOps, LifecycleOps, AdminOps, StatusOps, WorkerOps, RecurringOps, GraphOps, SyncStreamOps):
     """Synchronous client. ``Client(dsn)`` opens its own pool; ``Client(pool=...)`` shares yours.
 
     ``app=``: a :class:`pgjobs.App` (or any :class:`~pgjobs.client.defaults.EnqueueDefaults`) whose declared

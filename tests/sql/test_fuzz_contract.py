@@ -150,6 +150,11 @@ def strategies(ids: list[int], tokens: list[str], names: list[str]) -> dict[str,
         "interval": _INTERVAL,
         "uuid": uuids,
         "pgjobs.job_state": st.one_of(st.none(), st.sampled_from(STATES)),
+        # enqueue_staged's staging table: relations that exist but are not the caller's temp staging table
+        # (a name that does not exist fails the caller's own ::regclass cast, before any pgjobs code runs)
+        "regclass": st.one_of(
+            st.none(), st.sampled_from(["pgjobs.jobs", "pgjobs.queues", "pg_catalog.pg_class", "0", "1"])
+        ),
     }
     out = dict(scalars)
     for name, elem in scalars.items():

@@ -1,0 +1,216 @@
+"""State-changing requests: plain HTML forms (they work without JavaScript) that answer with a redirect
+back and a notice, or JSON when asked for it (``Accept: application/json``). Each goes through
+:func:`action`: the CSRF check, the admin pool, and errors turned into 4xx with their message. The
+middleware (:mod:`pgjobs.web.security`) has already checked the session, the origin and read-only mode.
+"""
+
+from __future__ import annotations
+
+import hmac
+from collections.abc import Awaitable, Callable
+from urllib.parse import parse_qsl, quote, urlencode, urlsplit
+
+from starlette.datastructures import FormData
+from starlette.requests import Request
+from starlette.responses import JSONResponse, RedirectResponse, Response
+
+from pgjobs.client import AsyncClient
+from pgjobs.client.dashboard import AsyncDashboard, JobFilter
+from pgjobs.web.config import WebConfig
+from pgjobs.web.security import SESSION_COOKIE, check_csrf, same_origin
+from pgjobs.web.views import BadParam, param_state, path_id, render
+
+Handler = Callable[[Request, FormData, AsyncClient, AsyncDashboard], Awaitable[str]]
+MAX_BULK = 1000
+
+
+def _next_url(request: Request, form: FormData, default: str) -> str:
+    """Where to go back: a path on this server only (never ``//evil`` or ``https://evil``)."""
+    target = str(form.get("next") or default)
+    parts = urlsplit(target)
+    if parts.scheme or parts.netloc or not target.startswith("/") or target.startswith("//"):
+        return default
+    return target
+
+
+def _with_notice(url: str, notice: str) -> str:
+    parts = urlsplit(url)
+    query = [(k, v) for k, v in parse_qsl(parts.query) if k != "notice"] + [("notice", notice)]
+    return f"{parts.path}?{urlencode(query)}"
+
+
+def action(default_next: Callable[[Request], str]) -> Callable[[Handler], Callable[[Request], Awaitable[Response]]]:
+    def wrap(fn: Handler) -> Callable[[Request], Awaitable[Response]]:
+        async def endpoint(request: Request) -> Response:
+            config: WebConfig = request.app.state.config
+            form = await request.form()
+            why = check_csrf(config, request, form)
+            if why is not None:
+                return JSONResponse({"error": why}, 403)
+            client, dash = request.app.state.backend.actions()
+            message = await fn(request, form, client, dash)
+            if "application/json" in request.headers.get("accept", ""):
+                return JSONResponse({"ok": True, "message": message})
+            return RedirectResponse(_with_notice(_next_url(request, form, default_next(request)), message), 303)
+
+        endpoint.__name__ = fn.__name__
+        return endpoint
+
+    return wrap
+
+
+def _job_url(request: Request) -> str:
+    return f"/jobs/{request.path_params['id']}"
+
+
+@action(_job_url)
+async def cancel_job(request: Request, form: FormData, client: AsyncClient, dash: AsyncDashboard) -> str:
+    job_id = path_id(request)
+    done = await client.cancel(job_id)
+    return f"job {job_id}: cancelled" if done else f"job {job_id} had already ended: nothing to cancel"
+
+
+@action(_job_url)
+async def retry_job(request: Request, form: FormData, client: AsyncClient, dash: AsyncDashboard) -> str:
+    job_id = path_id(request)
+    await client.retry(job_id)
+    return f"job {job_id}: queued again"
+
+
+def _ids(form: FormData) -> list[int]:
+    out: list[int] = []
+    for raw in form.getlist("ids"):
+        try:
+            out.append(int(str(raw)))
+        except ValueError:
+            raise BadParam(f"ids must be job ids (integers), got {raw!r}") from None
+    return out
+
+
+@action(lambda r: "/jobs")
+async def bulk(request: Request, form: FormData, client: AsyncClient, dash: AsyncDashboard) -> str:
+    what = str(form.get("action") or "")
+    if what not in ("cancel", "retry"):
+        raise BadParam(f"action must be cancel or retry, got {what!r}")
+    scope = str(form.get("scope") or "selected")
+    if scope == "selected":
+        ids = _ids(form)
+        if not ids:
+            raise BadParam("no job selected: tick some jobs, or choose every job matching the filter")
+        if len(ids) > MAX_BULK:
+            raise BadParam(f"at most {MAX_BULK} jobs at once, got {len(ids)}")
+        outcome = await dash.bulk(what, ids, JobFilter(), MAX_BULK)
+    elif scope == "filter":
+        flt = JobFilter(
+            state=param_state(str(form.get("state") or "") or None),
+            queue=str(form.get("queue") or "") or None,
+            kind=str(form.get("kind") or "") or None,
+            search=str(form.get("search") or "") or None,
+        )
+        outcome = await dash.bulk(what, None, flt, MAX_BULK)
+    else:
+        raise BadParam(f"scope must be selected or filter, got {scope!r}")
+    done = sum(1 for o in outcome if o.done)
+    refused = [o for o in outcome if o.error]
+    verb = "cancelled" if what == "cancel" else "queued again"
+    text = f"{done} of {len(outcome)} jobs {verb}"
+    if refused:
+        text += f"; {len(refused)} refused (first: {refused[0].error})"
+    return text
+
+
+def _queue_url(request: Request) -> str:
+    return f"/queues/{quote(request.path_params['queue'], safe='')}"
+
+
+@action(_queue_url)
+async def pause_queue(request: Request, form: FormData, client: AsyncClient, dash: AsyncDashboard) -> str:
+    await client.configure_queue(request.path_params["queue"], paused=True)
+    return f"queue {request.path_params['queue']} paused"
+
+
+@action(_queue_url)
+async def resume_queue(request: Request, form: FormData, client: AsyncClient, dash: AsyncDashboard) -> str:
+    await client.configure_queue(request.path_params["queue"], paused=False)
+    return f"queue {request.path_params['queue']} resumed"
+
+
+@action(lambda r: f"/batches/{r.path_params['id']}")
+async def cancel_batch(request: Request, form: FormData, client: AsyncClient, dash: AsyncDashboard) -> str:
+    n = await client.cancel_batch(path_id(request))
+    return f"{n} jobs of the batch cancelled"
+
+
+@action(lambda r: "/schedules")
+async def pause_schedule(request: Request, form: FormData, client: AsyncClient, dash: AsyncDashboard) -> str:
+    name = request.path_params["name"]
+    done = await client.pause_schedule(name)
+    return f"schedule {name} paused" if done else f"schedule {name} was paused already"
+
+
+@action(lambda r: "/schedules")
+async def resume_schedule(request: Request, form: FormData, client: AsyncClient, dash: AsyncDashboard) -> str:
+    name = request.path_params["name"]
+    done = await client.resume_schedule(name)
+    return f"schedule {name} resumed" if done else f"schedule {name} was not paused"
+
+
+@action(lambda r: "/schedules")
+async def trigger_schedule(request: Request, form: FormData, client: AsyncClient, dash: AsyncDashboard) -> str:
+    name = request.path_params["name"]
+    job_id = await dash.trigger_schedule(name)
+    return f"schedule {name}: job {job_id} enqueued now"
+
+
+# -- login / logout (the middleware lets /login through without a session) -----------------------------
+
+
+async def login_page(request: Request) -> Response:
+    return render(request, "login.html", {"next": request.query_params.get("next") or "/", "error": None})
+
+
+async def login(request: Request) -> Response:
+    config: WebConfig = request.app.state.config
+    why = same_origin(request.headers, request.url.scheme)  # no login CSRF from another site either
+    if why is not None:
+        return JSONResponse({"error": why}, 403)
+    form = await request.form()
+    token = str(form.get("token") or "")
+    target = _next_url(request, form, "/")
+    if not hmac.compare_digest(token.encode(), config.secret):
+        return render(request, "login.html", {"next": target, "error": "wrong token"}, 401)
+    response = RedirectResponse(target, 303)
+    response.set_cookie(
+        SESSION_COOKIE,
+        config.session_value,
+        httponly=True,
+        samesite="strict",
+        secure=config.secure_cookie,
+        path="/",
+    )
+    return response
+
+
+async def logout(request: Request) -> Response:
+    form = await request.form()
+    why = check_csrf(request.app.state.config, request, form)
+    if why is not None:
+        return JSONResponse({"error": why}, 403)
+    response = RedirectResponse("/login", 303)
+    response.delete_cookie(SESSION_COOKIE, path="/")
+    return response
+
+
+def routes_args() -> list[tuple[str, Callable[[Request], Awaitable[Response]]]]:
+    return [
+        ("/jobs/bulk", bulk),
+        ("/jobs/{id}/cancel", cancel_job),
+        ("/jobs/{id}/retry", retry_job),
+        ("/queues/{queue}/pause", pause_queue),
+        ("/queues/{queue}/resume", resume_queue),
+        ("/batches/{id}/cancel", cancel_batch),
+        ("/schedules/{name}/pause", pause_schedule),
+        ("/schedules/{name}/resume", resume_schedule),
+        ("/schedules/{name}/trigger", trigger_schedule),
+        ("/logout", logout),
+    ]

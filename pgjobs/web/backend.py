@@ -1,0 +1,106 @@
+"""The dashboard's database side: small pools with short timeouts, the clients over them, and what a
+database error means for a page.
+
+Two pools at most, whatever the number of browsers: the reader pool (``--reader-dsn`` or the DSN; pages,
+the live event reader, ``/metrics``) and, unless ``--read-only``, the admin pool (``--admin-dsn`` or the
+DSN; actions). A page never waits long for a dead server: connecting gives up after ``connect_timeout``
+seconds, so does waiting for a pooled connection, and every statement after ``statement_timeout_ms``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+from psycopg_pool import AsyncConnectionPool, PoolTimeout
+
+from pgjobs.client import AsyncClient
+from pgjobs.client.dashboard import AsyncDashboard
+from pgjobs.errors import PgJobsError, SchemaMissing
+from pgjobs.web.config import WebConfig
+
+
+class Unavailable(Exception):
+    """The database cannot be reached (or does not answer in time): pages show a banner, not a hang."""
+
+
+def _pool(config: WebConfig, dsn: str, max_size: int, suffix: str) -> AsyncConnectionPool[Any]:
+    options = f"-c statement_timeout={int(config.statement_timeout_ms)}"
+    if config.role:
+        options += f" -c role={config.role}"
+    return AsyncConnectionPool(
+        dsn,
+        min_size=0,
+        max_size=max_size,
+        timeout=config.connect_timeout,
+        reconnect_timeout=0,  # keep trying in the background; a page only waits `timeout`
+        kwargs={
+            "autocommit": True,
+            "connect_timeout": max(1, round(config.connect_timeout)),
+            "application_name": f"{config.application_name}{suffix}",
+            "options": options,
+        },
+        check=AsyncConnectionPool.check_connection,
+        open=False,
+        name=f"pgjobs-web{suffix}",
+    )
+
+
+@dataclass
+class Backend:
+    config: WebConfig
+    reader_pool: AsyncConnectionPool[Any]
+    admin_pool: AsyncConnectionPool[Any] | None
+    client: AsyncClient
+    dash: AsyncDashboard
+    admin: AsyncClient | None
+    admin_dash: AsyncDashboard | None
+
+    @classmethod
+    def create(cls, config: WebConfig) -> Backend:
+        reader = _pool(config, config.reader_dsn or config.dsn, config.pool_size, "")
+        admin = None if config.read_only else _pool(config, config.admin_dsn or config.dsn, 2, "-admin")
+        return cls(
+            config,
+            reader,
+            admin,
+            AsyncClient(pool=reader),
+            AsyncDashboard(reader),
+            None if admin is None else AsyncClient(pool=admin),
+            None if admin is None else AsyncDashboard(admin),
+        )
+
+    async def open(self) -> None:
+        await self.reader_pool.open(wait=False)
+        if self.admin_pool is not None:
+            await self.admin_pool.open(wait=False)
+
+    async def close(self) -> None:
+        await self.reader_pool.close(timeout=2)
+        if self.admin_pool is not None:
+            await self.admin_pool.close(timeout=2)
+
+    def actions(self) -> tuple[AsyncClient, AsyncDashboard]:
+        if self.admin is None or self.admin_dash is None:
+            raise PermissionError("this dashboard is read-only (--read-only): actions are disabled")
+        return self.admin, self.admin_dash
+
+
+def unavailable_reason(exc: BaseException) -> str | None:
+    """A one-line reason when ``exc`` means the database is unreachable or too slow; None otherwise."""
+    if isinstance(exc, PoolTimeout):
+        return "no database connection could be made in time"
+    if isinstance(exc, psycopg.errors.QueryCanceled):
+        return "the database did not answer in time (statement timeout)"
+    if isinstance(exc, psycopg.OperationalError | psycopg.InterfaceError):
+        first = str(exc).strip().splitlines()
+        return first[0] if first else type(exc).__name__
+    if isinstance(exc, SchemaMissing):
+        return str(exc)
+    return None
+
+
+def is_refusal(exc: BaseException) -> bool:
+    """A pgjobs refusal (PJxxx): bad argument, not found, wrong state... shown as a 4xx with its message."""
+    return isinstance(exc, PgJobsError) and not isinstance(exc, SchemaMissing)

@@ -1,0 +1,210 @@
+"""Live updates: ONE shared reader of the event log per dashboard process, fanned out to every SSE client.
+
+The reader follows ``pgjobs.read_events`` from the log's head on the reader pool (one pooled connection
+per poll, whatever the number of browsers), and puts each event into the queue of every subscriber whose
+filter matches. On a database without the event log (older schema) it LISTENs on ``pgjobs_status``
+instead, on one dedicated connection. A subscriber that cannot keep up (its queue full) is told to resync
+(reload what it shows) rather than slowing the others down.
+
+The reader also tells the subscribers whether the database answers (``db`` messages), so pages can show
+their "database unreachable" banner the moment it goes away and drop it when it is back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from pgjobs.client.dashboard import AsyncDashboard, Event
+from pgjobs.client.listen import Connected, Listener, Notifications
+from pgjobs.jsonable import to_jsonable
+from pgjobs.web.backend import unavailable_reason
+
+log = logging.getLogger("pgjobs.web.live")
+
+READ_BATCH = 1000
+QUEUE_SIZE = 1000
+
+
+@dataclass
+class Subscriber:
+    job_ids: frozenset[int] | None = None
+    batch_id: int | None = None
+    queue: str | None = None
+    inbox: asyncio.Queue[dict[str, Any] | None] = field(default_factory=lambda: asyncio.Queue(QUEUE_SIZE))
+    lagged: bool = False
+
+    def wants(self, ev: dict[str, Any]) -> bool:
+        if self.job_ids is not None or self.batch_id is not None:
+            by_id = self.job_ids is not None and ev.get("id") in self.job_ids
+            by_batch = self.batch_id is not None and ev.get("batch_id") == self.batch_id
+            if not (by_id or by_batch):
+                return False
+        return self.queue is None or ev.get("queue") == self.queue
+
+    def offer(self, message: dict[str, Any]) -> None:
+        try:
+            self.inbox.put_nowait(message)
+        except asyncio.QueueFull:
+            self.lagged = True
+
+
+class Hub:
+    """The shared reader. ``subscribe()`` / ``unsubscribe()`` from SSE handlers; started on first need."""
+
+    def __init__(self, dash: AsyncDashboard, listen_dsn: str, poll_interval: float = 0.5) -> None:
+        self.dash = dash
+        self.listen_dsn = listen_dsn
+        self.poll_interval = poll_interval
+        self.subscribers: set[Subscriber] = set()
+        self.db_ok: bool | None = None
+        self.db_error: str | None = None
+        self.mode: str | None = None  # "log" | "notify", once known
+        self.events_seen = 0
+        self._task: asyncio.Task[None] | None = None
+
+    # -- subscribers ---------------------------------------------------------------------------------
+    def subscribe(self, job_ids: Iterable[int] | None, batch_id: int | None, queue: str | None) -> Subscriber:
+        sub = Subscriber(None if job_ids is None else frozenset(job_ids), batch_id, queue)
+        self.subscribers.add(sub)
+        if self.db_ok is not None:
+            sub.offer(self._db_message())
+        self.start()
+        return sub
+
+    def unsubscribe(self, sub: Subscriber) -> None:
+        self.subscribers.discard(sub)
+
+    def _db_message(self) -> dict[str, Any]:
+        return {"type": "db", "ok": bool(self.db_ok), "error": self.db_error}
+
+    def _set_db(self, ok: bool, error: str | None = None) -> None:
+        if ok != self.db_ok or (not ok and error != self.db_error):
+            self.db_ok, self.db_error = ok, error
+            message = self._db_message()
+            for sub in list(self.subscribers):
+                sub.offer(message)
+
+    def publish(self, events: list[dict[str, Any]]) -> None:
+        self.events_seen += len(events)
+        for sub in list(self.subscribers):
+            for ev in events:
+                if sub.wants(ev):
+                    sub.offer({"type": "event", **ev})
+
+    # -- the reader ----------------------------------------------------------------------------------
+    def start(self) -> None:
+        if self._task is None or self._task.done():
+            self._task = asyncio.get_running_loop().create_task(self._run(), name="pgjobs-web-live")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._task
+            self._task = None
+        for sub in list(self.subscribers):
+            with contextlib.suppress(asyncio.QueueFull):
+                sub.inbox.put_nowait(None)  # ends the stream
+
+    async def _run(self) -> None:
+        delay = self.poll_interval
+        while True:
+            try:
+                has_log = await self.dash.has_event_log()
+            except Exception as exc:
+                self._set_db(False, unavailable_reason(exc) or str(exc))
+                await asyncio.sleep(min(delay, 5.0))
+                delay *= 2
+                continue
+            self._set_db(True)
+            self.mode = "log" if has_log else "notify"
+            if has_log:
+                await self._follow_log()
+            else:
+                await self._follow_notify()
+            return
+
+    async def _head(self) -> int:
+        """The newest event id now: the reader starts there (pages show the present; events are news)."""
+        after = 0
+        while True:
+            batch = await self.dash.read_events(after_id=after, max_rows=READ_BATCH)
+            if batch:
+                after = batch[-1].event_id
+            if len(batch) < READ_BATCH:
+                return after
+
+    async def _follow_log(self) -> None:
+        after: int | None = None
+        failures = 0
+        while True:
+            try:
+                if after is None:
+                    after = await self._head()
+                batch = await self.dash.read_events(after_id=after, max_rows=READ_BATCH)
+            except Exception as exc:
+                reason = unavailable_reason(exc)
+                if reason is None:
+                    log.exception("the live event reader failed")
+                self._set_db(False, reason or str(exc))
+                failures += 1
+                await asyncio.sleep(min(self.poll_interval * 2**failures, 5.0))
+                continue
+            failures = 0
+            self._set_db(True)
+            if batch:
+                after = batch[-1].event_id
+                self.publish([event_json(e) for e in batch])
+            if len(batch) < READ_BATCH:
+                await asyncio.sleep(self.poll_interval)
+
+    async def _follow_notify(self) -> None:
+        listener = Listener(self.listen_dsn, ["pgjobs_status"], application_name="pgjobs-web-live", cap=5.0)
+        events = listener.events(tick=5.0)
+        probe = asyncio.get_running_loop().create_task(self._probe())  # the listener hides its outages
+        try:
+            async for item in events:
+                if isinstance(item, Connected):
+                    self._set_db(True)
+                elif isinstance(item, Notifications):
+                    out: list[dict[str, Any]] = []
+                    for _channel, payload in item.items:
+                        out.extend(_notify_events(payload))
+                    if out:
+                        self.publish(out)
+        finally:
+            probe.cancel()
+            await events.aclose()
+
+    async def _probe(self) -> None:
+        while True:
+            await asyncio.sleep(3.0)
+            try:
+                await self.dash.has_event_log()
+                self._set_db(True)
+            except Exception as exc:
+                self._set_db(False, unavailable_reason(exc) or str(exc))
+
+
+def event_json(e: Event) -> dict[str, Any]:
+    out: dict[str, Any] = to_jsonable(e)
+    return out
+
+
+def _notify_events(payload: str) -> list[dict[str, Any]]:
+    try:
+        data = json.loads(payload)
+    except ValueError:
+        return []
+    items = data if isinstance(data, list) else [data]
+    return [
+        {k: d.get(k) for k in ("id", "state", "queue", "kind", "attempt", "batch_id", "progress")}
+        for d in items
+        if isinstance(d, dict) and "id" in d
+    ]

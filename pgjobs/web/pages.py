@@ -1,0 +1,227 @@
+"""The HTML pages, each with its own URL. Every page renders whole on the server (app.js only refreshes
+it live); ``X-Partial: 1`` returns just its ``<main>`` content, which is what app.js fetches."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import UTC, datetime
+from typing import Any
+from urllib.parse import urlencode
+
+from starlette.requests import Request
+from starlette.responses import Response
+
+from pgjobs.client.dashboard import Event, JobFilter
+from pgjobs.records import JobStatus
+from pgjobs.web.backend import Backend
+from pgjobs.web.svg import batch_graph_svg, throughput_chart
+from pgjobs.web.views import NotFound, job_view, param_int, param_state, path_id, render
+
+PER_PAGE = (25, 50, 100, 200)
+
+
+def backend(request: Request) -> Backend:
+    b: Backend = request.app.state.backend
+    return b
+
+
+async def overview(request: Request) -> Response:
+    b = backend(request)
+    queues, points, workers = await asyncio.gather(
+        b.dash.queues(), b.dash.throughput(60), b.dash.workers(b.config.stale_after)
+    )
+    totals: dict[str, int] = {}
+    for q in queues:
+        for state, n in q.counts.items():
+            totals[state] = totals.get(state, 0) + n
+    oldest = max([q.oldest_pending_seconds or 0.0 for q in queues] + [0.0])
+    return render(
+        request,
+        "overview.html",
+        {
+            "queues": queues,
+            "totals": totals,
+            "chart": throughput_chart(points),
+            "settled_hour": sum(p.succeeded for p in points),
+            "failed_hour": sum(p.failed for p in points),
+            "oldest": oldest,
+            "live_workers": sum(1 for w in workers if not w.stale),
+            "stale_workers": sum(1 for w in workers if w.stale),
+            "live": "",
+            "refresh": True,
+        },
+    )
+
+
+async def queue_page(request: Request) -> Response:
+    b = backend(request)
+    name = request.path_params["queue"]
+    queues, points, groups = await asyncio.gather(b.dash.queues(), b.dash.throughput(60, name), b.dash.groups(name))
+    found = next((q for q in queues if q.queue == name), None)
+    if found is None:
+        raise NotFound(f"queue {name!r} has no jobs and no settings")
+    settings = next((s for s in await b.client.queues() if s.queue == name), None)
+    return render(
+        request,
+        "queue.html",
+        {
+            "q": found,
+            "settings": settings,
+            "groups": groups,
+            "chart": throughput_chart(points),
+            "live": urlencode({"queue": name}),
+            "refresh": True,
+        },
+    )
+
+
+def job_filter(request: Request) -> JobFilter:
+    qp = request.query_params
+    return JobFilter(
+        state=param_state(qp.get("state")),
+        queue=qp.get("queue") or None,
+        kind=qp.get("kind") or None,
+        search=qp.get("search") or None,
+    )
+
+
+def filter_query(flt: JobFilter, **extra: Any) -> str:
+    items = {k: v for k, v in flt.params().items() if v}
+    items.update({k: v for k, v in extra.items() if v is not None})
+    return urlencode(items)
+
+
+async def jobs_page(request: Request) -> Response:
+    b = backend(request)
+    flt = job_filter(request)
+    per_page = param_int(request, "per_page", 50, 1, 200)
+    page = param_int(request, "page", 1, 1, 10**6)
+    result, queues = await asyncio.gather(b.dash.jobs(flt, per_page, (page - 1) * per_page), b.dash.queues())
+    first = (page - 1) * per_page + 1 if result.jobs else 0
+    last = (page - 1) * per_page + len(result.jobs)
+    pages = max(1, -(-result.total // per_page))
+    return render(
+        request,
+        "jobs.html",
+        {
+            "flt": flt,
+            "jobs": result.jobs,
+            "total": result.total,
+            "first": first,
+            "last": last,
+            "page": page,
+            "pages": pages,
+            "per_page": per_page,
+            "per_page_choices": PER_PAGE,
+            "queue_names": [q.queue for q in queues],
+            "prev_url": f"/jobs?{filter_query(flt, page=page - 1, per_page=per_page)}" if page > 1 else None,
+            "next_url": f"/jobs?{filter_query(flt, page=page + 1, per_page=per_page)}" if page < pages else None,
+            "here": f"/jobs?{filter_query(flt, page=page, per_page=per_page)}",
+            "live": urlencode({"queue": flt.queue}) if flt.queue else "",
+            "refresh": True,
+        },
+    )
+
+
+def timeline(job: JobStatus, events: list[Event] | None) -> list[dict[str, Any]]:
+    """Every step of the job, oldest first, each failed attempt with its error: from the event log when
+    there is one, else from the row (created, first start, each failed attempt from ``errors``, now)."""
+    errors = [e for e in (job.errors or []) if isinstance(e, dict)]
+    steps = _steps_from_events(events) if events is not None else _steps_from_row(job)
+    for e in errors:
+        attempt = int(e.get("attempt") or 0)
+        # the step that ended the attempt: the first one of that attempt that is not "active"
+        target = next((s for s in steps if s["attempt"] == attempt and s["state"] != "active"), None)
+        if target is None or target.get("error") is not None:
+            target = {"at": _ts(e.get("at")), "state": "attempt failed", "attempt": attempt}
+            steps.append(target)
+        target["error"] = str(e.get("error", ""))
+        target["worker"] = e.get("worker")
+    far = datetime.max.replace(tzinfo=UTC)
+    steps.sort(key=lambda s: s["at"] or far)
+    return steps
+
+
+def _steps_from_events(events: list[Event]) -> list[dict[str, Any]]:
+    steps: list[dict[str, Any]] = []
+    for ev in events:
+        last = steps[-1] if steps else None
+        if last is not None and last["state"] == ev.state.value == "active" and last["attempt"] == ev.attempt:
+            continue  # a progress report of the running attempt, not a new step
+        steps.append({"at": ev.at, "state": ev.state.value, "attempt": ev.attempt, "error": None})
+    return steps
+
+
+def _steps_from_row(job: JobStatus) -> list[dict[str, Any]]:
+    steps: list[dict[str, Any]] = [{"at": job.created_at, "state": "enqueued", "attempt": 0, "error": None}]
+    if job.first_started_at is not None:
+        steps.append({"at": job.first_started_at, "state": "active", "attempt": 1, "error": None})
+    if job.state.terminal:
+        steps.append({"at": job.completed_at, "state": job.state.value, "attempt": job.attempt, "error": None})
+    return steps
+
+
+def _ts(value: Any) -> datetime | None:
+    if isinstance(value, datetime):
+        return value
+    if isinstance(value, str):
+        try:
+            return datetime.fromisoformat(value)
+        except ValueError:
+            return None
+    return None
+
+
+async def job_page(request: Request) -> Response:
+    b = backend(request)
+    job_id = path_id(request)
+    job = await b.client.job_status(job_id)
+    if job is None:
+        raise NotFound(f"job {job_id} not found")
+    events = None
+    if request.app.state.hub.mode == "log" or await b.dash.has_event_log():
+        events = await b.dash.read_events(after_id=0, max_rows=1000, job_ids=[job_id])
+    return render(
+        request,
+        "job.html",
+        {
+            "job": job,
+            "view": job_view(job),
+            "steps": timeline(job, events),
+            "live": urlencode({"job": job_id}),
+            "refresh": True,
+            "job_id": job_id,
+        },
+    )
+
+
+async def batch_page(request: Request) -> Response:
+    b = backend(request)
+    batch_id = path_id(request)
+    status, graph = await asyncio.gather(b.client.batch_status(batch_id), b.client.batch_graph(batch_id))
+    if status is None or graph is None:
+        raise NotFound(f"batch {batch_id} not found")
+    members = [n for n in graph.get("nodes", []) if n.get("member")]
+    return render(
+        request,
+        "batch.html",
+        {
+            "batch": status,
+            "graph": batch_graph_svg(graph),
+            "members": members,
+            "outside": [n for n in graph.get("nodes", []) if not n.get("member")],
+            "live": urlencode({"batch": batch_id}),
+            "refresh": True,
+        },
+    )
+
+
+async def schedules_page(request: Request) -> Response:
+    b = backend(request)
+    return render(request, "schedules.html", {"schedules": await b.client.list_schedules(), "refresh": True})
+
+
+async def workers_page(request: Request) -> Response:
+    b = backend(request)
+    workers = await b.dash.workers(b.config.stale_after)
+    return render(request, "workers.html", {"workers": workers, "stale_after": b.config.stale_after, "refresh": True})

@@ -1,0 +1,162 @@
+"""Rendering helpers shared by the pages: templates and their filters, request parameters checked into
+4xx errors, and the shapes pages show (relative times, progress, a job without its lease token)."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from markupsafe import Markup, escape
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, JSONResponse, Response
+from starlette.templating import Jinja2Templates
+
+from pgjobs.jsonable import to_jsonable
+from pgjobs.records import JobState
+from pgjobs.web.security import wants_html
+
+HERE = Path(__file__).parent
+STATES = [s.value for s in JobState]
+LIVE_STATES = ("waiting", "scheduled", "pending", "active")
+
+
+class BadParam(Exception):
+    """A bad request parameter: 400 with this message."""
+
+
+class NotFound(Exception):
+    """No such job / batch / queue / schedule: 404 with this message."""
+
+
+def ago(seconds: float) -> str:
+    s = abs(seconds)
+    if s < 45:
+        text = f"{int(s)} s"
+    elif s < 90 * 60:
+        text = f"{round(s / 60)} min"
+    elif s < 36 * 3600:
+        text = f"{round(s / 3600)} h"
+    else:
+        text = f"{round(s / 86400)} d"
+    return f"{text} ago" if seconds >= 0 else f"in {text}"
+
+
+def reltime(value: datetime | None) -> Markup:
+    """``<time>`` with a relative text ("3 min ago", "in 20 s"); app.js keeps the text current."""
+    if value is None:
+        return Markup('<span class="muted">\u2014</span>')
+    seconds = (datetime.now(UTC) - value).total_seconds()
+    iso = value.isoformat()
+    return Markup(f'<time datetime="{escape(iso)}" title="{escape(iso)}" data-rel>{escape(ago(seconds))}</time>')
+
+
+def duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "\u2014"
+    return ago(seconds).removesuffix(" ago")
+
+
+def pretty(value: Any) -> str:
+    return json.dumps(to_jsonable(value), indent=2, sort_keys=True, ensure_ascii=False)
+
+
+def progress_parts(progress: Any) -> tuple[float, float, str] | None:
+    """(value, max, text) of a reported progress: ``{"done", "total", "message"}``, ``{"percent"}``, or a
+    bare number (a fraction when <= 1, else a percentage). None when it says nothing measurable."""
+    if isinstance(progress, bool) or progress is None:
+        return None
+    if isinstance(progress, int | float):
+        frac = float(progress) if progress <= 1 else float(progress) / 100
+        return max(0.0, min(frac, 1.0)), 1.0, f"{frac:.0%}"
+    if isinstance(progress, dict):
+        done, total = progress.get("done", progress.get("current")), progress.get("total")
+        message = str(progress.get("message") or "")
+        if isinstance(done, int | float) and isinstance(total, int | float) and total > 0:
+            return float(done), float(total), f"{done}/{total} {message}".strip()
+        percent = progress.get("percent")
+        if isinstance(percent, int | float):
+            return float(percent), 100.0, f"{percent:g}% {message}".strip()
+    return None
+
+
+def job_view(job: Any) -> dict[str, Any]:
+    """A job as pages and the API show it: everything but its lease token (which would let anyone who
+    reads the page complete or fail the running attempt)."""
+    data: dict[str, Any] = to_jsonable(job)
+    data.pop("lease_token", None)
+    return data
+
+
+def param_int(request: Request, name: str, default: int, lo: int, hi: int) -> int:
+    raw = request.query_params.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise BadParam(f"{name} must be an integer, got {raw!r}") from None
+    if not lo <= value <= hi:
+        raise BadParam(f"{name} must be between {lo} and {hi}, got {value}")
+    return value
+
+
+def param_state(raw: str | None) -> JobState | None:
+    if raw is None or raw == "":
+        return None
+    try:
+        return JobState(raw)
+    except ValueError:
+        raise BadParam(f"state {raw!r} is not one of {', '.join(STATES)}") from None
+
+
+def path_id(request: Request, name: str = "id") -> int:
+    raw = request.path_params[name]
+    try:
+        value = int(raw)
+    except ValueError:
+        raise BadParam(f"{name} must be an integer, got {raw!r}") from None
+    if not 0 < value < 2**63:
+        raise BadParam(f"{name} out of range: {raw}")
+    return value
+
+
+def make_templates() -> Jinja2Templates:
+    templates = Jinja2Templates(directory=str(HERE / "templates"))
+    env = templates.env
+    env.filters["reltime"] = reltime
+    env.filters["pretty"] = pretty
+    env.filters["duration"] = duration
+    env.globals["STATES"] = STATES
+    env.globals["progress_parts"] = progress_parts
+    env.globals["LIVE_STATES"] = LIVE_STATES
+    return templates
+
+
+def render(request: Request, name: str, context: dict[str, Any], status: int = 200) -> Response:
+    state = request.app.state
+    config = state.config
+    ctx = {
+        "csrf": config.csrf_token,
+        "read_only": config.read_only,
+        "partial": request.headers.get("x-partial") == "1",
+        "db_error": None,
+        "notice": request.query_params.get("notice"),
+        "live": "",
+        **context,
+    }
+    response: Response = state.templates.TemplateResponse(request, name, ctx, status_code=status)
+    return response
+
+
+def error_response(request: Request, status: int, message: str, db_error: str | None = None) -> Response:
+    if wants_html(request) or request.headers.get("x-partial") == "1":
+        try:
+            return render(request, "error.html", {"status": status, "message": message, "db_error": db_error}, status)
+        except Exception:  # templates broken: still say something useful
+            return HTMLResponse(f"<h1>{status}</h1><p>{escape(message)}</p>", status)
+    body: dict[str, Any] = {"error": message}
+    if db_error is not None:
+        body["database"] = "unreachable"
+    return JSONResponse(body, status)

@@ -1,0 +1,270 @@
+-- What the dashboard (pgjobs web) reads beyond the core status functions, and its two bulk actions.
+-- The read functions are for the pgjobs_reader role; dashboard_bulk and trigger_schedule change state
+-- and are for pgjobs_admin. None of them returns a lease token: a page must never be able to hand one out.
+
+-- One job-list filter in one place, so that the page's "N of M" counts exactly what the list shows.
+-- search: substring of kind, unique_key or the payload's JSON text, case-insensitively.
+CREATE OR REPLACE FUNCTION pgjobs._dashboard_match(j pgjobs.jobs, state pgjobs.job_state, queue text, kind text,
+                                                   search text)
+RETURNS boolean
+LANGUAGE sql
+IMMUTABLE
+SET search_path = pg_catalog, pgjobs, pg_temp
+AS $$
+    SELECT (_dashboard_match.state IS NULL OR j.state = _dashboard_match.state)
+       AND (_dashboard_match.queue IS NULL OR j.queue = _dashboard_match.queue)
+       AND (_dashboard_match.kind IS NULL OR j.kind = _dashboard_match.kind)
+       AND (_dashboard_match.search IS NULL
+            OR strpos(lower(j.kind), lower(_dashboard_match.search)) > 0
+            OR strpos(lower(coalesce(j.unique_key, '')), lower(_dashboard_match.search)) > 0
+            OR strpos(lower(j.payload::text), lower(_dashboard_match.search)) > 0);
+$$;
+
+CREATE OR REPLACE FUNCTION pgjobs._dashboard_check_page(max_rows int, skip_rows int)
+RETURNS void
+LANGUAGE plpgsql
+IMMUTABLE
+SET search_path = pg_catalog, pgjobs, pg_temp
+AS $$
+BEGIN
+    IF max_rows IS NULL OR max_rows < 0 OR max_rows > 10000 THEN
+        RAISE EXCEPTION USING ERRCODE = 'PJ002',
+            MESSAGE = format('max_rows must be between 0 and 10000, got %s', coalesce(max_rows::text, 'NULL'));
+    ELSIF skip_rows IS NULL OR skip_rows < 0 THEN
+        RAISE EXCEPTION USING ERRCODE = 'PJ002',
+            MESSAGE = format('skip_rows must be >= 0, got %s', coalesce(skip_rows::text, 'NULL'));
+    END IF;
+END;
+$$;
+
+-- A page of the job list, newest first, with the number of jobs the filter matches in every row
+-- (total_rows; no row at all when the page is past the end: dashboard_count_jobs says how many then).
+CREATE OR REPLACE FUNCTION pgjobs.dashboard_jobs(
+    only_state pgjobs.job_state DEFAULT NULL,
+    only_queue text DEFAULT NULL,
+    only_kind  text DEFAULT NULL,
+    search    text DEFAULT NULL,
+    max_rows  int DEFAULT 50,
+    skip_rows int DEFAULT 0)
+RETURNS TABLE (id bigint, kind text, queue text, state pgjobs.job_state, priority smallint, run_at timestamptz,
+               created_at timestamptz, attempt int, max_attempts int, leased_by text, first_started_at timestamptz,
+               completed_at timestamptz, last_error text, unique_key text, group_key text, batch_id bigint,
+               progress jsonb, cancel_requested boolean, total_rows bigint)
+LANGUAGE plpgsql
+STABLE
+SET search_path = pg_catalog, pgjobs, pg_temp
+AS $$
+#variable_conflict use_column
+BEGIN
+    PERFORM _dashboard_check_page(max_rows, skip_rows);
+    -- count(*) OVER () is computed before LIMIT: every row carries the filter's full count, one scan.
+    RETURN QUERY
+    SELECT j.id, j.kind, j.queue, j.state, j.priority, j.run_at, j.created_at, j.attempt, j.max_attempts,
+           j.leased_by, j.first_started_at, j.completed_at, j.last_error, j.unique_key, j.group_key, j.batch_id,
+           j.progress, j.cancel_requested, count(*) OVER ()
+      FROM jobs AS j
+     WHERE _dashboard_match(j, dashboard_jobs.only_state, dashboard_jobs.only_queue, dashboard_jobs.only_kind,
+                            dashboard_jobs.search)
+     ORDER BY j.created_at DESC, j.id DESC
+     LIMIT max_rows OFFSET skip_rows;
+END;
+$$;
+
+CREATE OR REPLACE FUNCTION pgjobs.dashboard_count_jobs(
+    only_state pgjobs.job_state DEFAULT NULL,
+    only_queue text DEFAULT NULL,
+    only_kind  text DEFAULT NULL,
+    search text DEFAULT NULL)
+RETURNS bigint
+LANGUAGE sql
+STABLE
+SET search_path = pg_catalog, pgjobs, pg_temp
+AS $$
+    SELECT count(*) FROM jobs AS j
+     WHERE _dashboard_match(j, dashboard_count_jobs.only_state, dashboard_count_jobs.only_queue, dashboard_count_jobs.only_kind,
+                            dashboard_count_jobs.search);
+$$;
+
+-- Every queue that has jobs or settings: its counts per state, the age of its oldest claimable job
+-- (seconds since the oldest pending job became due; NULL with none pending) and its settings.
+CREATE OR REPLACE FUNCTION pgjobs.dashboard_queues()
+RETURNS TABLE (queue text, counts jsonb, oldest_pending_seconds double precision, paused boolean, fair boolean,
+               max_length int, max_active int, max_active_per_group int)
+LANGUAGE sql
+STABLE
+SET search_path = pg_catalog, pgjobs, pg_temp
+AS $$
+    WITH c AS (
+        SELECT j.queue, j.state, count(*) AS n,
+               min(j.run_at) FILTER (WHERE j.state = 'pending') AS oldest
+          FROM jobs AS j GROUP BY j.queue, j.state
+    ), per_queue AS (
+        SELECT c.queue, jsonb_object_agg(c.state, c.n) AS counts, min(c.oldest) AS oldest
+          FROM c GROUP BY c.queue
+    )
+    SELECT coalesce(p.queue, q.queue), coalesce(p.counts, '{}'::jsonb),
+           CASE WHEN p.oldest IS NOT NULL THEN greatest(extract(epoch FROM now() - p.oldest)::double precision, 0) END,
+           coalesce(q.paused, false), coalesce(q.fair, false), q.max_length, q.max_active, q.max_active_per_group
+      FROM per_queue AS p
+      FULL JOIN queues AS q ON q.queue = p.queue
+     ORDER BY 1;
+$$;
+
+-- Jobs settled per minute over the last `minutes` minutes (the current minute last), zeros included,
+-- so a chart has one point per minute. Terminal jobs keep completed_at until purge.
+CREATE OR REPLACE FUNCTION pgjobs.dashboard_throughput(minutes int DEFAULT 60, queue text DEFAULT NULL)
+RETURNS TABLE (minute timestamptz, succeeded bigint, failed bigint, cancelled bigint)
+LANGUAGE plpgsql
+STABLE
+SET search_path = pg_catalog, pgjobs, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_from timestamptz;
+BEGIN
+    IF minutes IS NULL OR minutes < 1 OR minutes > 1440 THEN
+        RAISE EXCEPTION USING ERRCODE = 'PJ002',
+            MESSAGE = format('minutes must be between 1 and 1440, got %s', coalesce(minutes::text, 'NULL'));
+    END IF;
+    v_from := date_trunc('minute', now()) - make_interval(mins => minutes - 1);
+    RETURN QUERY
+    WITH done AS (
+        SELECT date_trunc('minute', j.completed_at) AS m, j.state
+          FROM jobs AS j
+         WHERE j.completed_at >= v_from AND j.state IN ('succeeded', 'failed', 'cancelled')
+           AND (dashboard_throughput.queue IS NULL OR j.queue = dashboard_throughput.queue)
+    )
+    SELECT g.m, count(d.state) FILTER (WHERE d.state = 'succeeded'), count(d.state) FILTER (WHERE d.state = 'failed'),
+           count(d.state) FILTER (WHERE d.state = 'cancelled')
+      FROM generate_series(v_from, date_trunc('minute', now()), interval '1 minute') AS g(m)
+      LEFT JOIN done AS d ON d.m = g.m
+     GROUP BY g.m
+     ORDER BY g.m;
+END;
+$$;
+
+-- A fair queue's groups that have live work: pending/scheduled/active counts and when the
+-- round-robin last served each (group_cursors), busiest first.
+CREATE OR REPLACE FUNCTION pgjobs.dashboard_groups(queue text, max_rows int DEFAULT 100)
+RETURNS TABLE (group_key text, pending bigint, scheduled bigint, active bigint, last_served_at timestamptz)
+LANGUAGE plpgsql
+STABLE
+SET search_path = pg_catalog, pgjobs, pg_temp
+AS $$
+#variable_conflict use_column
+BEGIN
+    PERFORM _dashboard_check_page(max_rows, 0);
+    RETURN QUERY
+    -- '-infinity' (never served) as NULL: clients cannot represent it
+    SELECT g.group_key, g.pending, g.scheduled, g.active, nullif(gc.last_served_at, '-infinity')
+      FROM (SELECT j.group_key,
+                   count(*) FILTER (WHERE j.state = 'pending') AS pending,
+                   count(*) FILTER (WHERE j.state = 'scheduled') AS scheduled,
+                   count(*) FILTER (WHERE j.state = 'active') AS active
+              FROM jobs AS j
+             WHERE j.queue = dashboard_groups.queue AND j.group_key IS NOT NULL
+               AND j.state IN ('pending', 'scheduled', 'active')
+             GROUP BY j.group_key) AS g
+      LEFT JOIN group_cursors AS gc ON gc.queue = dashboard_groups.queue AND gc.group_key = g.group_key
+     ORDER BY g.active DESC, g.pending DESC, g.group_key
+     LIMIT max_rows;
+END;
+$$;
+
+-- Workers with what each runs now; stale = not heard from within stale_after (it may be gone: the
+-- next reap forgets it and frees its jobs).
+CREATE OR REPLACE FUNCTION pgjobs.dashboard_workers(stale_after interval DEFAULT '30 seconds')
+RETURNS TABLE (id text, last_seen timestamptz, started_at timestamptz, meta jsonb, stale boolean, running jsonb)
+LANGUAGE sql
+STABLE
+SET search_path = pg_catalog, pgjobs, pg_temp
+AS $$
+    SELECT w.id, w.last_seen, w.started_at, w.meta, w.last_seen < now() - dashboard_workers.stale_after,
+           coalesce(a.running, '[]'::jsonb)
+      FROM workers AS w
+      LEFT JOIN (SELECT j.leased_by,
+                        jsonb_agg(jsonb_build_object('id', j.id, 'kind', j.kind, 'queue', j.queue,
+                                                     'attempt', j.attempt, 'progress', j.progress)
+                                  ORDER BY j.id) AS running
+                   FROM jobs AS j WHERE j.state = 'active' GROUP BY j.leased_by) AS a
+        ON a.leased_by = w.id
+     ORDER BY w.id;
+$$;
+
+-- Cancel or retry many jobs at once: the ids given, or (ids NULL) every job the list filter matches,
+-- newest first, at most max_rows. Each job goes through cancel()/retry() itself (cascades, events and
+-- wake-ups included); a job that refuses (wrong state, gone meanwhile) is reported with its error and
+-- does not stop the others: one subtransaction per job is what makes that possible.
+CREATE OR REPLACE FUNCTION pgjobs.dashboard_bulk(
+    action    text,
+    ids       bigint[] DEFAULT NULL,
+    only_state pgjobs.job_state DEFAULT NULL,
+    only_queue text DEFAULT NULL,
+    only_kind  text DEFAULT NULL,
+    search    text DEFAULT NULL,
+    max_rows  int DEFAULT 1000)
+RETURNS TABLE (id bigint, done boolean, error text)
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pgjobs, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_ids bigint[];
+    v_id bigint;
+BEGIN
+    IF action IS NULL OR action NOT IN ('cancel', 'retry') THEN
+        RAISE EXCEPTION USING ERRCODE = 'PJ002',
+            MESSAGE = format('action must be cancel or retry, got %s', coalesce(quote_literal(action), 'NULL'));
+    END IF;
+    PERFORM _dashboard_check_page(max_rows, 0);
+    IF ids IS NOT NULL THEN
+        IF cardinality(ids) > max_rows THEN
+            RAISE EXCEPTION USING ERRCODE = 'PJ002',
+                MESSAGE = format('at most %s ids at once, got %s', max_rows, cardinality(ids));
+        END IF;
+        v_ids := ARRAY(SELECT DISTINCT u FROM unnest(ids) AS u WHERE u IS NOT NULL ORDER BY u);
+    ELSE
+        v_ids := ARRAY(SELECT j.id FROM jobs AS j
+                        WHERE _dashboard_match(j, dashboard_bulk.only_state, dashboard_bulk.only_queue, dashboard_bulk.only_kind,
+                                               dashboard_bulk.search)
+                        ORDER BY j.created_at DESC, j.id DESC LIMIT max_rows);
+    END IF;
+    FOREACH v_id IN ARRAY v_ids LOOP
+        BEGIN
+            id := v_id;
+            done := CASE WHEN action = 'cancel' THEN pgjobs.cancel(v_id) ELSE pgjobs.retry(v_id) END;
+            error := NULL;
+        EXCEPTION WHEN SQLSTATE 'PJ003' OR SQLSTATE 'PJ004' THEN
+            done := false;
+            error := SQLERRM;
+        END;
+        RETURN NEXT;
+    END LOOP;
+END;
+$$;
+
+-- "Run now" for a schedule: one job of the schedule's kind, payload, queue, priority and attempts,
+-- enqueued at once, without moving the schedule's next run. Returns the new job's id.
+CREATE OR REPLACE FUNCTION pgjobs.trigger_schedule(name text)
+RETURNS bigint
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pgjobs, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_s schedules%ROWTYPE;
+    v_id bigint;
+BEGIN
+    SELECT * INTO v_s FROM schedules AS s WHERE s.name = trigger_schedule.name;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION USING ERRCODE = 'PJ003',
+            MESSAGE = format('schedule %s not found', coalesce(quote_literal(trigger_schedule.name), 'NULL'));
+    END IF;
+    SELECT e.id INTO v_id
+      FROM pgjobs.enqueue(kind => v_s.kind, payload => v_s.payload, queue => v_s.queue, priority => v_s.priority,
+                          max_attempts => v_s.max_attempts,
+                          meta => jsonb_build_object('triggered_schedule', v_s.name)) AS e;
+    UPDATE jobs AS j SET schedule_name = v_s.name WHERE j.id = v_id;
+    RETURN v_id;
+END;
+$$;

@@ -31,7 +31,7 @@ READ_BATCH = 1000
 QUEUE_SIZE = 1000
 
 
-@dataclass
+@dataclass(eq=False)  # compared and hashed by identity: one per open stream
 class Subscriber:
     job_ids: frozenset[int] | None = None
     batch_id: int | None = None

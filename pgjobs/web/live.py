@@ -67,6 +67,7 @@ class Hub:
         self.mode: str | None = None  # "log" | "notify", once known
         self.events_seen = 0
         self._task: asyncio.Task[None] | None = None
+        self.loop: asyncio.AbstractEventLoop | None = None
 
     # -- subscribers ---------------------------------------------------------------------------------
     def subscribe(self, job_ids: Iterable[int] | None, batch_id: int | None, queue: str | None) -> Subscriber:
@@ -99,8 +100,23 @@ class Hub:
 
     # -- the reader ----------------------------------------------------------------------------------
     def start(self) -> None:
+        self.loop = asyncio.get_running_loop()
         if self._task is None or self._task.done():
             self._task = asyncio.get_running_loop().create_task(self._run(), name="pgjobs-web-live")
+
+    def end_streams(self) -> None:
+        """Ends every open SSE stream (they never end by themselves): before a server stops, so that it
+        need not wait out its graceful-shutdown timeout. Safe from any thread."""
+        loop = self.loop
+        if loop is None:
+            return
+
+        def end() -> None:
+            for sub in list(self.subscribers):
+                with contextlib.suppress(asyncio.QueueFull):
+                    sub.inbox.put_nowait(None)
+
+        loop.call_soon_threadsafe(end)
 
     async def stop(self) -> None:
         if self._task is not None:

@@ -128,6 +128,7 @@ def make_templates() -> Jinja2Templates:
     env.filters["reltime"] = reltime
     env.filters["pretty"] = pretty
     env.filters["duration"] = duration
+    env.filters["num"] = lambda v: f"{v:g}"
     env.globals["STATES"] = STATES
     env.globals["progress_parts"] = progress_parts
     env.globals["LIVE_STATES"] = LIVE_STATES

@@ -61,6 +61,8 @@ def start_web(config: WebConfig) -> RunningWeb:
 
 
 def stop_web(web: RunningWeb) -> None:
+    web.app.state.hub.end_streams()
+    time.sleep(0.05)
     web.server.should_exit = True
     web._thread.join(timeout=15)  # type: ignore[attr-defined]
 

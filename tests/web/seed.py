@@ -68,7 +68,9 @@ def seed(dsn: str) -> Seeded:
         [f] = c.claim("worker-b", ["etl"])
         c.complete(f.id, f.lease_token, {"bytes": 2048})
         c.add_schedule("nightly-report", "report", "0 3 * * *", queue="billing", payload={"kind": "nightly"})
-        c.worker_heartbeat("worker-a", {"host": "app-1", "pid": 4242, "queues": ["billing", "exports"], "concurrency": 8})
+        c.worker_heartbeat(
+            "worker-a", {"host": "app-1", "pid": 4242, "queues": ["billing", "exports"], "concurrency": 8}
+        )
         c.worker_heartbeat("worker-b", {"host": "app-2", "pid": 777, "queues": ["etl"], "concurrency": 4})
     with psycopg.connect(dsn, autocommit=True) as conn:  # worker-b went silent two minutes ago
         conn.execute(

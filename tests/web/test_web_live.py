@@ -1,0 +1,101 @@
+"""Live updates: the SSE stream, fed by ONE shared reader per dashboard process; 200 concurrent clients
+hold a bounded number of database connections and all get the events."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from typing import Any
+
+import psycopg
+import pytest
+
+import pgjobs
+from tests.web.conftest import RunningWeb
+
+
+async def _open_stream(web: RunningWeb, cookie: str, query: str = "") -> tuple[asyncio.StreamReader, Any]:
+    reader, writer = await asyncio.open_connection(web.config.host, web.config.port)
+    writer.write(
+        f"GET /api/events{query} HTTP/1.1\r\nHost: 127.0.0.1:{web.config.port}\r\nCookie: {cookie}\r\n"
+        "Accept: text/event-stream\r\n\r\n".encode()
+    )
+    await writer.drain()
+    head = await reader.readuntil(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200"), head
+    return reader, writer
+
+
+async def _wait_for_job(reader: asyncio.StreamReader, job_id: int, state: str, timeout: float) -> dict[str, Any]:
+    async def find() -> dict[str, Any]:
+        while True:
+            line = await reader.readline()
+            if not line:
+                raise AssertionError("stream closed")
+            text = line.decode(errors="replace").strip()
+            # chunked transfer: data lines come between chunk-size lines
+            if text.startswith("data: "):
+                msg = json.loads(text[len("data: ") :])
+                if msg.get("type") == "event" and msg.get("id") == job_id and msg.get("state") == state:
+                    return dict(msg)
+
+    return await asyncio.wait_for(find(), timeout)
+
+
+def _cookie(web: RunningWeb) -> str:
+    return f"pgjobs_session={web.config.session_value}"
+
+
+def _backends(dsn: str) -> int:
+    dbname = psycopg.conninfo.conninfo_to_dict(dsn)["dbname"]
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = %s AND application_name LIKE 'pgjobs-web%%'",
+            (dbname,),
+        ).fetchone()
+    return int(row[0]) if row else 0
+
+
+@pytest.mark.smoke
+def test_a_stream_gets_the_events_it_asked_for(dsn: str, web: RunningWeb) -> None:
+    async def run() -> None:
+        with pgjobs.Client(dsn) as c:
+            other = c.enqueue("noise", {})
+            watched = c.enqueue("ping", {})
+            reader, writer = await _open_stream(web, _cookie(web), f"?job={watched.id}")
+            await asyncio.sleep(1.0)  # the shared reader is following the stream now
+            c.cancel(other.id)
+            c.cancel(watched.id)
+            msg = await _wait_for_job(reader, watched.id, "cancelled", 10)
+            assert msg["kind"] == "ping" and msg["queue"] == "default"
+            writer.close()
+
+    asyncio.run(run())
+
+
+def test_200_sse_clients_share_a_bounded_number_of_connections(dsn: str, web: RunningWeb) -> None:
+    clients = 200
+
+    async def run() -> tuple[int, int, float]:
+        streams = [await _open_stream(web, _cookie(web)) for _ in range(clients)]
+        deadline = time.monotonic() + 10
+        while len(web.app.state.hub.subscribers) < clients and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        assert len(web.app.state.hub.subscribers) == clients
+        await asyncio.sleep(1.0)
+        during = _backends(dsn)
+        with pgjobs.Client(dsn) as c:
+            job = c.enqueue("fanout", {})
+            t0 = time.monotonic()
+            got = await asyncio.gather(*(_wait_for_job(r, job.id, "pending", 20) for r, _ in streams))
+            elapsed = time.monotonic() - t0
+        for _, w in streams:
+            w.close()
+        return during, len(got), elapsed
+
+    during, received, elapsed = asyncio.run(run())
+    assert received == clients
+    # reader pool (<= 4) + the admin pool (idle: 0) + at most one LISTEN connection (no event log yet)
+    assert during <= 6, f"{during} database connections for {clients} SSE clients"
+    print(f"\n{clients} SSE clients: {during} database connections; all got the event in {elapsed:.2f} s")

@@ -21,20 +21,15 @@ from pgjobs.errors import PgJobsError, SchemaMissing
 from pgjobs.web.config import WebConfig
 
 
-class Unavailable(Exception):
-    """The database cannot be reached (or does not answer in time): pages show a banner, not a hang."""
-
-
-def _pool(config: WebConfig, dsn: str, max_size: int, suffix: str) -> AsyncConnectionPool[Any]:
+def _pool(config: WebConfig, dsn: str, role: str | None, max_size: int, suffix: str) -> AsyncConnectionPool[Any]:
     options = f"-c statement_timeout={int(config.statement_timeout_ms)}"
-    if config.role:
-        options += f" -c role={config.role}"
+    if role:
+        options += f" -c role={role}"
     return AsyncConnectionPool(
         dsn,
         min_size=0,
         max_size=max_size,
         timeout=config.connect_timeout,
-        reconnect_timeout=0,  # keep trying in the background; a page only waits `timeout`
         kwargs={
             "autocommit": True,
             "connect_timeout": max(1, round(config.connect_timeout)),
@@ -59,8 +54,10 @@ class Backend:
 
     @classmethod
     def create(cls, config: WebConfig) -> Backend:
-        reader = _pool(config, config.reader_dsn or config.dsn, config.pool_size, "")
-        admin = None if config.read_only else _pool(config, config.admin_dsn or config.dsn, 2, "-admin")
+        reader = _pool(config, config.reader_dsn or config.dsn, config.role, config.pool_size, "")
+        admin = None
+        if not config.read_only:
+            admin = _pool(config, config.admin_dsn or config.dsn, config.admin_role, 2, "-admin")
         return cls(
             config,
             reader,

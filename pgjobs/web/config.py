@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import ipaddress
+import re
 import secrets
 from dataclasses import dataclass, field
 
@@ -36,7 +37,8 @@ class WebConfig:
     read_only: bool = False
     reader_dsn: str | None = None
     admin_dsn: str | None = None
-    role: str | None = None  # SET ROLE at connect (``-c role=...``): e.g. pgjobs_reader
+    role: str | None = None  # role taken at connect by the reader pool (``-c role=...``): e.g. pgjobs_reader
+    admin_role: str | None = None  # the same for the admin pool: e.g. pgjobs_admin
     pool_size: int = 4
     connect_timeout: float = 3.0  # seconds: a page waits at most this for a connection
     statement_timeout_ms: int = 5000
@@ -54,6 +56,10 @@ class WebConfig:
             self.token_generated = False
         if not self.token:
             raise ValueError("the dashboard token must not be empty")
+        for role in (self.role, self.admin_role):
+            # it goes into the connection's options (-c role=...): a plain identifier only
+            if role is not None and not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_$]*", role):
+                raise ValueError(f"invalid role name {role!r}")
 
     @property
     def secret(self) -> bytes:

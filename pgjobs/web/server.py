@@ -36,7 +36,8 @@ def register(subparsers: Any) -> None:
     p.add_argument("--read-only", action="store_true", help="hide and refuse every action")
     p.add_argument("--reader-dsn", default=None, help="DSN for reading (e.g. a user in pgjobs_reader)")
     p.add_argument("--admin-dsn", default=None, help="DSN for actions (e.g. a user in pgjobs_admin)")
-    p.add_argument("--role", default=None, help="role to take at connect (-c role=...), e.g. pgjobs_reader")
+    p.add_argument("--role", default=None, help="role the reading connections take (-c role=...): pgjobs_reader")
+    p.add_argument("--admin-role", default=None, help="role the action connections take: pgjobs_admin")
     p.add_argument("--stale-after", type=float, default=30.0, metavar="S", help="a worker silent S seconds is stale")
     p.add_argument("--secure-cookie", action="store_true", help="mark the session cookie Secure (behind HTTPS)")
     p.set_defaults(func=_run)
@@ -53,6 +54,7 @@ def config_from_args(args: argparse.Namespace) -> WebConfig:
         reader_dsn=args.reader_dsn,
         admin_dsn=args.admin_dsn,
         role=args.role,
+        admin_role=args.admin_role,
         stale_after=args.stale_after,
         secure_cookie=args.secure_cookie,
     )
@@ -66,7 +68,11 @@ def _run(args: argparse.Namespace) -> int:
     except ImportError as exc:
         print(f"pgjobs: {EXTRA_HINT} (missing: {exc.name})", file=sys.stderr)
         return 2
-    config = config_from_args(args)
+    try:
+        config = config_from_args(args)
+    except ValueError as exc:
+        print(f"pgjobs: {exc}", file=sys.stderr)
+        return 2
     refused = check_bind(config)
     if refused is not None:
         print(f"pgjobs: {refused}", file=sys.stderr)

@@ -198,6 +198,11 @@ def has_event_log_call() -> Call[bool]:
     )
 
 
+def stream_head_call() -> Call[int]:
+    """The newest event id of the log (``stream_bounds``), 0 when empty."""
+    return Call("SELECT newest_id FROM pgjobs.stream_bounds()", {}, lambda r: int(scalar(r) or 0))
+
+
 def read_events_call(
     after_id: int = 0, max_rows: int = 1000, job_ids: Sequence[int] | None = None, batch_id: int | None = None
 ) -> Call[list[Event]]:
@@ -248,6 +253,9 @@ class AsyncDashboard(AsyncRunner):
 
     async def has_event_log(self) -> bool:
         return await self._run(has_event_log_call())
+
+    async def stream_head(self) -> int:
+        return await self._run(stream_head_call())
 
     async def read_events(
         self,

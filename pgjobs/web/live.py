@@ -22,6 +22,7 @@ from typing import Any
 
 from pgjobs.client.dashboard import AsyncDashboard, Event
 from pgjobs.client.listen import Connected, Listener, Notifications
+from pgjobs.errors import SchemaMissing
 from pgjobs.jsonable import to_jsonable
 from pgjobs.web.backend import unavailable_reason
 
@@ -148,6 +149,10 @@ class Hub:
 
     async def _head(self) -> int:
         """The newest event id now: the reader starts there (pages show the present; events are news)."""
+        try:
+            return await self.dash.stream_head()
+        except SchemaMissing:  # a log without stream_bounds(): read to its end
+            pass
         after = 0
         while True:
             batch = await self.dash.read_events(after_id=after, max_rows=READ_BATCH)
@@ -160,6 +165,13 @@ class Hub:
         after: int | None = None
         failures = 0
         while True:
+            if not self.subscribers:
+                # Nobody is watching: no read_events call, so the dashboard does not count as a follower
+                # of the stream (writers then skip the pgjobs_status hint and its commit lock); the next
+                # subscriber starts from the head again.
+                after = None
+                await asyncio.sleep(self.poll_interval)
+                continue
             try:
                 if after is None:
                     after = await self._head()

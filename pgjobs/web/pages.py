@@ -127,7 +127,8 @@ def timeline(job: JobStatus, events: list[Event] | None) -> list[dict[str, Any]]
     """Every step of the job, oldest first, each failed attempt with its error: from the event log when
     there is one, else from the row (created, first start, each failed attempt from ``errors``, now)."""
     errors = [e for e in (job.errors or []) if isinstance(e, dict)]
-    steps = _steps_from_events(events) if events is not None else _steps_from_row(job)
+    # (the log keeps events for its retention only: an older job's steps come from its row)
+    steps = _steps_from_events(events) if events else _steps_from_row(job)
     for e in errors:
         attempt = int(e.get("attempt") or 0)
         # the step that ended the attempt: the first one of that attempt that is not "active"

@@ -49,6 +49,7 @@ def action(default_next: Callable[[Request], str]) -> Callable[[Handler], Callab
                 return JSONResponse({"error": why}, 403)
             client, dash = request.app.state.backend.actions()
             message = await fn(request, form, client, dash)
+            request.app.state.backend.invalidate()
             if "application/json" in request.headers.get("accept", ""):
                 return JSONResponse({"ok": True, "message": message})
             return RedirectResponse(_with_notice(_next_url(request, form, default_next(request)), message), 303)
@@ -135,6 +136,33 @@ async def resume_queue(request: Request, form: FormData, client: AsyncClient, da
     return f"queue {request.path_params['queue']} resumed"
 
 
+def _limit(form: FormData, name: str) -> int | None:
+    raw = str(form.get(name) or "").strip()
+    if raw == "":
+        return None  # left as it is
+    try:
+        value = int(raw)
+    except ValueError:
+        raise BadParam(f"{name} must be an integer (0 removes the limit), got {raw!r}") from None
+    if value < 0:
+        raise BadParam(f"{name} must be >= 0 (0 removes the limit), got {value}")
+    return value
+
+
+@action(_queue_url)
+async def configure_queue(request: Request, form: FormData, client: AsyncClient, dash: AsyncDashboard) -> str:
+    name = request.path_params["queue"]
+    fair = {"on": True, "off": False}.get(str(form.get("fair") or ""))
+    await client.configure_queue(
+        name,
+        fair=fair,
+        max_length=_limit(form, "max_length"),
+        max_active=_limit(form, "max_active"),
+        max_active_per_group=_limit(form, "max_active_per_group"),
+    )
+    return f"queue {name}: settings saved"
+
+
 @action(lambda r: f"/batches/{r.path_params['id']}")
 async def cancel_batch(request: Request, form: FormData, client: AsyncClient, dash: AsyncDashboard) -> str:
     n = await client.cancel_batch(path_id(request))
@@ -208,6 +236,7 @@ def routes_args() -> list[tuple[str, Callable[[Request], Awaitable[Response]]]]:
         ("/jobs/{id}/retry", retry_job),
         ("/queues/{queue}/pause", pause_queue),
         ("/queues/{queue}/resume", resume_queue),
+        ("/queues/{queue}/configure", configure_queue),
         ("/batches/{id}/cancel", cancel_batch),
         ("/schedules/{name}/pause", pause_schedule),
         ("/schedules/{name}/resume", resume_schedule),

@@ -21,7 +21,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from pgjobs.jsonable import to_jsonable
 from pgjobs.web.backend import unavailable_reason
 from pgjobs.web.live import Hub
-from pgjobs.web.pages import backend, job_filter
+from pgjobs.web.pages import backend, job_filter, overview_data
 from pgjobs.web.views import BadParam, NotFound, job_view, param_int, path_id, progress_parts
 
 KEEPALIVE = 15.0
@@ -32,10 +32,7 @@ def _json(data: Any, status: int = 200) -> JSONResponse:
 
 
 async def api_overview(request: Request) -> Response:
-    b = backend(request)
-    queues, points, workers = await asyncio.gather(
-        b.dash.queues(), b.dash.throughput(60), b.dash.workers(b.config.stale_after)
-    )
+    queues, points, workers = await overview_data(backend(request))
     return _json({"queues": queues, "throughput": points, "workers": workers})
 
 
@@ -133,7 +130,9 @@ async def metrics(request: Request) -> Response:
     """Prometheus text format, read from SQL at scrape time (see README "Dashboard" for each metric)."""
     b = backend(request)
     try:
-        queues, workers = await asyncio.gather(b.dash.queues(), b.dash.workers(b.config.stale_after))
+        queues, workers = await asyncio.gather(
+            b.cached("queues", b.dash.queues), b.cached("workers", lambda: b.dash.workers(b.config.stale_after))
+        )
     except Exception as exc:
         reason = unavailable_reason(exc)
         if reason is None:

@@ -11,7 +11,7 @@ from urllib.parse import urlencode
 from starlette.requests import Request
 from starlette.responses import Response
 
-from pgjobs.client.dashboard import Event, JobFilter
+from pgjobs.client.dashboard import Event, JobFilter, QueueOverview, Throughput, WorkerView
 from pgjobs.records import JobStatus
 from pgjobs.web.backend import Backend
 from pgjobs.web.svg import batch_graph_svg, throughput_chart
@@ -25,11 +25,17 @@ def backend(request: Request) -> Backend:
     return b
 
 
+async def overview_data(b: Backend) -> tuple[list[QueueOverview], list[Throughput], list[WorkerView]]:
+    return await asyncio.gather(
+        b.cached("queues", b.dash.queues),
+        b.cached(("throughput", None), lambda: b.dash.throughput(60)),
+        b.cached("workers", lambda: b.dash.workers(b.config.stale_after)),
+    )
+
+
 async def overview(request: Request) -> Response:
     b = backend(request)
-    queues, points, workers = await asyncio.gather(
-        b.dash.queues(), b.dash.throughput(60), b.dash.workers(b.config.stale_after)
-    )
+    queues, points, workers = await overview_data(b)
     totals: dict[str, int] = {}
     for q in queues:
         for state, n in q.counts.items():
@@ -41,7 +47,8 @@ async def overview(request: Request) -> Response:
         {
             "queues": queues,
             "totals": totals,
-            "chart": throughput_chart(points),
+            "chart": throughput_chart(points, ("succeeded",), "jobs succeeded per minute"),
+            "failure_chart": throughput_chart(points, ("failed", "cancelled"), "jobs failed or cancelled per minute"),
             "settled_hour": sum(p.succeeded for p in points),
             "failed_hour": sum(p.failed for p in points),
             "oldest": oldest,
@@ -56,7 +63,11 @@ async def overview(request: Request) -> Response:
 async def queue_page(request: Request) -> Response:
     b = backend(request)
     name = request.path_params["queue"]
-    queues, points, groups = await asyncio.gather(b.dash.queues(), b.dash.throughput(60, name), b.dash.groups(name))
+    queues, points, groups = await asyncio.gather(
+        b.cached("queues", b.dash.queues),
+        b.cached(("throughput", name), lambda: b.dash.throughput(60, name)),
+        b.dash.groups(name),
+    )
     found = next((q for q in queues if q.queue == name), None)
     if found is None:
         raise NotFound(f"queue {name!r} has no jobs and no settings")
@@ -96,7 +107,9 @@ async def jobs_page(request: Request) -> Response:
     flt = job_filter(request)
     per_page = param_int(request, "per_page", 50, 1, 200)
     page = param_int(request, "page", 1, 1, 10**6)
-    result, queues = await asyncio.gather(b.dash.jobs(flt, per_page, (page - 1) * per_page), b.dash.queues())
+    result, queues = await asyncio.gather(
+        b.dash.jobs(flt, per_page, (page - 1) * per_page), b.cached("queues", b.dash.queues)
+    )
     first = (page - 1) * per_page + 1 if result.jobs else 0
     last = (page - 1) * per_page + len(result.jobs)
     pages = max(1, -(-result.total // per_page))

@@ -27,11 +27,15 @@ STATE_COLOURS = {
 MAX_GRAPH_NODES = 400
 
 
-def throughput_chart(points: Sequence[Throughput], label: str = "jobs settled per minute") -> Markup:
-    """Stacked bars per minute: succeeded (green) under failed (red), cancelled (grey) on top."""
-    width, height, pad_l, pad_b, pad_t = 720, 150, 34, 18, 8
+def throughput_chart(
+    points: Sequence[Throughput],
+    series: Sequence[str] = ("succeeded", "failed", "cancelled"),
+    label: str = "jobs settled per minute",
+) -> Markup:
+    """Bars per minute over ``points``, the ``series`` (succeeded, failed, cancelled) stacked."""
+    width, height, pad_l, pad_b, pad_t = 720, 130, 34, 18, 8
     n = max(len(points), 1)
-    peak = max([p.succeeded + p.failed + p.cancelled for p in points] + [1])
+    peak = max([sum(int(getattr(p, name)) for name in series) for p in points] + [1])
     bar = (width - pad_l) / n
     plot_h = height - pad_b - pad_t
     out = [
@@ -46,18 +50,15 @@ def throughput_chart(points: Sequence[Throughput], label: str = "jobs settled pe
     for i, p in enumerate(points):
         x = pad_l + i * bar
         y = float(height - pad_b)
-        for value, colour, name in (
-            (p.succeeded, STATE_COLOURS["succeeded"], "succeeded"),
-            (p.failed, STATE_COLOURS["failed"], "failed"),
-            (p.cancelled, STATE_COLOURS["cancelled"], "cancelled"),
-        ):
+        for name in series:
+            value = int(getattr(p, name))
             if value <= 0:
                 continue
             h = plot_h * value / peak
             y -= h
             out.append(
                 f'<rect class="bar bar-{name}" x="{x + 0.5:.1f}" y="{y:.1f}" width="{max(bar - 1, 1):.1f}"'
-                f' height="{h:.1f}" fill="{colour}"><title>{p.minute:%H:%M} {value} {name}</title></rect>'
+                f' height="{h:.1f}" fill="{STATE_COLOURS[name]}"><title>{p.minute:%H:%M} {value} {name}</title></rect>'
             )
     out.append("</svg>")
     return Markup("".join(out))

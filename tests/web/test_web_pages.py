@@ -122,6 +122,12 @@ def test_actions_change_what_they_say(dsn: str, web: RunningWeb) -> None:
         assert next(q for q in c.queues() if q.queue == "emails").paused
         _post(web, s, "/queues/emails/resume")
         assert not next(q for q in c.queues() if q.queue == "emails").paused
+        _post(web, s, "/queues/emails/configure", max_active="5", max_active_per_group="0", max_length="")
+        emails = next(q for q in c.queues() if q.queue == "emails")
+        assert (emails.max_active, emails.max_active_per_group, emails.fair) == (5, None, True)
+        r = _post(web, s, "/queues/emails/configure", max_active="-1")
+        assert r.status_code == 400 and "max_active must be >= 0" in r.text
+        assert "cap 5" not in s.get("/queues/emails").text and ">5<" in s.get("/queues/emails").text
         _post(web, s, f"/schedules/{data.schedule}/pause")
         assert c.get_schedule(data.schedule).paused  # type: ignore[union-attr]
         _post(web, s, f"/schedules/{data.schedule}/resume")

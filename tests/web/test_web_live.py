@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from collections.abc import Callable
 from typing import Any
 
 import psycopg
@@ -13,6 +14,7 @@ import pytest
 
 import pgjobs
 from tests.web.conftest import RunningWeb
+from tests.web.proxy import Proxy
 
 
 async def _open_stream(web: RunningWeb, cookie: str, query: str = "") -> tuple[asyncio.StreamReader, Any]:
@@ -38,6 +40,21 @@ async def _wait_for_job(reader: asyncio.StreamReader, job_id: int, state: str, t
             if text.startswith("data: "):
                 msg = json.loads(text[len("data: ") :])
                 if msg.get("type") == "event" and msg.get("id") == job_id and msg.get("state") == state:
+                    return dict(msg)
+
+    return await asyncio.wait_for(find(), timeout)
+
+
+async def _wait_for(reader: asyncio.StreamReader, kind: str, timeout: float) -> dict[str, Any]:
+    async def find() -> dict[str, Any]:
+        while True:
+            line = await reader.readline()
+            if not line:
+                raise AssertionError("stream closed")
+            text = line.decode(errors="replace").strip()
+            if text.startswith("data: "):
+                msg = json.loads(text[len("data: ") :])
+                if msg.get("type") == kind:
                     return dict(msg)
 
     return await asyncio.wait_for(find(), timeout)
@@ -99,3 +116,42 @@ def test_200_sse_clients_share_a_bounded_number_of_connections(dsn: str, web: Ru
     # reader pool (<= 4) + the admin pool (idle: 0) + at most one LISTEN connection (no event log yet)
     assert during <= 6, f"{during} database connections for {clients} SSE clients"
     print(f"\n{clients} SSE clients: {during} database connections; all got the event in {elapsed:.2f} s")
+
+
+def _proxied(dsn: str, proxy: Proxy) -> str:
+    params = psycopg.conninfo.conninfo_to_dict(dsn)
+    params.update(host="127.0.0.1", port=str(proxy.port))
+    return psycopg.conninfo.make_conninfo(**params)
+
+
+def _target(dsn: str) -> tuple[str, int]:
+    params = psycopg.conninfo.conninfo_to_dict(dsn)
+    return str(params.get("host") or "127.0.0.1"), int(params.get("port") or 5432)
+
+
+def test_open_pages_are_told_when_the_database_goes_and_comes_back(
+    dsn: str, make_web: Callable[..., RunningWeb]
+) -> None:
+    proxy = Proxy(*_target(dsn))
+    proxy.up()
+    try:
+        web = make_web(dsn=_proxied(dsn, proxy), connect_timeout=1.0)
+
+        async def run() -> None:
+            reader, writer = await _open_stream(web, _cookie(web))
+            assert (await _wait_for(reader, "db", 10))["ok"] is True
+            t0 = time.monotonic()
+            proxy.down()
+            down = await _wait_for(reader, "db", 15)
+            assert down["ok"] is False and down["error"], down
+            assert time.monotonic() - t0 < 10
+            r = web.client().get("/", headers={"Accept": "text/html"})
+            assert r.status_code == 503 and "The database is unreachable." in r.text
+            proxy.up()
+            assert (await _wait_for(reader, "db", 20))["ok"] is True
+            assert web.client().get("/").status_code == 200
+            writer.close()
+
+        asyncio.run(run())
+    finally:
+        proxy.close()

@@ -220,7 +220,7 @@ BEGIN
     IF ids IS NOT NULL THEN
         IF cardinality(ids) > max_rows THEN
             RAISE EXCEPTION USING ERRCODE = 'PJ002',
-                MESSAGE = format('at most %s ids at once, got %s', max_rows, cardinality(ids));
+                MESSAGE = format('at most %s ids, got %s', max_rows, cardinality(ids));
         END IF;
         v_ids := ARRAY(SELECT DISTINCT u FROM unnest(ids) AS u WHERE u IS NOT NULL ORDER BY u);
     ELSE

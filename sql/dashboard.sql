@@ -86,10 +86,13 @@ AS $$
 $$;
 
 -- Every queue that has jobs or settings: its counts per state, the age of its oldest claimable job
--- (seconds since the oldest pending job became due; NULL with none pending) and its settings.
+-- (seconds since the oldest pending job became due; NULL with none pending) and its settings
+-- (settings_at NULL: never configured, the defaults apply). The reader role has no table privilege,
+-- so the settings come through here rather than from the queues table.
 CREATE OR REPLACE FUNCTION pgjobs.dashboard_queues()
 RETURNS TABLE (queue text, counts jsonb, oldest_pending_seconds double precision, paused boolean, fair boolean,
-               max_length int, max_active int, max_active_per_group int)
+               max_length int, max_active int, max_active_per_group int, noisy_share real, noisy_min_active int,
+               status_events text, settings_at timestamptz)
 LANGUAGE sql
 STABLE
 SET search_path = pg_catalog, pgjobs, pg_temp
@@ -104,7 +107,9 @@ AS $$
     )
     SELECT coalesce(p.queue, q.queue), coalesce(p.counts, '{}'::jsonb),
            CASE WHEN p.oldest IS NOT NULL THEN greatest(extract(epoch FROM now() - p.oldest)::double precision, 0) END,
-           coalesce(q.paused, false), coalesce(q.fair, false), q.max_length, q.max_active, q.max_active_per_group
+           coalesce(q.paused, false), coalesce(q.fair, false), q.max_length, q.max_active, q.max_active_per_group,
+           coalesce(q.noisy_share, 0.5::real), coalesce(q.noisy_min_active, 2), coalesce(q.status_events, 'all'),
+           q.updated_at
       FROM per_queue AS p
       FULL JOIN queues AS q ON q.queue = p.queue
      ORDER BY 1;

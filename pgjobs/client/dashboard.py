@@ -56,6 +56,10 @@ class QueueOverview(_Row):
     max_length: int | None
     max_active: int | None
     max_active_per_group: int | None
+    noisy_share: float
+    noisy_min_active: int
+    status_events: str
+    settings_at: datetime | None
 
 
 @dataclass(frozen=True, slots=True)

@@ -71,13 +71,11 @@ async def queue_page(request: Request) -> Response:
     found = next((q for q in queues if q.queue == name), None)
     if found is None:
         raise NotFound(f"queue {name!r} has no jobs and no settings")
-    settings = next((s for s in await b.client.queues() if s.queue == name), None)
     return render(
         request,
         "queue.html",
         {
             "q": found,
-            "settings": settings,
             "groups": groups,
             "chart": throughput_chart(points),
             "live": urlencode({"queue": name}),

@@ -43,6 +43,13 @@ async def _on_error(request: Request, exc: Exception) -> Response:
         return error_response(request, 403, str(exc))
     if isinstance(exc, HTTPException):
         return error_response(request, exc.status_code, str(exc.detail))
+    if isinstance(exc, psycopg.errors.InsufficientPrivilege):
+        first = str(exc).strip().splitlines()[0]
+        return error_response(
+            request,
+            403,
+            f"the database refused: {first} (connect as a role that may: --role, --reader-dsn, --admin-dsn)",
+        )
     if is_refusal(exc):
         assert isinstance(exc, PgJobsError)
         return error_response(request, _STATUS_BY_SQLSTATE.get(exc.sqlstate or "", 400), str(exc))

@@ -5,12 +5,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import psycopg
 import pytest
 
 import pgjobs
 from pgjobs.cli.main import main
 from pgjobs.web.config import WebConfig, check_bind
 from tests.web.conftest import TOKEN, RunningWeb
+from tests.web.seed import seed
 
 PAGES = ["/", "/jobs", "/jobs/1", "/batches/1", "/schedules", "/workers", "/queues/default"]
 API = ["/api/overview", "/api/jobs", "/api/jobs/1", "/api/batches/1", "/api/workers", "/api/events", "/metrics"]
@@ -145,3 +147,27 @@ def test_binding_beyond_loopback_needs_an_explicit_token(dsn: str, capsys: pytes
     assert check_bind(WebConfig(dsn=dsn, host="::1")) is None
     assert main(["--dsn", dsn, "web", "--host", "0.0.0.0", "--port", "1"]) == 2
     assert "without an explicit token" in capsys.readouterr().err
+
+
+def test_pages_work_as_pgjobs_reader_and_actions_as_pgjobs_admin(dsn: str, make_web: Callable[..., RunningWeb]) -> None:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        granted = conn.execute(
+            "SELECT bool_and(r.oid IS NOT NULL AND has_schema_privilege(r.oid, 'pgjobs', 'USAGE'))"
+            " FROM (VALUES ('pgjobs_reader'), ('pgjobs_admin')) AS v(name)"
+            " LEFT JOIN pg_roles AS r ON r.rolname = v.name"
+        ).fetchone()
+    if not (granted and granted[0]):
+        pytest.skip("this schema grants nothing to pgjobs_reader / pgjobs_admin (the roles of pgjobs migrate)")
+    data = seed(dsn)
+    web = make_web(role="pgjobs_reader", admin_role="pgjobs_admin")
+    s = web.client()
+    for path in ("/", "/jobs", f"/jobs/{data.failed_id}", f"/batches/{data.batch_id}", "/schedules", "/workers",
+                 "/queues/emails", "/metrics", "/api/overview"):  # fmt: skip
+        assert s.get(path).status_code == 200, path
+    r = s.post(f"/jobs/{data.failed_id}/retry", data={"csrf_token": web.csrf()}, headers={"Origin": web.url})
+    assert r.status_code == 303
+    with pgjobs.Client(dsn) as c:
+        assert c.job_status(data.failed_id).state == "pending"  # type: ignore[union-attr]
+    # the reader role alone cannot act: an action on the reader pool is refused by the database
+    with psycopg.connect(dsn, autocommit=True, options="-c role=pgjobs_reader") as conn, pytest.raises(psycopg.Error):
+        conn.execute("SELECT pgjobs.dashboard_bulk('cancel', ARRAY[%s]::bigint[])", (data.pending_id,))

@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 import threading
 
-from tests.web.conftest import free_port
+from tests.web.support import free_port
 
 
 class Proxy:

@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 
 import pgjobs
-from tests.web.conftest import TOKEN, RunningWeb, free_port
 from tests.web.seed import Seeded, seed
+from tests.web.support import TOKEN, RunningWeb, free_port
 
 CHROMIUM = "/usr/bin/chromium"
 ARGS = [

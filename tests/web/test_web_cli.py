@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from pgjobs.cli.main import main
-from tests.web.conftest import free_port
+from tests.web.support import free_port
 
 
 def test_pgjobs_web_prints_a_generated_token_and_serves(dsn: str) -> None:

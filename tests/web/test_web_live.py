@@ -13,8 +13,8 @@ import psycopg
 import pytest
 
 import pgjobs
-from tests.web.conftest import RunningWeb
 from tests.web.proxy import Proxy
+from tests.web.support import RunningWeb
 
 
 async def _open_stream(web: RunningWeb, cookie: str, query: str = "") -> tuple[asyncio.StreamReader, Any]:

@@ -11,8 +11,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 import pgjobs
-from tests.web.conftest import TOKEN, RunningWeb, free_port
 from tests.web.seed import seed
+from tests.web.support import TOKEN, RunningWeb, free_port
 
 
 def _shown(first: int, last: int, total: int) -> str:

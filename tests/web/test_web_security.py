@@ -11,8 +11,8 @@ import pytest
 import pgjobs
 from pgjobs.cli.main import main
 from pgjobs.web.config import WebConfig, check_bind
-from tests.web.conftest import TOKEN, RunningWeb
 from tests.web.seed import seed
+from tests.web.support import TOKEN, RunningWeb
 
 PAGES = ["/", "/jobs", "/jobs/1", "/batches/1", "/schedules", "/workers", "/queues/default"]
 API = ["/api/overview", "/api/jobs", "/api/jobs/1", "/api/batches/1", "/api/workers", "/api/events", "/metrics"]

@@ -2,24 +2,6 @@
 -- The read functions are for the pgjobs_reader role; dashboard_bulk and trigger_schedule change state
 -- and are for pgjobs_admin. None of them returns a lease token: a page must never be able to hand one out.
 
--- One job-list filter in one place, so that the page's "N of M" counts exactly what the list shows.
--- search: substring of kind, unique_key or the payload's JSON text, case-insensitively.
-CREATE OR REPLACE FUNCTION pgjobs._dashboard_match(j pgjobs.jobs, state pgjobs.job_state, queue text, kind text,
-                                                   search text)
-RETURNS boolean
-LANGUAGE sql
-IMMUTABLE
-SET search_path = pg_catalog, pgjobs, pg_temp
-AS $$
-    SELECT (_dashboard_match.state IS NULL OR j.state = _dashboard_match.state)
-       AND (_dashboard_match.queue IS NULL OR j.queue = _dashboard_match.queue)
-       AND (_dashboard_match.kind IS NULL OR j.kind = _dashboard_match.kind)
-       AND (_dashboard_match.search IS NULL
-            OR strpos(lower(j.kind), lower(_dashboard_match.search)) > 0
-            OR strpos(lower(coalesce(j.unique_key, '')), lower(_dashboard_match.search)) > 0
-            OR strpos(lower(j.payload::text), lower(_dashboard_match.search)) > 0);
-$$;
-
 CREATE OR REPLACE FUNCTION pgjobs._dashboard_check_page(max_rows int, skip_rows int)
 RETURNS void
 LANGUAGE plpgsql
@@ -37,15 +19,44 @@ BEGIN
 END;
 $$;
 
--- A page of the job list, newest first, with the number of jobs the filter matches in every row
--- (total_rows; no row at all when the page is past the end: dashboard_count_jobs says how many then).
+-- How many jobs the job list's filter matches (its "N of M"). search: a substring of kind, unique_key
+-- or the payload's JSON text, case-insensitively. The same predicate is written out in dashboard_jobs:
+-- a SQL helper function would not be inlined (it pins search_path) and costs a call per row.
+CREATE OR REPLACE FUNCTION pgjobs.dashboard_count_jobs(
+    only_state pgjobs.job_state DEFAULT NULL,
+    only_queue text DEFAULT NULL,
+    only_kind  text DEFAULT NULL,
+    search     text DEFAULT NULL)
+RETURNS bigint
+LANGUAGE plpgsql
+STABLE
+SET search_path = pg_catalog, pgjobs, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_search text := lower(dashboard_count_jobs.search);
+BEGIN
+    RETURN (SELECT count(*) FROM jobs AS j
+             WHERE (only_state IS NULL OR j.state = only_state)
+               AND (only_queue IS NULL OR j.queue = only_queue)
+               AND (only_kind IS NULL OR j.kind = only_kind)
+               AND (v_search IS NULL
+                    OR strpos(lower(j.kind), v_search) > 0
+                    OR strpos(lower(coalesce(j.unique_key, '')), v_search) > 0
+                    OR strpos(lower(j.payload::text), v_search) > 0));
+END;
+$$;
+
+-- A page of the job list, newest first; every row carries the filter's full count (total_rows; no row
+-- at all when the page is past the end: dashboard_count_jobs says how many then). Counting apart and
+-- then taking the page lets the page be a top-N sort (count(*) OVER () would sort every match).
 CREATE OR REPLACE FUNCTION pgjobs.dashboard_jobs(
     only_state pgjobs.job_state DEFAULT NULL,
     only_queue text DEFAULT NULL,
     only_kind  text DEFAULT NULL,
-    search    text DEFAULT NULL,
-    max_rows  int DEFAULT 50,
-    skip_rows int DEFAULT 0)
+    search     text DEFAULT NULL,
+    max_rows   int DEFAULT 50,
+    skip_rows  int DEFAULT 0)
 RETURNS TABLE (id bigint, kind text, queue text, state pgjobs.job_state, priority smallint, run_at timestamptz,
                created_at timestamptz, attempt int, max_attempts int, leased_by text, first_started_at timestamptz,
                completed_at timestamptz, last_error text, unique_key text, group_key text, batch_id bigint,
@@ -55,34 +66,30 @@ STABLE
 SET search_path = pg_catalog, pgjobs, pg_temp
 AS $$
 #variable_conflict use_column
+DECLARE
+    v_search text := lower(dashboard_jobs.search);
+    v_total bigint;
 BEGIN
     PERFORM _dashboard_check_page(max_rows, skip_rows);
-    -- count(*) OVER () is computed before LIMIT: every row carries the filter's full count, one scan.
+    v_total := dashboard_count_jobs(only_state, only_queue, only_kind, dashboard_jobs.search);
+    IF v_total <= skip_rows THEN
+        RETURN;
+    END IF;
     RETURN QUERY
     SELECT j.id, j.kind, j.queue, j.state, j.priority, j.run_at, j.created_at, j.attempt, j.max_attempts,
            j.leased_by, j.first_started_at, j.completed_at, j.last_error, j.unique_key, j.group_key, j.batch_id,
-           j.progress, j.cancel_requested, count(*) OVER ()
+           j.progress, j.cancel_requested, v_total
       FROM jobs AS j
-     WHERE _dashboard_match(j, dashboard_jobs.only_state, dashboard_jobs.only_queue, dashboard_jobs.only_kind,
-                            dashboard_jobs.search)
+     WHERE (only_state IS NULL OR j.state = only_state)
+       AND (only_queue IS NULL OR j.queue = only_queue)
+       AND (only_kind IS NULL OR j.kind = only_kind)
+       AND (v_search IS NULL
+            OR strpos(lower(j.kind), v_search) > 0
+            OR strpos(lower(coalesce(j.unique_key, '')), v_search) > 0
+            OR strpos(lower(j.payload::text), v_search) > 0)
      ORDER BY j.created_at DESC, j.id DESC
      LIMIT max_rows OFFSET skip_rows;
 END;
-$$;
-
-CREATE OR REPLACE FUNCTION pgjobs.dashboard_count_jobs(
-    only_state pgjobs.job_state DEFAULT NULL,
-    only_queue text DEFAULT NULL,
-    only_kind  text DEFAULT NULL,
-    search text DEFAULT NULL)
-RETURNS bigint
-LANGUAGE sql
-STABLE
-SET search_path = pg_catalog, pgjobs, pg_temp
-AS $$
-    SELECT count(*) FROM jobs AS j
-     WHERE _dashboard_match(j, dashboard_count_jobs.only_state, dashboard_count_jobs.only_queue, dashboard_count_jobs.only_kind,
-                            dashboard_count_jobs.search);
 $$;
 
 -- Every queue that has jobs or settings: its counts per state, the age of its oldest claimable job
@@ -229,10 +236,9 @@ BEGIN
         END IF;
         v_ids := ARRAY(SELECT DISTINCT u FROM unnest(ids) AS u WHERE u IS NOT NULL ORDER BY u);
     ELSE
-        v_ids := ARRAY(SELECT j.id FROM jobs AS j
-                        WHERE _dashboard_match(j, dashboard_bulk.only_state, dashboard_bulk.only_queue, dashboard_bulk.only_kind,
-                                               dashboard_bulk.search)
-                        ORDER BY j.created_at DESC, j.id DESC LIMIT max_rows);
+        v_ids := ARRAY(SELECT p.id FROM dashboard_jobs(dashboard_bulk.only_state, dashboard_bulk.only_queue,
+                                                       dashboard_bulk.only_kind, dashboard_bulk.search,
+                                                       max_rows, 0) AS p);
     END IF;
     FOREACH v_id IN ARRAY v_ids LOOP
         BEGIN

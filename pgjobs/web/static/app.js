@@ -40,17 +40,23 @@
   // -- refreshing the page's content ---------------------------------------------------------------
   let refreshTimer = null;
   let lastRefresh = 0;
+  // The server shares aggregate reads between pages for 1.5 s, so the refresh an event triggers may
+  // still show the moment before it: one trailing refresh after the last event settles the page.
+  let trailing = false;
   function busyTyping() {
     const a = document.activeElement;
     return a && a.closest && a.closest("#filters") !== null;
   }
   function scheduleRefresh(delay) {
-    if (body.dataset.refresh !== "1" || refreshTimer !== null) return;
+    if (body.dataset.refresh !== "1") return;
+    if (refreshTimer !== null) { trailing = false; return; }  // folded into the pending one, which then trails
     const wait = delay !== undefined ? delay : Math.max(0, 1500 - (Date.now() - lastRefresh));
     refreshTimer = setTimeout(refresh, wait);
   }
   async function refresh() {
     refreshTimer = null;
+    const isTrailing = trailing;
+    trailing = false;
     if (busyTyping()) { scheduleRefresh(2000); return; }
     lastRefresh = Date.now();
     let response;
@@ -73,6 +79,7 @@
     for (const c of main.querySelectorAll("input[name=ids]")) if (checked.has(c.value)) c.checked = true;
     wire(main);
     setDb(true);
+    if (!isTrailing && refreshTimer === null) { trailing = true; refreshTimer = setTimeout(refresh, 2000); }
   }
 
   // -- the job page: progress and state ------------------------------------------------------------

@@ -43,8 +43,32 @@ def browser() -> Iterator[Any]:
             b.close()
 
 
+JS_ERRORS: list[str] = []
+
+
+def _watch(page: Any) -> None:
+    """Uncaught script errors and CSP refusals fail the test (checked in the browser fixture's teardown)."""
+    page.on("pageerror", lambda exc: JS_ERRORS.append(f"{page.url}: {exc}"))
+    page.on(
+        "console",
+        lambda m: (
+            JS_ERRORS.append(f"{page.url}: {m.text}")
+            if m.type == "error" and ("Content Security Policy" in m.text or "Refused" in m.text)
+            else None
+        ),
+    )
+
+
+@pytest.fixture(autouse=True)
+def _no_script_errors() -> Iterator[None]:
+    JS_ERRORS.clear()
+    yield
+    assert JS_ERRORS == []
+
+
 def _login(browser: Any, web: RunningWeb, width: int = 1280, height: int = 900) -> Any:
     page = browser.new_page(viewport={"width": width, "height": height})
+    _watch(page)
     page.set_default_timeout(15000)
     page.goto(f"{web.url}/jobs")
     assert "/login" in page.url

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import socket
 import sys
 from typing import Any
 
@@ -88,9 +89,20 @@ def _run(args: argparse.Namespace) -> int:
             proxy_headers=False,
         )
     )
+    # bound here, so the address printed is the real one (--port 0 picks a free port)
+    family = socket.AF_INET6 if ":" in config.host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((config.host, config.port))
+    except OSError as exc:
+        sock.close()
+        print(f"pgjobs: cannot listen on {config.host}:{config.port}: {exc.strerror}", file=sys.stderr)
+        return 2
+    port = sock.getsockname()[1]
     shown = config.host if ":" not in config.host else f"[{config.host}]"
-    print(f"pgjobs dashboard on http://{shown}:{config.port}/  (Ctrl-C to stop)", flush=True)
+    print(f"pgjobs dashboard on http://{shown}:{port}/  (Ctrl-C to stop)", flush=True)
     if config.token_generated:
         print(f"login token (generated; set --token or {ENV_TOKEN} to choose one): {config.token}", flush=True)
-    server.run()
+    server.run(sockets=[sock])
     return 0

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import socket
 import subprocess
 import sys
 import time
@@ -12,14 +13,12 @@ import httpx
 import pytest
 
 from pgjobs.cli.main import main
-from tests.web.support import free_port
 
 
 def test_pgjobs_web_prints_a_generated_token_and_serves(dsn: str) -> None:
-    port = free_port()
     env = {k: v for k, v in os.environ.items() if k != "PGJOBS_WEB_TOKEN"}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "pgjobs", "--dsn", dsn, "web", "--port", str(port)],
+        [sys.executable, "-m", "pgjobs", "--dsn", dsn, "web", "--port", "0"],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -28,7 +27,10 @@ def test_pgjobs_web_prints_a_generated_token_and_serves(dsn: str) -> None:
     try:
         assert proc.stdout is not None
         lines = [proc.stdout.readline() for _ in range(2)]
-        assert f"http://127.0.0.1:{port}/" in lines[0]
+        bound = re.search(r"http://127\.0\.0\.1:(\d+)/", lines[0])
+        assert bound, lines
+        port = int(bound.group(1))
+        assert port > 0
         found = re.search(r"login token \(generated.*\): (\S+)", lines[1])
         assert found, lines
         token = found.group(1)
@@ -53,6 +55,15 @@ def test_without_the_web_extra_it_says_how_to_install_it(
     monkeypatch.setitem(sys.modules, "uvicorn", None)  # as if not installed: import raises ImportError
     assert main(["--dsn", dsn, "web", "--token", "t"]) == 2
     assert "pip install 'pgjobs[web]'" in capsys.readouterr().err
+
+
+def test_a_port_in_use_is_one_line_not_a_traceback(dsn: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        assert main(["--dsn", dsn, "web", "--token", "t", "--port", str(port)]) == 2
+    assert f"cannot listen on 127.0.0.1:{port}" in capsys.readouterr().err
 
 
 def test_a_role_name_that_is_not_an_identifier_is_refused(dsn: str, capsys: pytest.CaptureFixture[str]) -> None:

@@ -1,6 +1,6 @@
 """``pgjobs web``: the dashboard (a Starlette app, :mod:`pgjobs.web.app`) served by uvicorn.
 
-Needs the ``web`` extra (``pip install 'pgjobs[web]'``): without it the command says so and exits 2.
+Needs the ``web`` extra (``pip install 'pgjobs-queue[web]'``): without it the command says so and exits 2.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import Any
 
 from pgjobs.web.config import WebConfig, check_bind
 
-EXTRA_HINT = "the dashboard needs the web extra: pip install 'pgjobs[web]'"
+EXTRA_HINT = "the dashboard needs the web extra: pip install 'pgjobs-queue[web]'"
 ENV_TOKEN = "PGJOBS_WEB_TOKEN"
 
 
@@ -22,7 +22,7 @@ def register(subparsers: Any) -> None:
         "web",
         help="serve the dashboard (token-protected; binds 127.0.0.1 by default)",
         description="The pgjobs dashboard. Every page needs the token (--token, PGJOBS_WEB_TOKEN, or a "
-        "generated one printed at start). Needs: pip install 'pgjobs[web]'.",
+        "generated one printed at start). Needs: pip install 'pgjobs-queue[web]'.",
     )
     p.add_argument("--host", default="127.0.0.1", help="address to bind (127.0.0.1)")
     p.add_argument("--port", type=int, default=8080, help="TCP port (8080; 0 picks a free one)")

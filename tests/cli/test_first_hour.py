@@ -201,27 +201,22 @@ def test_web_help_explains_host_and_port(capsys: pytest.CaptureFixture[str]) -> 
 
 
 def test_dashboard_api_hides_lease_tokens(dsn: str) -> None:
-    import threading
-    import urllib.request
-
-    from pgjobs.web.server import serve
+    # (the dashboard is the ASGI app of pgjobs/web now; tests/web covers every page and API call)
+    from pgjobs.web.config import WebConfig
+    from tests.web.support import TOKEN, free_port, start_web, stop_web
 
     with Client(dsn) as client:
         client.enqueue("k")
         claimed = client.claim("w", max_jobs=1)[0]
-    server = serve(dsn, "127.0.0.1", 0)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
+    web = start_web(WebConfig(dsn=dsn, port=free_port(), token=TOKEN))
     try:
-        base = f"http://127.0.0.1:{server.server_address[1]}"
+        s = web.client()
         for path in ("/api/jobs", f"/api/jobs/{claimed.id}"):
-            with urllib.request.urlopen(base + path, timeout=10) as resp:
-                body = resp.read().decode()
+            body = s.get(path).text
             assert "lease_token" not in body and str(claimed.lease_token) not in body, path
-            assert '"leased_by": "w"' in body, path  # the rest of the row is there
+            assert '"leased_by":"w"' in body, path  # the rest of the row is there
     finally:
-        server.shutdown()
-        server.server_close()
+        stop_web(web)
 
 
 def test_removing_a_code_schedule_names_the_cli_switch(dsn: str, capsys: pytest.CaptureFixture[str]) -> None:

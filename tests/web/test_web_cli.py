@@ -54,7 +54,7 @@ def test_without_the_web_extra_it_says_how_to_install_it(
 ) -> None:
     monkeypatch.setitem(sys.modules, "uvicorn", None)  # as if not installed: import raises ImportError
     assert main(["--dsn", dsn, "web", "--token", "t"]) == 2
-    assert "pip install 'pgjobs[web]'" in capsys.readouterr().err
+    assert "pip install 'pgjobs-queue[web]'" in capsys.readouterr().err
 
 
 def test_a_port_in_use_is_one_line_not_a_traceback(dsn: str, capsys: pytest.CaptureFixture[str]) -> None:

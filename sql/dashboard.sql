@@ -19,6 +19,19 @@ BEGIN
 END;
 $$;
 
+-- The job list's filter: names and the search text within the limits of checks.sql (NULL: no filter).
+CREATE OR REPLACE FUNCTION pgjobs._dashboard_check_filter(only_queue text, only_kind text, search text)
+RETURNS void
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pgjobs, pg_temp
+AS $$
+BEGIN
+    PERFORM _check_name('only_queue', only_queue, nullable => true);
+    PERFORM _check_name('only_kind', only_kind, nullable => true);
+    PERFORM _check_name('search', search, nullable => true);
+END;
+$$;
+
 -- How many jobs the job list's filter matches (its "N of M"). search: a substring of kind, unique_key
 -- or the payload's JSON text, case-insensitively. The same predicate is written out in dashboard_jobs:
 -- a SQL helper function would not be inlined (it pins search_path) and costs a call per row.
@@ -36,6 +49,7 @@ AS $$
 DECLARE
     v_search text := lower(dashboard_count_jobs.search);
 BEGIN
+    PERFORM _dashboard_check_filter(only_queue, only_kind, dashboard_count_jobs.search);
     RETURN (SELECT count(*) FROM jobs AS j
              WHERE (only_state IS NULL OR j.state = only_state)
                AND (only_queue IS NULL OR j.queue = only_queue)
@@ -138,6 +152,7 @@ BEGIN
         RAISE EXCEPTION USING ERRCODE = 'PJ002',
             MESSAGE = format('minutes must be between 1 and 1440, got %s', coalesce(minutes::text, 'NULL'));
     END IF;
+    PERFORM _check_name('queue', dashboard_throughput.queue, nullable => true);
     v_from := date_trunc('minute', now()) - make_interval(mins => minutes - 1);
     RETURN QUERY
     WITH done AS (
@@ -165,9 +180,10 @@ SET search_path = pg_catalog, pgjobs, pg_temp
 AS $$
 #variable_conflict use_column
 BEGIN
+    PERFORM _check_name('queue', dashboard_groups.queue);
     PERFORM _dashboard_check_page(max_rows, 0);
     RETURN QUERY
-    -- '-infinity' (never served) as NULL: clients cannot represent it
+    -- '-infinity' (never served) as NULL(never served) as NULL: clients cannot represent it
     SELECT g.group_key, g.pending, g.scheduled, g.active, nullif(gc.last_served_at, '-infinity')
       FROM (SELECT j.group_key,
                    count(*) FILTER (WHERE j.state = 'pending') AS pending,
@@ -187,10 +203,14 @@ $$;
 -- next reap forgets it and frees its jobs).
 CREATE OR REPLACE FUNCTION pgjobs.dashboard_workers(stale_after interval DEFAULT '30 seconds')
 RETURNS TABLE (id text, last_seen timestamptz, started_at timestamptz, meta jsonb, stale boolean, running jsonb)
-LANGUAGE sql
+LANGUAGE plpgsql
 STABLE
 SET search_path = pg_catalog, pgjobs, pg_temp
 AS $$
+#variable_conflict use_column
+BEGIN
+    PERFORM _check_interval('stale_after', dashboard_workers.stale_after, non_negative => true);
+    RETURN QUERY
     SELECT w.id, w.last_seen, w.started_at, w.meta, w.last_seen < now() - dashboard_workers.stale_after,
            coalesce(a.running, '[]'::jsonb)
       FROM workers AS w
@@ -201,6 +221,7 @@ AS $$
                    FROM jobs AS j WHERE j.state = 'active' GROUP BY j.leased_by) AS a
         ON a.leased_by = w.id
      ORDER BY w.id;
+END;
 $$;
 
 -- Cancel or retry many jobs at once: the ids given, or (ids NULL) every job the list filter matches,
@@ -226,9 +247,11 @@ DECLARE
 BEGIN
     IF action IS NULL OR action NOT IN ('cancel', 'retry') THEN
         RAISE EXCEPTION USING ERRCODE = 'PJ002',
-            MESSAGE = format('action must be cancel or retry, got %s', coalesce(quote_literal(action), 'NULL'));
+            MESSAGE = format('action must be cancel or retry, got %s', _shown(action));
     END IF;
     PERFORM _dashboard_check_page(max_rows, 0);
+    PERFORM _check_array('ids', ids);
+    PERFORM _dashboard_check_filter(only_queue, only_kind, dashboard_bulk.search);
     IF ids IS NOT NULL THEN
         IF cardinality(ids) > max_rows THEN
             RAISE EXCEPTION USING ERRCODE = 'PJ002',
@@ -266,10 +289,11 @@ DECLARE
     v_s schedules%ROWTYPE;
     v_id bigint;
 BEGIN
+    PERFORM _check_name('name', trigger_schedule.name, 200);
     SELECT * INTO v_s FROM schedules AS s WHERE s.name = trigger_schedule.name;
     IF NOT FOUND THEN
         RAISE EXCEPTION USING ERRCODE = 'PJ003',
-            MESSAGE = format('schedule %s not found', coalesce(quote_literal(trigger_schedule.name), 'NULL'));
+            MESSAGE = format('schedule %s not found', _shown(trigger_schedule.name));
     END IF;
     SELECT e.id INTO v_id
       FROM pgjobs.enqueue(kind => v_s.kind, payload => v_s.payload, queue => v_s.queue, priority => v_s.priority,

@@ -79,7 +79,14 @@ DECLARE
         "list_schedules": ["pgjobs_reader"],
         "get_schedule": ["pgjobs_reader"],
         "read_events": ["pgjobs_reader"],
-        "stream_bounds": ["pgjobs_reader"]
+        "stream_bounds": ["pgjobs_reader"],
+
+        "dashboard_jobs": ["pgjobs_reader"],
+        "dashboard_count_jobs": ["pgjobs_reader"],
+        "dashboard_queues": ["pgjobs_reader"],
+        "dashboard_throughput": ["pgjobs_reader"],
+        "dashboard_groups": ["pgjobs_reader"],
+        "dashboard_workers": ["pgjobs_reader"]
     }';
 BEGIN
     EXECUTE 'REVOKE ALL ON SCHEMA pgjobs FROM PUBLIC';

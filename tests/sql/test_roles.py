@@ -33,10 +33,15 @@ WORKER = {
 READER = {
     "job_status", "batch_status", "status_snapshot", "batch_graph", "stats", "list_jobs", "list_workers",
     "list_queues", "count_jobs", "list_schedules", "get_schedule", "read_events", "stream_bounds",
+    # the dashboard's reads (sql/dashboard.sql)
+    "dashboard_jobs", "dashboard_count_jobs", "dashboard_queues", "dashboard_throughput", "dashboard_groups",
+    "dashboard_workers",
 }  # fmt: skip
 ADMIN_ONLY = {
     "cancel", "cancel_batch", "retry", "delete", "delete_batch", "purge", "configure_queue", "pause_schedule",
     "resume_schedule", "remove_schedule", "configure_stream", "maintain",
+    # the dashboard's actions (sql/dashboard.sql)
+    "dashboard_bulk", "trigger_schedule",
 }  # fmt: skip
 ALLOWED = {"pgjobs_producer": PRODUCER, "pgjobs_worker": WORKER, "pgjobs_reader": READER}
 KNOWN = PRODUCER | WORKER | READER | ADMIN_ONLY

@@ -1,11 +1,12 @@
 """End to end in Debian's Chromium (headless, driven by playwright's Python package; no browser download):
 login, every page and action, CSRF and cross-site refusals, the DAG drawing, a live progress bar moving
 without a reload, the traceback of a failed job as text, layouts at 1280 px and on a phone. The screenshots
-go to docs/screenshots/ (README shows them)."""
+go to a scratch directory, or to $PGJOBS_SCREENSHOTS (docs/screenshots/ for the README's)."""
 
 from __future__ import annotations
 
 import os
+import tempfile
 import threading
 from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -23,7 +24,9 @@ ARGS = [
     "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
     "--disable-background-networking", "--disable-component-update", "--disable-sync",
 ]  # fmt: skip
-SHOTS = Path(__file__).resolve().parents[2] / "docs" / "screenshots"
+# The README's screenshots are refreshed on request (PGJOBS_SCREENSHOTS=docs/screenshots pytest tests/web);
+# otherwise every run would rewrite tracked files. By default they go to a scratch directory.
+SHOTS = Path(os.environ.get("PGJOBS_SCREENSHOTS") or Path(tempfile.gettempdir()) / "pgjobs-screenshots")
 
 if not os.path.exists(CHROMIUM):
     pytest.skip(

@@ -135,6 +135,12 @@ class WorkerInfo(_Row):
     meta: dict[str, Any]
     started_at: datetime
     active_jobs: int
+    # 'live' while it heartbeats, 'stale' once silent for three of its heartbeat intervals (list_workers)
+    status: str = "live"
+
+    @property
+    def live(self) -> bool:
+        return self.status == "live"
 
 
 @dataclass(frozen=True, slots=True)

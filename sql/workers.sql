@@ -53,16 +53,68 @@ BEGIN
 END;
 $$;
 
-CREATE OR REPLACE FUNCTION pgjobs.list_workers()
-RETURNS TABLE (id text, last_seen timestamptz, meta jsonb, started_at timestamptz, active_jobs bigint)
+-- status: 'live' while the worker heartbeats, 'stale' once it has been silent for stale_after (default:
+-- three of its own heartbeat intervals, from its meta, else 30 s). A stopped worker deregisters, so what
+-- stays 'stale' crashed or lost the database; reap_workers forgets it.
+CREATE OR REPLACE FUNCTION pgjobs.list_workers(stale_after interval DEFAULT NULL)
+RETURNS TABLE (id text, last_seen timestamptz, meta jsonb, started_at timestamptz, active_jobs bigint, status text)
 LANGUAGE sql
 STABLE
 SET search_path = pg_catalog, pgjobs, pg_temp
 AS $$
     -- One pass over the active jobs (jobs_active_idx), not one per worker.
-    SELECT w.id, w.last_seen, w.meta, w.started_at, coalesce(a.n, 0)
+    SELECT w.id, w.last_seen, w.meta, w.started_at, coalesce(a.n, 0),
+           CASE WHEN w.last_seen >= now() - coalesce(
+                    stale_after,
+                    make_interval(secs => 3 * coalesce(_heartbeat_seconds(w.meta), 10)))
+                THEN 'live' ELSE 'stale' END
       FROM workers AS w
       LEFT JOIN (SELECT j.leased_by, count(*) AS n FROM jobs AS j WHERE j.state = 'active' GROUP BY j.leased_by) AS a
         ON a.leased_by = w.id
      ORDER BY w.id;
+$$;
+
+-- The heartbeat interval a worker reported in its meta, in seconds (NULL when absent or not a number:
+-- meta is whatever the worker sent, so a bad value must not break list_workers).
+CREATE OR REPLACE FUNCTION pgjobs._heartbeat_seconds(meta jsonb)
+RETURNS float8
+LANGUAGE sql
+IMMUTABLE
+SET search_path = pg_catalog, pgjobs, pg_temp
+AS $$
+    SELECT CASE WHEN jsonb_typeof(meta -> 'heartbeat_interval') = 'number'
+                 AND (meta ->> 'heartbeat_interval')::float8 > 0
+                THEN (meta ->> 'heartbeat_interval')::float8 END;
+$$;
+
+-- A worker that stops says so: its row goes (it is no longer listed as live, nor left to look stale), and
+-- any job it still holds (one it could not release before its deadline) is claimable at once instead of at
+-- its lease's end, as reap_workers does for a silent worker. The jobs' tokens stay: a completion still in
+-- flight from it is not refused until a claimer takes the job. Returns false when the worker was not
+-- registered (already reaped during an outage, say): nothing to do, not an error.
+CREATE OR REPLACE FUNCTION pgjobs.deregister_worker(worker text)
+RETURNS boolean
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pgjobs, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_queues text[];
+BEGIN
+    IF worker IS NULL OR worker = '' THEN
+        RAISE EXCEPTION USING ERRCODE = 'PJ002',
+            MESSAGE = format('worker must be a non-empty string, got %s', coalesce(quote_literal(worker), 'NULL'));
+    END IF;
+    DELETE FROM workers AS w WHERE w.id = deregister_worker.worker;
+    IF NOT FOUND THEN
+        RETURN false;
+    END IF;
+    WITH freed AS (
+        UPDATE jobs AS j SET lease_expires_at = least(j.lease_expires_at, now() - interval '1 microsecond')
+         WHERE j.state = 'active' AND j.leased_by = deregister_worker.worker
+        RETURNING j.queue)
+    SELECT array_agg(DISTINCT freed.queue) INTO v_queues FROM freed;
+    PERFORM _wake(v_queues);
+    RETURN true;
+END;
 $$;

@@ -42,7 +42,7 @@ def register(sub: Any) -> None:
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     p.set_defaults(func=cmd_enqueue, _needs=NEEDS_SCHEMA)
 
-    p = sub.add_parser("stats", help="jobs by queue and state, and the live workers")
+    p = sub.add_parser("stats", help="jobs by queue and state, and the workers (stale ones marked)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_stats, _needs=NEEDS_SCHEMA)
 
@@ -134,7 +134,7 @@ def cmd_stats(args: argparse.Namespace) -> int:
         )
     out.print(table if counts else "no jobs")
     wt = Table(title="workers", title_justify="left")
-    for col in ("worker", "last seen", "running", "queues", "host", "pid"):
+    for col in ("worker", "status", "last seen", "running", "queues", "host", "pid"):
         wt.add_column(col, justify="right" if col in ("running", "pid") else "left")
     now = datetime.now(UTC)
     for w in workers:
@@ -148,6 +148,7 @@ def cmd_stats(args: argparse.Namespace) -> int:
         )
         wt.add_row(
             w.id,
+            w.status if w.live else f"[bold red]{w.status}[/]",
             ago(w.last_seen, now),
             str(w.active_jobs),
             queue_text,

@@ -35,8 +35,16 @@ def reap_workers_after_restart_call(stale_after: float | timedelta) -> Call[int]
     )
 
 
-def list_workers_call() -> Call[list[WorkerInfo]]:
-    return Call("SELECT * FROM pgjobs.list_workers()", {}, lambda rows: [WorkerInfo.from_row(r) for r in rows])
+def list_workers_call(stale_after: float | timedelta | None = None) -> Call[list[WorkerInfo]]:
+    return Call(
+        "SELECT * FROM pgjobs.list_workers(stale_after => %(s)s)",
+        {"s": None if stale_after is None else interval(stale_after)},
+        lambda rows: [WorkerInfo.from_row(r) for r in rows],
+    )
+
+
+def deregister_worker_call(worker: str) -> Call[bool]:
+    return Call("SELECT pgjobs.deregister_worker(worker => %(worker)s)", {"worker": worker}, scalar)
 
 
 class WorkerOps(SyncRunner):
@@ -49,8 +57,16 @@ class WorkerOps(SyncRunner):
         """Forgets workers silent for ``stale_after`` and frees their jobs at once; returns how many."""
         return self._run(reap_workers_call(stale_after), conn)
 
-    def list_workers(self, *, conn: SyncConn | None = None) -> list[WorkerInfo]:
-        return self._run(list_workers_call(), conn)
+    def list_workers(
+        self, stale_after: float | timedelta | None = None, *, conn: SyncConn | None = None
+    ) -> list[WorkerInfo]:
+        """Registered workers, each ``status`` 'live' or 'stale' (silent for ``stale_after``, default three
+        of its heartbeat intervals)."""
+        return self._run(list_workers_call(stale_after), conn)
+
+    def deregister_worker(self, worker: str, *, conn: SyncConn | None = None) -> bool:
+        """Removes a stopped worker (its held jobs become claimable at once); False if it was not registered."""
+        return self._run(deregister_worker_call(worker), conn)
 
 
 class AsyncWorkerOps(AsyncRunner):
@@ -62,5 +78,10 @@ class AsyncWorkerOps(AsyncRunner):
     async def reap_workers(self, stale_after: float | timedelta = 60.0, *, conn: AsyncConn | None = None) -> int:
         return await self._run(reap_workers_call(stale_after), conn)
 
-    async def list_workers(self, *, conn: AsyncConn | None = None) -> list[WorkerInfo]:
-        return await self._run(list_workers_call(), conn)
+    async def list_workers(
+        self, stale_after: float | timedelta | None = None, *, conn: AsyncConn | None = None
+    ) -> list[WorkerInfo]:
+        return await self._run(list_workers_call(stale_after), conn)
+
+    async def deregister_worker(self, worker: str, *, conn: AsyncConn | None = None) -> bool:
+        return await self._run(deregister_worker_call(worker), conn)

@@ -1,0 +1,240 @@
+"""Telemetry (issue 12 items 4-6): worker presence (deregister, live/stale), log lines, Prometheus metrics and
+OpenTelemetry traces, against a real PostgreSQL; spans through the SDK's in-memory exporter."""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+from collections.abc import Awaitable, Callable, Iterator
+from typing import Any
+
+import anyio
+import psycopg
+import pytest
+from opentelemetry import trace
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+import pgjobs
+from pgjobs import App, AsyncClient, Client, JobState, Worker
+from pgjobs.runtime.logs import Outage, configure_logging
+
+Body = Callable[[Worker, AsyncClient], Awaitable[None]]
+
+
+def run_worker(app: App, dsn: str, body: Body, *, client_dsn: str | None = None, **kwargs: Any) -> Worker:
+    """Runs ``body(worker, client)`` while a Worker runs, then stops it gracefully and waits for its end."""
+    kwargs.setdefault("scheduler", False)
+    kwargs.setdefault("poll_interval", 0.5)
+    kwargs.setdefault("heartbeat_interval", 1.0)
+    worker = Worker(app, dsn, **kwargs)
+
+    async def main() -> None:
+        client = AsyncClient(client_dsn or dsn, prepare=kwargs.get("prepare", True))
+        async with client, anyio.create_task_group() as tg:
+            tg.start_soon(worker.run)
+            with anyio.fail_after(15):
+                while not worker.started.is_set():
+                    await anyio.sleep(0.01)
+            try:
+                with anyio.fail_after(60):
+                    await body(worker, client)
+            finally:
+                worker.stop()
+
+    anyio.run(main)
+    return worker
+
+
+async def wait_state(client: AsyncClient, job_id: int, *states: JobState, timeout: float = 20) -> pgjobs.JobStatus:
+    with anyio.fail_after(timeout):
+        while True:
+            st = await client.job_status(job_id)
+            if st is not None and st.state in states:
+                return st
+            await anyio.sleep(0.02)
+
+
+# ------------------------------------------------------------------------------------------ presence (SQL)
+
+
+def test_deregister_worker_removes_it_and_frees_its_jobs(conn: psycopg.Connection[Any]) -> None:
+    conn.execute("SELECT pgjobs.worker_heartbeat('w1', '{}')")
+    job = conn.execute("SELECT id FROM pgjobs.enqueue('k')").fetchone()
+    assert job is not None
+    conn.execute("SELECT * FROM pgjobs.claim('w1', '{default}', 1, '1 hour')")
+    conn.execute("LISTEN pgjobs_wake")
+    assert conn.execute("SELECT pgjobs.deregister_worker(worker => 'w1')").fetchone() == (True,)
+    assert conn.execute("SELECT count(*) FROM pgjobs.workers WHERE id = 'w1'").fetchone() == (0,)
+    # its job is claimable now (lease expired), not in an hour; the token stays until another claim
+    row = conn.execute(
+        "SELECT state::text, lease_expires_at <= now(), lease_token IS NOT NULL FROM pgjobs.jobs"
+    ).fetchone()
+    assert row == ("active", True, True)
+    assert [n.payload for n in conn.notifies(timeout=1, stop_after=1)] == ["default"]
+    taken = conn.execute("SELECT id, attempt FROM pgjobs.claim('w2', '{default}', 1)").fetchall()
+    assert taken == [(job[0], 2)]
+    # unknown worker: nothing to do, not an error
+    assert conn.execute("SELECT pgjobs.deregister_worker('w1')").fetchone() == (False,)
+
+
+@pytest.mark.parametrize("bad", ["", None])
+def test_deregister_worker_refuses_an_empty_name(conn: psycopg.Connection[Any], bad: str | None) -> None:
+    conn.execute("SELECT pgjobs.worker_heartbeat('w1', '{}')")
+    with pytest.raises(psycopg.Error) as err:
+        conn.execute("SELECT pgjobs.deregister_worker(%s)", (bad,))
+    assert err.value.sqlstate == "PJ002" and "worker" in str(err.value)
+    assert conn.execute("SELECT count(*) FROM pgjobs.workers").fetchone() == (1,)
+
+
+def test_list_workers_marks_silent_ones_stale(dsn: str, conn: psycopg.Connection[Any]) -> None:
+    conn.execute("SELECT pgjobs.worker_heartbeat('fresh', '{\"heartbeat_interval\": 10}')")
+    conn.execute("SELECT pgjobs.worker_heartbeat('quick', '{\"heartbeat_interval\": 1}')")
+    conn.execute("SELECT pgjobs.worker_heartbeat('bogus', '{\"heartbeat_interval\": \"x\"}')")
+    conn.execute("SELECT pgjobs.worker_heartbeat('old', '{}')")
+    # quick: silent 5 s, more than 3 of its 1 s beats; fresh: 5 s is less than 3 x 10 s; old: 1 min > 30 s
+    conn.execute("UPDATE pgjobs.workers SET last_seen = now() - interval '5 seconds' WHERE id IN ('fresh', 'quick')")
+    conn.execute("UPDATE pgjobs.workers SET last_seen = now() - interval '1 minute' WHERE id = 'old'")
+    with Client(dsn) as client:
+        status = {w.id: w.status for w in client.list_workers()}
+        assert status == {"fresh": "live", "quick": "stale", "bogus": "live", "old": "stale"}
+        assert {w.id for w in client.list_workers() if w.live} == {"fresh", "bogus"}
+        # an explicit threshold overrides every worker's own
+        assert {w.id: w.status for w in client.list_workers(stale_after=120)} == dict.fromkeys(status, "live")
+        assert not client.deregister_worker("nobody")
+
+
+def test_stats_marks_stale_workers(dsn: str, conn: psycopg.Connection[Any], capsys: pytest.CaptureFixture[str]) -> None:
+    from pgjobs.cli import main
+
+    conn.execute("SELECT pgjobs.worker_heartbeat('gone-quiet', '{}')")
+    conn.execute("UPDATE pgjobs.workers SET last_seen = now() - interval '1 hour'")
+    conn.execute("SELECT pgjobs.worker_heartbeat('busy', '{}')")
+    assert main(["--dsn", dsn, "stats", "--json"]) == 0
+    workers = {w["id"]: w["status"] for w in json.loads(capsys.readouterr().out)["workers"]}
+    assert workers == {"gone-quiet": "stale", "busy": "live"}
+    assert main(["--dsn", dsn, "stats"]) == 0
+    out = capsys.readouterr().out
+    assert "status" in out and "stale" in out and "live" in out
+
+
+# ------------------------------------------------------------------------------------------ log format
+
+
+def _record(msg: str, level: int = logging.INFO, **extra: Any) -> logging.LogRecord:
+    record = logging.getLogger("pgjobs.worker").makeRecord("pgjobs.worker", level, __file__, 1, msg, (), None)
+    record.__dict__.update(extra)
+    return record
+
+
+def test_log_formats_carry_timestamp_level_and_fields() -> None:
+    out = io.StringIO()
+    handler = configure_logging("debug", "json", out)
+    try:
+        handler.handle(_record("job 1 (k) attempt 2 succeeded", job_id=1, kind="k", attempt=2, outcome="succeeded"))
+        line = json.loads(out.getvalue())
+        assert line["level"] == "INFO" and line["logger"] == "pgjobs.worker"
+        assert line["ts"].endswith("Z") and "T" in line["ts"]
+        assert (line["job_id"], line["kind"], line["attempt"], line["outcome"]) == (1, "k", 2, "succeeded")
+        assert logging.getLogger().level == logging.DEBUG
+        out2 = io.StringIO()
+        handler = configure_logging("warning", "text", out2)
+        assert len([h for h in logging.getLogger().handlers if h.get_name() == "pgjobs"]) == 1  # replaced
+        handler.handle(_record("hello", logging.WARNING))
+        text = out2.getvalue()
+        assert " WARNING pgjobs.worker: hello" in text and text[:4].isdigit()
+        with pytest.raises(ValueError, match="'loud'"):
+            configure_logging("loud")
+        with pytest.raises(ValueError, match="'xml'"):
+            configure_logging("info", "xml")
+    finally:
+        logging.getLogger().removeHandler(handler)
+        logging.getLogger().setLevel(logging.WARNING)
+
+
+def test_outage_logs_once_per_change_of_state(caplog: pytest.LogCaptureFixture) -> None:
+    log = logging.getLogger("pgjobs.test-outage")
+    outage = Outage(log)
+    with caplog.at_level(logging.INFO, logger="pgjobs.test-outage"):
+        outage.restored("claim")  # nothing was down: no line
+        for i in range(50):
+            outage.lost("claim" if i % 2 else "complete", OSError("connection refused\nsecond line"), 0.1)
+        outage.restored("listen")
+        outage.restored("claim")
+        outage.lost("heartbeat", "server closed the connection")
+    lines = [(r.levelname, r.getMessage()) for r in caplog.records]
+    assert len(lines) == 3, lines
+    assert lines[0][0] == "WARNING" and "complete: connection refused" in lines[0][1]
+    assert "second line" not in lines[0][1]
+    assert lines[1][0] == "INFO" and "reachable again" in lines[1][1] and "50 failed" in lines[1][1]
+    assert lines[2][0] == "WARNING" and "heartbeat" in lines[2][1]
+
+
+# ------------------------------------------------------------------------------------------ traces
+
+
+@pytest.fixture(scope="module")
+def spans() -> Iterator[InMemorySpanExporter]:
+    """The process's tracer provider (settable once per process) exporting to memory."""
+    exporter = InMemorySpanExporter()
+    provider = trace.get_tracer_provider()
+    if not isinstance(provider, TracerProvider):
+        provider = TracerProvider()
+        trace.set_tracer_provider(provider)
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    yield exporter
+    exporter.shutdown()
+
+
+def _named(exporter: InMemorySpanExporter, prefix: str) -> list[ReadableSpan]:
+    return [s for s in exporter.get_finished_spans() if s.name.startswith(prefix)]
+
+
+def _traceparent(span: ReadableSpan) -> str:
+    ctx = span.get_span_context()
+    assert ctx is not None
+    return f"00-{ctx.trace_id:032x}-{ctx.span_id:016x}"
+
+
+def _ids(traceparent: str) -> str:
+    """version-trace_id-span_id (the flags byte may carry the W3C level-2 random bit)."""
+    return traceparent.rsplit("-", 1)[0]
+
+
+def test_enqueue_outside_a_span_stores_no_trace_context(dsn: str, spans: InMemorySpanExporter) -> None:
+    spans.clear()
+    with Client(dsn) as client:
+        job = client.enqueue("k", meta={"tag": 1})
+        st = client.job_status(job.id)
+    assert st is not None and st.meta == {"tag": 1}
+    assert _named(spans, "create") == []
+
+
+def test_enqueue_in_a_span_stores_its_create_span_context(dsn: str, spans: InMemorySpanExporter) -> None:
+    spans.clear()
+    tracer = trace.get_tracer("test")
+    with Client(dsn) as client, tracer.start_as_current_span("request") as outer:
+        one = client.enqueue("k", queue="mail", meta={"tag": 1})
+        mine = client.enqueue("k", meta={"traceparent": "00-" + "1" * 32 + "-" + "2" * 16 + "-01"})
+        many = client.enqueue_many([{"kind": "a", "queue": "q"}, {"kind": "b", "queue": "q", "meta": {"x": 2}}])
+        metas = [client.job_status(i).meta for i in (one.id, mine.id, *(s.id for s in many))]  # type: ignore[union-attr]
+    creates = _named(spans, "create")
+    assert [s.name for s in creates] == ["create mail", "create default", "create q"]
+    first = creates[0]
+    assert first.kind == trace.SpanKind.PRODUCER
+    assert first.parent is not None and first.parent.span_id == outer.get_span_context().span_id
+    attrs = dict(first.attributes or {})
+    assert attrs["messaging.system"] == "pgjobs" and attrs["messaging.operation.type"] == "create"
+    assert attrs["messaging.destination.name"] == "mail" and attrs["messaging.message.id"] == str(one.id)
+    assert metas[0].keys() == {"tag", "traceparent"} and _ids(metas[0]["traceparent"]) == _traceparent(first)
+    assert metas[1]["traceparent"] == "00-" + "1" * 32 + "-" + "2" * 16 + "-01"  # the caller's own wins
+    batch_ctx = creates[2].get_span_context()
+    assert dict(creates[2].attributes or {})["messaging.batch.message_count"] == 2
+    assert (
+        metas[2]["traceparent"]
+        == metas[3]["traceparent"]
+        == f"00-{batch_ctx.trace_id:032x}-{batch_ctx.span_id:016x}-01"
+    )
+    assert metas[3]["x"] == 2

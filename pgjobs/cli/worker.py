@@ -22,6 +22,7 @@ from pgjobs.cli.common import (
     positive_int,
     stdout,
 )
+from pgjobs.cli.opsflags import add_worker_ops_flags, worker_ops_kwargs
 from pgjobs.ops import dsn as dsnmod
 
 
@@ -54,6 +55,7 @@ def register(sub: Any) -> argparse.ArgumentParser:
     )
     p.add_argument("--name", help="worker name (default: host-pid)")
     p.add_argument("--no-scheduler", action="store_true", help="do not materialise recurring schedules")
+    add_worker_ops_flags(p)  # --log-level --log-format --metrics-port --metrics-host --listen-dsn --no-prepare
     p.set_defaults(func=cmd_worker, _needs=NEEDS_SCHEMA)
     return p
 
@@ -82,6 +84,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
         poll_interval=args.poll_interval,
         name=args.name,
         scheduler=not args.no_scheduler,
+        **worker_ops_kwargs(args),  # logs, metrics, PgBouncer (cli/opsflags.py)
     )
     err = Console(stderr=True, highlight=False, width=stdout().width)
     where = args.target.describe() if args.target is not None else dsnmod.redact(args.dsn)

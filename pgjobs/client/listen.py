@@ -26,6 +26,7 @@ log = logging.getLogger("pgjobs.listen")
 
 NotifyCallback = Callable[[str, str], None]
 ConnectCallback = Callable[[], Awaitable[None]]
+ErrorCallback = Callable[[BaseException, float], None]
 AsyncConn = psycopg.AsyncConnection[Any]
 
 
@@ -71,6 +72,10 @@ class Listener:
     ``await listener.run(callback)`` which calls ``callback(channel, payload)`` for every notification and
     awaits ``on_connect()`` after each (re)connect (the worker). ``idle_check`` seconds without traffic
     trigger a ``SELECT 1`` so a silently dead connection is noticed (TCP keepalives cover the rest).
+
+    A lost connection is logged once (WARNING) and its retries at DEBUG, unless ``on_error(exc, delay)`` is
+    given: then that reports each failure (the worker folds them into its one-line-per-outage log).
+    ``options``: the connection's startup options (None for none: PgBouncer refuses any).
     """
 
     def __init__(
@@ -84,6 +89,8 @@ class Listener:
         cap: float = 2.0,
         idle_check: float = 30.0,
         connect_timeout: float = 10.0,
+        on_error: ErrorCallback | None = None,
+        options: str | None = "-c jit=off",  # the stream's re-reads are small; compiling their plans is not
     ) -> None:
         if not channels:
             raise ValueError("Listener needs at least one channel")
@@ -97,8 +104,12 @@ class Listener:
         self.connect_timeout = connect_timeout
         self.connects = 0  # successful connects so far (1 + reconnects)
         self.backend_pid: int | None = None
+        self.connected = False  # LISTENing now (metrics)
+        self.on_error = on_error
+        self.options = options
 
     async def _connect(self) -> AsyncConn:
+        extra: dict[str, Any] = {} if self.options is None else {"options": self.options}
         conn = await psycopg.AsyncConnection.connect(
             self.dsn,
             autocommit=True,
@@ -108,7 +119,7 @@ class Listener:
             keepalives_idle=10,
             keepalives_interval=5,
             keepalives_count=3,
-            options="-c jit=off",  # the stream's re-reads are small; compiling their plans is not
+            **extra,
         )
         try:
             for channel in self.channels:
@@ -132,7 +143,8 @@ class Listener:
                 conn = await self._connect()
                 self.backend_pid = conn.info.backend_pid
                 self.connects += 1
-                if failures:
+                self.connected = True
+                if failures and self.on_error is None:
                     log.info("LISTEN connection re-established after %d failed attempt(s)", failures)
                 failures = 0
                 yield Connected(conn, self.connects > 1)
@@ -154,10 +166,19 @@ class Listener:
                         await conn.execute("SELECT 1")
             except (psycopg.OperationalError, psycopg.InterfaceError, OSError) as exc:
                 failures += 1
+                self.connected = False
                 delay = backoff_delay(failures, self.base, self.cap)
-                log.warning("LISTEN connection lost or refused (%s); reconnecting in %.2f s", _oneline(exc), delay)
+                if self.on_error is not None:
+                    self.on_error(exc, delay)
+                else:
+                    # once per outage, not once per retry (a 55 s outage was ~30 lines of this)
+                    level = logging.WARNING if failures == 1 else logging.DEBUG
+                    log.log(
+                        level, "LISTEN connection lost or refused (%s); reconnecting in %.2f s", _oneline(exc), delay
+                    )
                 await anyio.sleep(delay)
             finally:
+                self.connected = False
                 if conn is not None:
                     with anyio.CancelScope(shield=True), contextlib.suppress(Exception):
                         await conn.close()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from typing import Any
 
 import anyio
@@ -73,16 +74,23 @@ async def claim_loop(w: WorkerState, q: QueueState) -> None:
                 # Shielded: a claim cancelled on its way (the stop's last resort cancels every task) may still
                 # commit on the server, and its jobs would stay leased to nobody until the lease runs out. The
                 # deadline bounds the wait on a server that stopped answering.
+                t0 = time.perf_counter()
                 with anyio.CancelScope(shield=True, deadline=anyio.current_time() + max(10.0, w.lease)):
-                    await cur.execute(CLAIM_SQL, (w.name, queues, want, lease, _kind_limits(w, want)), prepare=True)
+                    await cur.execute(
+                        CLAIM_SQL, (w.name, queues, want, lease, _kind_limits(w, want)), prepare=w.prepare
+                    )
                 rows = await cur.fetchall()
                 w.claim_calls += 1
+                if w.metrics is not None:
+                    w.metrics.claim(q.name, len(rows), time.perf_counter() - t0)
+                if w.outage.down:
+                    w.outage.restored(f"claim on queue {q.name!r}")
                 failures = 0
             except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
                 failures += 1
                 w._cut_off_at = anyio.current_time()
                 delay = backoff_delay(failures, 0.05, RECONNECT_CAP)
-                log.warning("claim on queue %r failed (%s); retrying in %.2f s", q.name, exc, delay)
+                w.outage.lost(f"claim on queue {q.name!r}", exc, delay)
                 if conn is not None:
                     await conn.close()
                     conn = None
@@ -134,7 +142,7 @@ async def _parent_results(w: WorkerState, cur: psycopg.AsyncCursor[Any], rows: l
     handlers = w.app.handlers
     ids = [r[0] for r in rows if (h := handlers.get(r[1])) is not None and h.parent_results]
     try:
-        await cur.execute(PARENT_RESULTS_MANY_SQL, (bigint_array_literal(ids),), prepare=True)
+        await cur.execute(PARENT_RESULTS_MANY_SQL, (bigint_array_literal(ids),), prepare=w.prepare)
         return {r[0]: r[1] for r in await cur.fetchall()}
     except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
         log.warning("parent_results of %d claimed job(s) failed: %s", len(ids), exc)

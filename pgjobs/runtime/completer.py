@@ -85,10 +85,17 @@ class Completer:
                     self.cur = self.conn.cursor()
                 cur = self.cur
                 with anyio.CancelScope(shield=True):
-                    await cur.execute(query, params, prepare=True)
-                    row = await cur.fetchone()
+                    if w.tracer is not None:
+                        row = await self._traced(batch, query, params)
+                    else:
+                        await cur.execute(query, params, prepare=w.prepare)
+                        row = await cur.fetchone()
                 done = int(row[0]) if row else 0
                 w.complete_calls += 1
+                if w.metrics is not None:
+                    w.metrics.completion_batches.inc()
+                if w.outage.down:
+                    w.outage.restored("complete_many")
                 w.completed += done
                 if done < len(batch):
                     w.lost += len(batch) - done
@@ -98,7 +105,7 @@ class Completer:
                 self.failures += 1
                 w._cut_off_at = anyio.current_time()
                 delay = backoff_delay(self.failures, 0.05, RECONNECT_CAP)
-                log.warning("complete_many of %d job(s) failed (%s); retrying in %.2f s", len(batch), exc, delay)
+                w.outage.lost(f"complete_many of {len(batch)} job(s)", exc, delay)
                 if self.conn is not None:
                     await self.conn.close()
                     self.conn = None
@@ -111,11 +118,28 @@ class Completer:
             except psycopg.Error as exc:
                 raise translate(exc) from exc
 
+    async def _traced(self, batch: list[Done], query: LiteralString, params: tuple[str, ...]) -> Any:
+        """The complete_many call in a settle span linked to the attempt span of every job it completes."""
+        w = self.w
+        assert w.tracer is not None and self.cur is not None
+        held = [w._spans.get(b[0]) for b in batch]
+        queues = {h[1] for h in held if h is not None}
+        with w.tracer.settle_batch(queues.pop() if len(queues) == 1 else None, [h[0] for h in held if h]):
+            await self.cur.execute(query, params, prepare=w.prepare)
+            row = await self.cur.fetchone()
+        for b in batch:
+            w._spans.pop(b[0], None)
+        return row
 
-async def _report(w: WorkerState, job: HeldJob, call: Call[T]) -> T | None:
-    """A job's final call: shielded (a shutdown must not cut it), errors logged, never raised."""
+
+async def _report(w: WorkerState, job: HeldJob, call: Call[T], op: str) -> T | None:
+    """A job's final call: shielded (a shutdown must not cut it), errors logged, never raised; in a settle span
+    when tracing is on."""
     with anyio.CancelScope(shield=True):
         try:
+            if job.span is not None and w.tracer is not None:
+                with w.tracer.settle(job.span, job.queue.name, job.id, op):
+                    return await w._call(call)
             return await w._call(call)
         except Exception as exc:
             log.error("job %s (%s): reporting its outcome failed: %s", job.id, job.kind, exc)
@@ -123,15 +147,17 @@ async def _report(w: WorkerState, job: HeldJob, call: Call[T]) -> T | None:
     return None  # (not reached: the shielded scope is never cancelled itself)
 
 
-async def fail(w: WorkerState, job: HeldJob, error: str, retry_at: datetime | None) -> None:
-    state = await _report(w, job, fail_call(job.id, job.token, error, retry_at))
+async def fail(w: WorkerState, job: HeldJob, error: str, retry_at: datetime | None) -> JobState | None:
+    """``fail``: the job's state after it (None: the lease was gone or the report failed)."""
+    state = await _report(w, job, fail_call(job.id, job.token, error, retry_at), "fail")
     w.failed += 1
     if state == JobState.SCHEDULED:
         w._poke_poller()
+    return state
 
 
 async def release(w: WorkerState, job: HeldJob, run_at: datetime | None) -> None:
-    ok = await _report(w, job, release_call(job.id, job.token, run_at))
+    ok = await _report(w, job, release_call(job.id, job.token, run_at), "release")
     if ok:
         w.released += 1
     if run_at is not None:
@@ -139,6 +165,6 @@ async def release(w: WorkerState, job: HeldJob, run_at: datetime | None) -> None
 
 
 async def ack_cancel(w: WorkerState, job: HeldJob) -> None:
-    ok = await _report(w, job, ack_cancel_call(job.id, job.token))
+    ok = await _report(w, job, ack_cancel_call(job.id, job.token), "ack_cancel")
     if ok:
         w.cancelled += 1

@@ -23,7 +23,7 @@ import psycopg
 
 from pgjobs.client.lifecycle import RENEW_LEASES_SQL
 from pgjobs.client.listen import backoff_delay
-from pgjobs.client.workers import reap_workers_after_restart_call, worker_heartbeat_call
+from pgjobs.client.workers import deregister_worker_call, reap_workers_after_restart_call, worker_heartbeat_call
 from pgjobs.runtime.state import RUNNING, WorkerState
 
 log = logging.getLogger("pgjobs.worker")
@@ -65,7 +65,10 @@ async def renew_held(w: WorkerState, conn: psycopg.AsyncConnection[Any] | None =
             async with w._pool.connection() as pooled:
                 rows = await (await pooled.execute(RENEW_LEASES_SQL, (ids, tokens, w._lease_td))).fetchall()
     except psycopg.Error as exc:
-        log.warning("lease renewal of %d job(s) failed: %s", len(ids), exc)
+        if isinstance(exc, psycopg.OperationalError | psycopg.InterfaceError):
+            w.outage.lost(f"lease renewal of {len(ids)} job(s)", exc)
+        else:
+            log.warning("lease renewal of %d job(s) failed: %s", len(ids), exc)
         if conn is None and isinstance(exc, psycopg.OperationalError | psycopg.InterfaceError):
             w._cut_off_at = anyio.current_time()
             await w._check_pool()
@@ -89,6 +92,8 @@ def worker_meta(w: WorkerState) -> dict[str, Any]:
         "concurrency": sum(w.queues.values()),
         "active": w.active,
         "kinds": w.app.kinds,
+        # list_workers calls a worker stale after three of these without a heartbeat
+        "heartbeat_interval": w.heartbeat_interval,
     }
 
 
@@ -103,7 +108,7 @@ async def heartbeat(w: WorkerState) -> None:
         try:
             await heartbeat_once(w)
         except Exception as exc:
-            log.warning("heartbeat failed: %s", exc)
+            _failed(w, "heartbeat", exc)
             continue
         cut_off_at = w._cut_off_at
         if cut_off_at is not None and anyio.current_time() - cut_off_at < w.reap_after:
@@ -113,8 +118,32 @@ async def heartbeat(w: WorkerState) -> None:
         try:
             reaped = await w._call(reap_workers_after_restart_call(stale_after))
         except Exception as exc:
-            log.warning("reap_workers failed: %s", exc)
+            _failed(w, "reap_workers", exc)
             continue
         if reaped:
             log.info("reaped %d silent worker(s); their jobs are claimable now", reaped)
             w._wake_all()
+
+
+def _failed(w: WorkerState, what: str, exc: BaseException) -> None:
+    """A background call's failure: part of the outage when the database is unreachable, else a warning."""
+    if isinstance(exc, psycopg.OperationalError | psycopg.InterfaceError):
+        w.outage.lost(what, exc)
+    else:
+        log.warning("%s failed: %s", what, exc)
+
+
+async def deregister(w: WorkerState) -> None:
+    """On stop, after the heartbeat ended: ``deregister_worker`` (the worker is no longer listed; a job it
+    could not release becomes claimable at once). Bounded: a database that is down cannot hold the exit, and
+    the worker then goes stale and is reaped as if it had crashed."""
+    with anyio.move_on_after(5.0, shield=True):
+        try:
+            gone = await w._call(deregister_worker_call(w.name))
+        except Exception as exc:
+            log.warning("could not deregister (%s); the worker will be reaped as stale", exc)
+            return
+        log.info(
+            "deregistered%s", "" if gone else " (it was not registered any more)",
+            extra={"event": "worker.deregistered", "worker": w.name},
+        )  # fmt: skip

@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 
 import anyio
+import psycopg
 
 from pgjobs.client.claim import next_due_in_call
 from pgjobs.client.listen import Listener
@@ -28,13 +29,22 @@ def make_listener(w: WorkerState) -> Listener:
         # Notifications sent while the connection was down are lost: look again at every queue.
         w._wake_all()
         w._retry_now()  # the database is back: claimers and the completer in a backoff retry at once
+        if w.outage.down:
+            w.outage.restored("LISTEN")
 
+    def on_error(exc: BaseException, delay: float) -> None:
+        w.outage.lost("LISTEN", exc, delay)
+
+    # LISTEN needs a session of its own: on listen_dsn (a direct connection) when dsn goes through a pooler.
+    direct = w.listen_dsn is not None
     return Listener(
-        w.dsn,
+        w.listen_dsn or w.dsn,
         [WAKE_CHANNEL, CANCEL_CHANNEL],
         on_connect=on_connect,
         cap=RECONNECT_CAP,
         application_name=f"pgjobs-listen:{w.name}",
+        on_error=on_error,
+        options="-c jit=off" if direct or w.prepare else None,
     )
 
 
@@ -63,7 +73,10 @@ async def poller(w: WorkerState) -> None:
         try:
             due_in = await w._call(next_due_in_call(names))
         except Exception as exc:
-            log.warning("next_due_at failed: %s", exc)
+            if isinstance(exc, psycopg.OperationalError | psycopg.InterfaceError):
+                w.outage.lost("next_due_at", exc)
+            else:
+                log.warning("next_due_at failed: %s", exc)
             due_in = None
         if due_in is not None and due_in > 0:
             delay = min(delay, due_in + 0.002)

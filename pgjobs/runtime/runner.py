@@ -20,6 +20,7 @@ from typing import Any
 
 import anyio
 
+from pgjobs.runtime import telemetry
 from pgjobs.runtime.app import Retry, Snooze, when_to_datetime
 from pgjobs.runtime.completer import ack_cancel, fail, release
 from pgjobs.runtime.context import CancelFlag, JobContext, JobRuntime, SyncJobContext
@@ -70,10 +71,13 @@ async def _skip(w: WorkerState, job: HeldJob) -> None:
     job.phase = FINISHING
     if job.stop_reason == "shutdown":  # claimed but not started before the worker stopped
         await release(w, job, None)
+        telemetry.job_ended(w, job, "released")
     elif job.stop_reason == "cancel requested":
         await ack_cancel(w, job)
+        telemetry.job_ended(w, job, "cancelled")
     else:  # "lease lost": claimed again before it started (see claimer.dispatch)
         w.lost += 1
+        telemetry.job_ended(w, job, "lost")
 
 
 def _ended(w: WorkerState, job: HeldJob) -> None:
@@ -102,6 +106,7 @@ async def _execute(w: WorkerState, job: HeldJob) -> None:
     scope = anyio.CancelScope()
     job.scope = scope
     job.phase = RUNNING
+    telemetry.job_started(w, job)
     # The timeout is a loop timer, not a scope deadline, so ctx.cancelled says "timeout" before the
     # handler sees the cancellation (and a sync handler in its thread can notice it).
     timer = None if timeout is None else w._loop_call_later(timeout, job.interrupt, "timeout")
@@ -122,44 +127,53 @@ async def _execute(w: WorkerState, job: HeldJob) -> None:
         if timer is not None:
             timer.cancel()
     job.phase = FINISHING
+    outcome: str
+    why: BaseException | str | None = error
     if scope.cancelled_caught or (scope.cancel_called and error is not None):
-        await _interrupted(w, job, job.stop_reason or "timeout")
+        outcome, why = await _interrupted(w, job, job.stop_reason or "timeout")
     elif flag.is_set() and flag.reason == "cancel requested":
         await ack_cancel(w, job)
+        outcome = "cancelled"
     elif error is None:
         try:
             encoded = None if result is None else json.dumps(result)
         except (TypeError, ValueError) as exc:
-            await _failed(w, job, TypeError(f"the handler's result is not JSON-serializable: {exc}"))
+            why = TypeError(f"the handler's result is not JSON-serializable: {exc}")
+            outcome = await _failed(w, job, why)
         else:
             w._done.append((job.id, job.token, encoded))
             w._poke_completer()
+            outcome = "succeeded"
     else:
-        await _failed(w, job, error)
+        outcome = await _failed(w, job, error)
+    telemetry.job_ended(w, job, outcome, why)
 
 
-async def _interrupted(w: WorkerState, job: HeldJob, reason: str) -> None:
+async def _interrupted(w: WorkerState, job: HeldJob, reason: str) -> tuple[str, str | None]:
+    """Reports an attempt the worker cut short; returns its outcome and why."""
     if reason == "lease lost":
         w.lost += 1
-        log.warning("job %s (%s): lease lost (reclaimed elsewhere); its outcome is dropped", job.id, job.kind)
-    elif reason == "shutdown":
+        return "lost", "lease lost (reclaimed elsewhere); its outcome is dropped"
+    if reason == "shutdown":
         await release(w, job, None)
-    elif reason == "cancel requested":
+        return "released", "worker stopping"
+    if reason == "cancel requested":
         await ack_cancel(w, job)
-    else:  # timeout
-        timeout = job.handler.timeout
-        await fail(w, job, f"TimeoutError: the job ran longer than its timeout of {timeout:g} s", None)
+        return "cancelled", None
+    text = f"TimeoutError: the job ran longer than its timeout of {job.handler.timeout:g} s"
+    return telemetry.fail_outcome(await fail(w, job, text, None)), text
 
 
-async def _failed(w: WorkerState, job: HeldJob, error: BaseException) -> None:
+async def _failed(w: WorkerState, job: HeldJob, error: BaseException) -> str:
+    """Reports a handler that raised; returns the outcome."""
     if isinstance(error, Retry):
         retry_at = None if error.after is None else when_to_datetime(error.after)
-        await fail(w, job, str(error), retry_at)
-    elif isinstance(error, Snooze):
+        return telemetry.fail_outcome(await fail(w, job, str(error), retry_at))
+    if isinstance(error, Snooze):
         await release(w, job, when_to_datetime(error.until))
-    elif job.ctx is not None and job.ctx.cancelled.is_set() and job.ctx.cancelled.reason == "cancel requested":
+        return "snoozed"
+    if job.ctx is not None and job.ctx.cancelled.is_set() and job.ctx.cancelled.reason == "cancel requested":
         await ack_cancel(w, job)
-    else:
-        text = "".join(traceback.format_exception(error)).rstrip()
-        log.warning("job %s (%s) attempt %s failed: %r", job.id, job.kind, job.attempt, error)
-        await fail(w, job, text, job.handler.retry_at(job.attempt))
+        return "cancelled"
+    text = "".join(traceback.format_exception(error)).rstrip()
+    return telemetry.fail_outcome(await fail(w, job, text, job.handler.retry_at(job.attempt)))

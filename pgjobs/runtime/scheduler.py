@@ -149,6 +149,7 @@ class Scheduler:
         queue_full_backoff: timedelta = timedelta(seconds=5),
         pool: AsyncConnectionPool[Any] | None = None,
         name: str | None = None,
+        listen_dsn: str | None = None,
     ) -> None:
         if batch_size < 1:
             raise InvalidArgument(f"batch_size must be >= 1, got {batch_size}")
@@ -179,10 +180,13 @@ class Scheduler:
         self._held: dict[str, datetime] = {}
         self._wakeup = anyio.Event()
         self._opened = False
+        self._listen_dsn = listen_dsn  # a direct connection for LISTEN when the pool goes through PgBouncer
 
     @property
     def listen_dsn(self) -> str:
-        """Where the LISTEN connection goes: the client's DSN, or its pool's conninfo."""
+        """Where the LISTEN connection goes: ``listen_dsn``, else the client's DSN, or its pool's conninfo."""
+        if self._listen_dsn:
+            return self._listen_dsn
         if self.client.dsn:
             return self.client.dsn
         conninfo = self.client.pool.conninfo
@@ -337,15 +341,22 @@ class Scheduler:
     async def _listen(self) -> None:
         """Sets the wakeup event on every NOTIFY of pgjobs_schedules; reconnects with backoff."""
         backoff = 0.5
+        failures = 0
         while True:
             try:
                 async with await psycopg.AsyncConnection.connect(self.listen_dsn, autocommit=True) as conn:
                     await conn.execute(LISTEN_SCHEDULES_SQL)
                     backoff = 0.5
+                    if failures:
+                        log.info("%s: LISTEN connection back after %d failed attempt(s)", self.name, failures)
+                    failures = 0
                     self._wakeup.set()  # changes made while we were not listening: look again
                     async for _ in conn.notifies():
                         self._wakeup.set()
             except (psycopg.Error, OSError) as exc:
-                log.warning("%s: LISTEN connection lost (%s); reconnecting in %.1fs", self.name, exc, backoff)
+                failures += 1
+                # one WARNING per outage, its retries at DEBUG
+                level = logging.WARNING if failures == 1 else logging.DEBUG
+                log.log(level, "%s: LISTEN connection lost (%s); reconnecting in %.1fs", self.name, exc, backoff)
                 await anyio.sleep(backoff)
                 backoff = min(backoff * 2, 30.0)

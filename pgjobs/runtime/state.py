@@ -32,6 +32,9 @@ from pgjobs.client.listen import Listener, backoff_delay
 from pgjobs.errors import translate
 from pgjobs.runtime.app import App, JobHandler
 from pgjobs.runtime.context import JobContext, SyncJobContext
+from pgjobs.runtime.logs import Outage
+from pgjobs.runtime.metrics import WorkerMetrics
+from pgjobs.runtime.tracing import Tracer
 
 log = logging.getLogger("pgjobs.worker")
 
@@ -81,6 +84,8 @@ class HeldJob:
         "phase",
         "queue",
         "scope",
+        "span",
+        "started",
         "stop_reason",
         "token",
     )
@@ -95,6 +100,8 @@ class HeldJob:
         self.stop_reason: str | None = None  # why the worker cancelled the handler: timeout/lease/shutdown
         self.ctx: JobContext | SyncJobContext | None = None
         self.parents: str | None = None  # the parents' results (JSON text), for kinds that asked
+        self.started: float | None = None  # perf_counter() when its handler started
+        self.span: Any = None  # its attempt's span, when tracing is on
 
     def cancel_requested(self) -> None:
         """Its cancellation was requested (as read from SQL, never from a notification alone): an async
@@ -172,6 +179,8 @@ class WorkerState:
     reap_after: float
     durable_completions: bool
     claimers: int | None
+    prepare: bool  # False: no server-side prepared statements and no startup options (PgBouncer)
+    listen_dsn: str | None  # where LISTEN goes (None: dsn)
 
     def _init_state(self) -> None:
         self._queues = [QueueState(q, n, self._claimers_for(n)) for q, n in self.queues.items()]
@@ -197,6 +206,11 @@ class WorkerState:
         self.started = threading.Event()  # set once connected, its claimers and slots running (public: README)
         self.claimed = self.completed = self.failed = self.released = self.cancelled = self.lost = 0
         self.claim_calls = self.complete_calls = 0
+        # telemetry: None when off, so the hot path pays one `is None` test (set up by Worker.run)
+        self.metrics: WorkerMetrics | None = None
+        self.tracer: Tracer | None = None
+        self._spans: dict[int, Any] = {}  # attempt spans of jobs awaiting complete_many (tracing only)
+        self.outage = Outage(log)
 
     def _claimers_for(self, capacity: int) -> int:
         """Claim connections per queue (``claimers``, default 1). Measured: two concurrent claims of half the
@@ -210,11 +224,19 @@ class WorkerState:
 
     # ------------------------------------------------------------------------------------------ connections
 
+    def _conn_kwargs(self, options: str | None) -> dict[str, Any]:
+        """Connection options. Without ``prepare`` (PgBouncer in transaction mode): no startup ``options``
+        (PgBouncer refuses the parameter: set jit = off on the role instead) and none of psycopg's automatic
+        prepared statements (a statement prepared on one server connection is missing on the next)."""
+        if not self.prepare:
+            return {"prepare_threshold": None}
+        return {} if options is None else {"options": options}
+
     async def _connect(self, role: str, options: str | None = None) -> psycopg.AsyncConnection[Any]:
-        extra: dict[str, Any] = {} if options is None else {"options": options}
         return await psycopg.AsyncConnection.connect(
-            self.dsn, autocommit=True, application_name=f"pgjobs-{role}:{self.name}", connect_timeout=10, **extra
-        )
+            self.dsn, autocommit=True, application_name=f"pgjobs-{role}:{self.name}", connect_timeout=10,
+            **self._conn_kwargs(options),
+        )  # fmt: skip
 
     async def _call(self, call: Call[T]) -> T:
         """One round trip on the pool; connection errors are retried with backoff (every call is a lease-token
@@ -228,7 +250,10 @@ class WorkerState:
                 # and logs a warning (stop() right after run()), and the call's outcome is unknown.
                 with anyio.CancelScope(shield=True), anyio.fail_after(CALL_SHIELD):
                     async with self._pool.connection() as conn:
-                        return await run_on(conn, call)
+                        result = await run_on(conn, call)
+                if self.outage.down:
+                    self.outage.restored("pool")
+                return result
             except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
                 failures += 1
                 self._cut_off_at = anyio.current_time()
@@ -236,7 +261,7 @@ class WorkerState:
                     raise
                 await self._check_pool()
                 delay = backoff_delay(failures, 0.1, 5.0)
-                log.warning("database call failed (%s); retrying in %.2f s", exc, delay)
+                self.outage.lost("database call", exc, delay)
                 await anyio.sleep(delay)
             except psycopg.Error as exc:
                 raise translate(exc) from exc

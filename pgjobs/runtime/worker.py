@@ -38,7 +38,7 @@ import anyio
 from anyio.abc import TaskGroup
 from psycopg_pool import AsyncConnectionPool
 
-from pgjobs.runtime import claimer, leases, listener, runner
+from pgjobs.runtime import claimer, leases, listener, runner, telemetry
 from pgjobs.runtime.app import App
 from pgjobs.runtime.completer import Completer
 from pgjobs.runtime.listener import CANCEL_CHANNEL, WAKE_CHANNEL
@@ -73,6 +73,12 @@ class Worker(WorkerState):
     a cluster-wide lock through its flush), but a *server* crash can forget the last fraction of a second of
     completions; those jobs then run again when their leases expire (at least once, as after a worker crash),
     and a subscriber may have seen them succeed. Failures, releases and cancels are always durable.
+
+    Operations (README "Operations"): ``metrics_port`` serves Prometheus metrics on ``metrics_host``
+    (``pgjobs.runtime.metrics``; 0 picks a free port, see ``worker.metrics.port``). ``tracing``: a span per
+    attempt (extra ``pgjobs[otel]``; None: on when a tracer provider is set). ``prepare=False`` and
+    ``listen_dsn``: for PgBouncer in transaction mode, no server-side prepared statements nor startup options
+    on ``dsn``, and LISTEN on ``listen_dsn``, a direct connection.
     """
 
     def __init__(
@@ -92,6 +98,11 @@ class Worker(WorkerState):
         pool_size: int = 4,
         claimers: int | None = None,
         durable_completions: bool = True,
+        prepare: bool = True,
+        listen_dsn: str | None = None,
+        metrics_port: int | None = None,
+        metrics_host: str = "127.0.0.1",
+        tracing: bool | None = None,
     ) -> None:
         if queues is None:
             queues = {"default": concurrency}
@@ -122,6 +133,11 @@ class Worker(WorkerState):
         self.scheduler = scheduler
         self.pool_size = pool_size
         self.durable_completions = durable_completions
+        self.prepare = prepare
+        self.listen_dsn = listen_dsn
+        self.metrics_port = metrics_port
+        self.metrics_host = metrics_host
+        self.tracing = tracing
 
         self.claimers = claimers
         self._exit_stack: contextlib.AsyncExitStack | None = None  # async with Worker(...)
@@ -145,6 +161,8 @@ class Worker(WorkerState):
 
     def _on_stop(self) -> None:
         if self._stop_event is not None:
+            if not self._stop_event.is_set():
+                telemetry.stop_requested(self)
             self._stop_event.set()
         self._retry_now()
         for q in self._queues:
@@ -203,7 +221,7 @@ class Worker(WorkerState):
             kwargs={
                 "autocommit": True,
                 "application_name": f"pgjobs-worker:{self.name}",
-                "options": SESSION_OPTIONS,
+                **self._conn_kwargs(SESSION_OPTIONS),
             },
             open=False,
             name=f"pgjobs-worker-{self.name}",
@@ -225,6 +243,8 @@ class Worker(WorkerState):
         self._wants_parents = any(h.parent_results for h in self.app.handlers.values())
         pool = self._new_pool()
         self._pool = pool
+        started_at = anyio.current_time()
+        telemetry.start(self)
         try:
             # One direct connect first: an unreachable server fails with its own clear error, not a pool timeout.
             probe = await self._connect("probe")
@@ -240,10 +260,14 @@ class Worker(WorkerState):
                 await self._start_scheduler(services)
                 await self._work()
                 services.cancel_scope.cancel()
+            # the heartbeat has stopped (it would register the worker again): now say we are gone
+            await leases.deregister(self)
+            telemetry.stopped(self, anyio.current_time() - started_at)
         finally:
             with anyio.CancelScope(shield=True):
                 await pool.close()
             self._pool = None
+            telemetry.close(self)
 
     async def _work(self) -> None:
         """The completer, the slots and the claimers, until stop() and the drain."""
@@ -270,7 +294,7 @@ class Worker(WorkerState):
         ``scheduler=True``."""
         if not self.scheduler:
             return
-        sched = Scheduler(self.app, self.dsn, pool=self._pool, name=self.name)
+        sched = Scheduler(self.app, self.dsn, pool=self._pool, name=self.name, listen_dsn=self.listen_dsn)
         await tg.start(sched.run)
 
     async def _drain(self, jobs: TaskGroup) -> None:
@@ -283,7 +307,10 @@ class Worker(WorkerState):
         while self._jobs and anyio.current_time() < deadline and not self._hard_stop:
             await anyio.sleep(min(0.05, max(0.0, deadline - anyio.current_time())))
         if self._jobs:
-            log.info("grace period over: releasing %d running job(s)", len(self._jobs))
+            log.info(
+                "grace period over: releasing %d running job(s)", len(self._jobs),
+                extra={"event": "worker.releasing", "jobs": len(self._jobs)},
+            )  # fmt: skip
             for job in list(self._jobs.values()):
                 if job.phase == QUEUED:
                     job.stop_reason = "shutdown"

@@ -118,15 +118,15 @@ def test_worker_lifecycle_through_pgbouncer(pooled_dsn: str, dsn: str, conn: psy
     @app.job("steps")
     async def steps(payload: Any, ctx: pgjobs.JobContext) -> dict[str, Any]:
         for i in range(3):
-            await ctx.save_checkpoint({"i": i})
-            await ctx.report_progress({"done": i + 1, "total": 3})
-        return {"checkpoint": ctx.checkpoint}
+            assert await ctx.save_checkpoint({"i": i})
+            assert await ctx.report_progress({"done": i + 1, "total": 3})
+        return {"steps": 3}
 
     @app.job("flaky")
     async def flaky(payload: Any, ctx: pgjobs.JobContext) -> int:
         tries[ctx.id] = ctx.attempt
         if ctx.attempt == 1:
-            raise Retry("first try fails", after=0)
+            raise Retry(0, "first try fails")
         return ctx.attempt
 
     @app.job("long")
@@ -154,7 +154,8 @@ def test_worker_lifecycle_through_pgbouncer(pooled_dsn: str, dsn: str, conn: psy
                     s = await client.enqueue("steps", {})
                     f = await client.enqueue("flaky", {})
                     done = await _wait(client, s.id, JobState.SUCCEEDED)
-                    assert done.result == {"checkpoint": {"i": 2}} and done.progress == {"done": 3, "total": 3}
+                    assert done.result == {"steps": 3} and done.progress == {"done": 3, "total": 3}
+                    assert done.checkpoint == {"i": 2}
                     retried = await _wait(client, f.id, JobState.SUCCEEDED)
                     assert retried.result == 2 and retried.attempt == 2
                 lj = await client.enqueue("long", {})

@@ -36,7 +36,6 @@ def make_listener(w: WorkerState) -> Listener:
         w.outage.lost("LISTEN", exc, delay)
 
     # LISTEN needs a session of its own: on listen_dsn (a direct connection) when dsn goes through a pooler.
-    direct = w.listen_dsn is not None
     return Listener(
         w.listen_dsn or w.dsn,
         [WAKE_CHANNEL, CANCEL_CHANNEL],
@@ -44,7 +43,7 @@ def make_listener(w: WorkerState) -> Listener:
         cap=RECONNECT_CAP,
         application_name=f"pgjobs-listen:{w.name}",
         on_error=on_error,
-        options="-c jit=off" if direct or w.prepare else None,
+        options="-c jit=off" if w.prepare else None,  # prepare=False: no startup options on any connection
     )
 
 

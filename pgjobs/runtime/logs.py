@@ -8,7 +8,7 @@ Lines, all under the ``pgjobs`` loggers:
   a busy worker's logs for what only a hang investigation needs;
 * one per change of the database connection's state (``database unreachable ...`` WARNING, ``database
   reachable again after 12.3 s ...`` INFO), however many calls fail and retry in between (those retries
-  are DEBUG);
+  are DEBUG, and so is a blip shorter than a second: a connection that died while idle and reconnects at once);
 * the stop sequence (INFO): stop requested, N job(s) finishing, N released, deregistered, stopped.
 
 ``configure_logging`` is for programs (the CLI); a library user's own logging setup is left alone.
@@ -79,6 +79,9 @@ def configure_logging(level: str = "INFO", fmt: str = "text", stream: IO[str] | 
             root.removeHandler(old)
     root.addHandler(handler)
     root.setLevel(name)
+    # psycopg_pool logs every failed reconnect of every pooled connection (a line per second or so through an
+    # outage); the worker's own one-line-per-change says the same. Shown again at DEBUG.
+    logging.getLogger("psycopg.pool").setLevel(logging.ERROR if name != "DEBUG" else logging.NOTSET)
     return handler
 
 
@@ -90,33 +93,39 @@ def _oneline(exc: BaseException | str) -> str:
 class Outage:
     """The worker's view of its database connection, logged once per change of state.
 
-    Every part of the worker that fails to reach the database calls :meth:`lost`; the first failure logs a
-    WARNING and the retries that follow only DEBUG lines. Any part that gets through again calls
-    :meth:`restored` (hot paths test :attr:`down` first: one attribute read), which logs the INFO line with
-    how long it lasted and how many calls failed meanwhile.
+    Every part of the worker that fails to reach the database calls :meth:`lost`; any part that gets through
+    again calls :meth:`restored` (hot paths test :attr:`down` first: one attribute read). The WARNING comes
+    from the first failure that finds the database unreachable for ``blip`` seconds or more (a connection that
+    died while idle fails once and reconnects at once: a DEBUG line, not an outage), the retries meanwhile
+    are DEBUG, and the INFO line when it is back says how long it lasted and how many calls failed.
     """
 
-    __slots__ = ("_failures", "_since", "down", "log")
+    __slots__ = ("_failures", "_since", "_warned", "blip", "down", "log")
 
-    def __init__(self, log: logging.Logger) -> None:
+    def __init__(self, log: logging.Logger, blip: float = 1.0) -> None:
         self.log = log
+        self.blip = blip
         self.down = False
+        self._warned = False
         self._since = 0.0
         self._failures = 0
 
     def lost(self, source: str, exc: BaseException | str, retry_in: float | None = None) -> None:
         self._failures += 1
         detail = _oneline(exc)
+        now = time.monotonic()
         if not self.down:
             self.down = True
-            self._since = time.monotonic()
+            self._since = now
+        if not self._warned and now - self._since >= self.blip:
+            self._warned = True
             self.log.warning(
-                "database unreachable (%s: %s); retrying until it is back, one line when it is",
-                source, detail, extra={"event": "db.lost", "source": source, "error": detail},
+                "database unreachable for %.1f s (%s: %s); retrying until it is back, one line when it is",
+                now - self._since, source, detail, extra={"event": "db.lost", "source": source, "error": detail},
             )  # fmt: skip
         elif self.log.isEnabledFor(logging.DEBUG):
             after = "" if retry_in is None else f"; retrying in {retry_in:.2f} s"
-            self.log.debug("%s still failing (%s)%s", source, detail, after, extra={"source": source})
+            self.log.debug("%s failed (%s)%s", source, detail, after, extra={"source": source})
 
     def restored(self, source: str) -> None:
         if not self.down:
@@ -124,7 +133,9 @@ class Outage:
         self.down = False
         took = time.monotonic() - self._since
         failures, self._failures = self._failures, 0
-        self.log.info(
-            "database reachable again after %.1f s (%d failed call(s) meanwhile; back first: %s)",
+        warned, self._warned = self._warned, False
+        level = logging.INFO if warned else logging.DEBUG
+        self.log.log(
+            level, "database reachable again after %.1f s (%d failed call(s) meanwhile; back first: %s)",
             took, failures, source, extra={"event": "db.restored", "source": source, "duration_s": round(took, 3)},
         )  # fmt: skip

@@ -111,7 +111,7 @@ async def _execute(w: WorkerState, job: HeldJob) -> None:
     # handler sees the cancellation (and a sync handler in its thread can notice it).
     timer = None if timeout is None else w._loop_call_later(timeout, job.interrupt, "timeout")
     try:
-        with scope:
+        with scope, telemetry.current_span(w, job):
             if handler.is_async:
                 result = handler.func(payload, ctx)
                 if inspect.isawaitable(result):  # (a wrapper of an async def may be a plain def)

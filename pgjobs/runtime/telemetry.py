@@ -7,6 +7,7 @@ few ``is None`` / ``isEnabledFor`` tests: the bench's no-op jobs do not see it (
 
 from __future__ import annotations
 
+import contextlib
 import importlib.metadata
 import logging
 import time
@@ -95,6 +96,17 @@ def job_started(w: WorkerState, job: HeldJob) -> None:
         )  # fmt: skip
 
 
+_NO_SPAN = contextlib.nullcontext()
+
+
+def current_span(w: WorkerState, job: HeldJob) -> contextlib.AbstractContextManager[Any]:
+    """Around the handler: its attempt's span as the current one (a reusable no-op without tracing)."""
+    if job.span is None or w.tracer is None:
+        return _NO_SPAN
+    cm: contextlib.AbstractContextManager[Any] = w.tracer.current(job.span)
+    return cm
+
+
 def fail_outcome(state: JobState | None) -> str:
     """What a ``fail`` call's answer means: another attempt later, failed for good, or the lease was gone."""
     if state is None:
@@ -123,8 +135,8 @@ def _log_end(job: HeldJob, outcome: str, duration: float | None, error: BaseExce
     took = "" if duration is None else f" in {duration:.3f} s"
     why = ""
     if error is not None:
-        text = repr(error) if isinstance(error, BaseException) else error
-        why = ": " + (text.strip().splitlines() or [""])[0][:300]
+        text = f"{type(error).__name__}: {error}" if isinstance(error, BaseException) else error
+        why = ": " + (text.strip().splitlines() or [""])[0][:300]  # the first line: a traceback is in the job
     fields: dict[str, Any] = {
         "event": "job.end", "job_id": job.id, "kind": job.kind, "queue": job.queue.name, "attempt": job.attempt,
         "outcome": outcome, "duration_s": None if duration is None else round(duration, 6),

@@ -76,9 +76,10 @@ class Tracer:
             f"process {queue}", context=_root(), kind=_trace.SpanKind.CONSUMER, attributes=attrs, links=links
         )
 
-    def context_of(self, span: Any) -> Any:
-        """A context whose current span is ``span``: for the handler's own spans to be its children."""
-        return _trace.set_span_in_context(span)
+    def current(self, span: Any) -> Any:
+        """Makes ``span`` the current one while the handler runs (its own spans become children; a sync
+        handler's thread gets a copy of the context). The outcome is recorded by :meth:`end_process`."""
+        return _trace.use_span(span, end_on_exit=False, record_exception=False, set_status_on_exception=False)
 
     def end_process(self, span: Any, outcome: str, error: BaseException | None = None) -> None:
         span.set_attribute("messaging.pgjobs.outcome", outcome)

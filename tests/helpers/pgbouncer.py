@@ -71,7 +71,7 @@ class Bouncer:
 
     def stop(self) -> None:
         if self.process.poll() is None:
-            self.process.send_signal(signal.SIGINT)  # immediate shutdown
+            self.process.send_signal(signal.SIGTERM)  # immediate shutdown (SIGINT waits for clients)
             try:
                 self.process.wait(timeout=10)
             except subprocess.TimeoutExpired:
@@ -107,9 +107,11 @@ def _config(server_dsn: str, port: int, workdir: Path, pool_size: int) -> str:
     )
 
 
-def start_pgbouncer(server_dsn: str, *, pool_size: int = 2, dbname: str = "postgres") -> Bouncer:
+def start_pgbouncer(
+    server_dsn: str, *, pool_size: int = 2, dbname: str = "postgres", port: int | None = None
+) -> Bouncer:
     """Starts PgBouncer in transaction mode in front of ``server_dsn``'s server; waits until ``dbname`` answers
-    through it."""
+    through it. ``port``: that one (a restart after ``stop()``), else one from the OS."""
     binary = pgbouncer_binary()
     if binary is None:
         raise FileNotFoundError("pgbouncer is not installed (Debian: apt-get install -y pgbouncer)")
@@ -117,7 +119,7 @@ def start_pgbouncer(server_dsn: str, *, pool_size: int = 2, dbname: str = "postg
     last_error = ""
     for _ in range(3):  # the port can be taken between _free_port() and pgbouncer's bind
         workdir = Path(tempfile.mkdtemp(prefix="pgjobs-pgbouncer-"))
-        port = _free_port()
+        port = port if port is not None else _free_port()
         (workdir / "userlist.txt").write_text(f'"{user}" ""\n')
         (workdir / "pgbouncer.ini").write_text(_config(server_dsn, port, workdir, pool_size))
         run_as = _run_as()

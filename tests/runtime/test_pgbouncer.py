@@ -8,10 +8,13 @@ a direct DSN (``listen_dsn``); everything else goes through the pooler with ``pr
 
 from __future__ import annotations
 
+import io
+import logging
 import threading
 import time
 from collections.abc import Iterator
 from datetime import UTC, datetime
+from functools import partial
 from typing import Any
 
 import anyio
@@ -185,3 +188,65 @@ async def _wait(client: AsyncClient, job_id: int, state: JobState) -> pgjobs.Job
         if st is not None and st.state.terminal:
             raise AssertionError(f"job {job_id} ended {st.state}, expected {state}: {st.last_error}")
         await anyio.sleep(0.02)
+
+
+def test_an_outage_is_one_line_when_lost_and_one_when_back(bouncer: Bouncer, pooled_dsn: str, dsn: str) -> None:
+    """PgBouncer stopped for ~3 s under a busy worker (every part polling every 0.2 s, all connections through
+    the pooler): the log says so once, and once more when it is back; the work goes on."""
+    from pgjobs.runtime.logs import configure_logging
+
+    app = App()
+
+    @app.job("ok")
+    async def ok(payload: Any, ctx: pgjobs.JobContext) -> None:
+        return None
+
+    out = io.StringIO()
+    handler = configure_logging("info", "text", out)
+    worker = Worker(
+        app, pooled_dsn, {"default": 2}, prepare=False, listen_dsn=pooled_dsn, poll_interval=0.2,
+        heartbeat_interval=0.2, lease=3.0, scheduler=False, grace_period=1.0,
+    )  # fmt: skip
+    marks: dict[str, int] = {}
+
+    async def main() -> None:
+        async with AsyncClient(dsn) as client, anyio.create_task_group() as tg:  # the producer goes direct
+            tg.start_soon(worker.run)
+            with anyio.fail_after(30):
+                while not worker.started.is_set():
+                    await anyio.sleep(0.01)
+                await _wait(client, (await client.enqueue("ok", {})).id, JobState.SUCCEEDED)
+                marks["before"] = len(out.getvalue().splitlines())
+                await anyio.to_thread.run_sync(bouncer.stop)
+                await anyio.sleep(3.0)
+                during = await client.enqueue("ok", {})
+                restarted = await anyio.to_thread.run_sync(
+                    partial(
+                        start_pgbouncer, bouncer.server_dsn, dbname=conninfo_to_dict(dsn)["dbname"], port=bouncer.port
+                    )
+                )
+                try:
+                    await _wait(client, during.id, JobState.SUCCEEDED)
+                    await anyio.sleep(1.0)  # every part has had its turn to notice
+                    marks["after"] = len(out.getvalue().splitlines())
+                    worker.stop()
+                finally:
+                    tg.start_soon(_stop_later, restarted)
+
+    try:
+        anyio.run(main)
+    finally:
+        logging.getLogger().removeHandler(handler)
+        logging.getLogger().setLevel(logging.WARNING)
+    lines = out.getvalue().splitlines()[marks["before"] : marks["after"]]
+    lost = [line for line in lines if "database unreachable" in line]
+    back = [line for line in lines if "reachable again" in line]
+    assert len(lost) == 1 and " WARNING " in lost[0], lines
+    assert len(back) == 1 and " INFO " in back[0], lines
+    noisy = [line for line in lines if " WARNING " in line or " ERROR " in line]
+    assert len(noisy) <= 2, noisy  # the lost line (and at most one more), not one per retry
+
+
+async def _stop_later(b: Bouncer) -> None:
+    await anyio.sleep(2.0)  # after the worker's last call through it
+    await anyio.to_thread.run_sync(b.stop)

@@ -6,6 +6,9 @@ from __future__ import annotations
 import io
 import json
 import logging
+import threading
+import time
+import urllib.request
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
@@ -16,9 +19,10 @@ from opentelemetry import trace
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from prometheus_client.parser import text_string_to_metric_families
 
 import pgjobs
-from pgjobs import App, AsyncClient, Client, JobState, Worker
+from pgjobs import App, AsyncClient, Client, JobState, Retry, Worker
 from pgjobs.runtime.logs import Outage, configure_logging
 
 Body = Callable[[Worker, AsyncClient], Awaitable[None]]
@@ -156,17 +160,22 @@ def test_log_formats_carry_timestamp_level_and_fields() -> None:
 
 def test_outage_logs_once_per_change_of_state(caplog: pytest.LogCaptureFixture) -> None:
     log = logging.getLogger("pgjobs.test-outage")
-    outage = Outage(log)
+    outage = Outage(log, blip=0.05)
     with caplog.at_level(logging.INFO, logger="pgjobs.test-outage"):
         outage.restored("claim")  # nothing was down: no line
+        outage.lost("complete", OSError("idle connection died"))  # a blip: healed at once, no line
+        outage.restored("complete")
         for i in range(50):
             outage.lost("claim" if i % 2 else "complete", OSError("connection refused\nsecond line"), 0.1)
+            time.sleep(0.002)
         outage.restored("listen")
         outage.restored("claim")
         outage.lost("heartbeat", "server closed the connection")
+        time.sleep(0.06)
+        outage.lost("heartbeat", "server closed the connection")
     lines = [(r.levelname, r.getMessage()) for r in caplog.records]
     assert len(lines) == 3, lines
-    assert lines[0][0] == "WARNING" and "complete: connection refused" in lines[0][1]
+    assert lines[0][0] == "WARNING" and "connection refused" in lines[0][1] and "database unreachable" in lines[0][1]
     assert "second line" not in lines[0][1]
     assert lines[1][0] == "INFO" and "reachable again" in lines[1][1] and "50 failed" in lines[1][1]
     assert lines[2][0] == "WARNING" and "heartbeat" in lines[2][1]
@@ -234,3 +243,218 @@ def test_enqueue_in_a_span_stores_its_create_span_context(dsn: str, spans: InMem
     assert metas[2]["traceparent"] == metas[3]["traceparent"]
     assert _ids(metas[2]["traceparent"]) == _traceparent(creates[2])
     assert metas[3]["x"] == 2
+
+
+# ------------------------------------------------------------------------------------------ worker
+
+
+def _outcome_app(started: threading.Event) -> App:
+    app = App()
+
+    @app.job("ok")
+    async def ok(payload: Any, ctx: pgjobs.JobContext) -> int:
+        return 1
+
+    @app.job("flaky")
+    async def flaky(payload: Any, ctx: pgjobs.JobContext) -> int:
+        if ctx.attempt == 1:
+            raise Retry(0, "once more")
+        return ctx.attempt
+
+    @app.job("broken")
+    def broken(payload: Any, ctx: pgjobs.SyncJobContext) -> None:
+        raise ValueError("no good\nsecond line")
+
+    @app.job("long")
+    async def long(payload: Any, ctx: pgjobs.JobContext) -> None:
+        started.set()
+        await ctx.cancelled.wait()
+
+    return app
+
+
+async def _run_outcomes(client: AsyncClient, started: threading.Event) -> dict[str, int]:
+    ids = {k: (await client.enqueue(k, {}, max_attempts=1 if k == "broken" else 20)).id
+           for k in ("ok", "flaky", "broken", "long")}  # fmt: skip
+    await wait_state(client, ids["ok"], JobState.SUCCEEDED)
+    await wait_state(client, ids["flaky"], JobState.SUCCEEDED)
+    await wait_state(client, ids["broken"], JobState.FAILED)
+    await anyio.to_thread.run_sync(started.wait, 10)
+    await client.cancel(ids["long"])
+    await wait_state(client, ids["long"], JobState.CANCELLED)
+    return ids
+
+
+def _scrape(port: int) -> dict[str, Any]:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
+        text = resp.read().decode()
+    return {f.name: f for f in text_string_to_metric_families(text)}
+
+
+def test_worker_metrics_endpoint(dsn: str) -> None:
+    started = threading.Event()
+    seen: dict[str, Any] = {}
+
+    async def body(worker: Worker, client: AsyncClient) -> None:
+        await _run_outcomes(client, started)
+        assert worker.metrics is not None and worker.metrics.port
+        blocker = await client.enqueue("long", {})
+        await wait_state(client, blocker.id, JobState.ACTIVE)
+        seen.update(_scrape(worker.metrics.port))
+        seen["port"] = worker.metrics.port
+
+    worker = run_worker(_outcome_app(started), dsn, body, metrics_port=0, queues={"default": 3}, grace_period=0.2)
+    processed = {
+        (s.labels["kind"], s.labels["outcome"]): s.value
+        for s in seen["pgjobs_jobs_processed"].samples
+        if s.name.endswith("_total")
+    }
+    assert processed == {
+        ("ok", "succeeded"): 1, ("flaky", "retried"): 1, ("flaky", "succeeded"): 1, ("broken", "failed"): 1,
+        ("long", "cancelled"): 1,
+    }  # fmt: skip
+    assert all(s.labels["queue"] == "default" for s in seen["pgjobs_jobs_processed"].samples)
+    counts = {
+        s.labels["kind"]: s.value for s in seen["pgjobs_job_duration_seconds"].samples if s.name.endswith("_count")
+    }
+    assert counts == {"ok": 1, "flaky": 2, "broken": 1, "long": 1}
+    gauges = {(s.name, tuple(sorted(s.labels.items()))): s.value for f in seen.values() if hasattr(f, "samples")
+              for s in f.samples}  # fmt: skip
+    assert gauges[("pgjobs_worker_active_jobs", (("queue", "default"),))] == 1  # the blocker
+    assert gauges[("pgjobs_worker_capacity", (("queue", "default"),))] == 3
+    assert gauges[("pgjobs_worker_listen_connected", ())] == 1
+    assert gauges[("pgjobs_worker_database_up", ())] == 1
+    assert gauges[("pgjobs_worker_claims_total", (("queue", "default"),))] >= 5
+    assert gauges[("pgjobs_worker_claimed_jobs_total", (("queue", "default"),))] == 6
+    assert seen["pgjobs_worker_claim_duration_seconds"].samples
+    assert gauges[("pgjobs_worker_completion_batches_total", ())] >= 1
+    assert any(s.labels.get("worker") == worker.name for s in seen["pgjobs_worker_info"].samples)
+    with pytest.raises(OSError):  # the endpoint stops with the worker
+        _scrape(seen["port"])
+
+
+def test_worker_logs_each_job_and_its_stop_sequence(dsn: str, conn: psycopg.Connection[Any]) -> None:
+    started = threading.Event()
+    out = io.StringIO()
+    handler = configure_logging("info", "json", out)
+    try:
+        ids: dict[str, int] = {}
+
+        async def body(worker: Worker, client: AsyncClient) -> None:
+            ids.update(await _run_outcomes(client, started))
+
+        worker = run_worker(_outcome_app(started), dsn, body)
+    finally:
+        logging.getLogger().removeHandler(handler)
+        logging.getLogger().setLevel(logging.WARNING)
+    lines = [json.loads(line) for line in out.getvalue().splitlines()]
+    ends = [(r["kind"], r["attempt"], r["outcome"], r["level"]) for r in lines if r.get("event") == "job.end"]
+    assert sorted(ends) == sorted([
+        ("ok", 1, "succeeded", "INFO"), ("flaky", 1, "retried", "WARNING"), ("flaky", 2, "succeeded", "INFO"),
+        ("broken", 1, "failed", "WARNING"), ("long", 1, "cancelled", "INFO"),
+    ])  # fmt: skip
+    broken = next(r for r in lines if r.get("kind") == "broken" and r.get("event") == "job.end")
+    assert broken["job_id"] == ids["broken"] and broken["duration_s"] >= 0 and broken["ts"].endswith("Z")
+    assert broken["error"] == "ValueError: no good" and "second line" not in broken["message"]
+    assert not [r for r in lines if r.get("event") == "job.start"]  # DEBUG only
+    events = [r["event"] for r in lines if str(r.get("event", "")).startswith("worker.")]
+    assert events == ["worker.start", "worker.stopping", "worker.deregistered", "worker.stopped"]
+    assert conn.execute("SELECT count(*) FROM pgjobs.workers WHERE id = %s", (worker.name,)).fetchone() == (0,)
+
+
+def test_debug_logs_job_starts(dsn: str) -> None:
+    out = io.StringIO()
+    handler = configure_logging("debug", "text", out)
+    app = App()
+
+    @app.job("ok")
+    async def ok(payload: Any, ctx: pgjobs.JobContext) -> None:
+        return None
+
+    try:
+
+        async def body(worker: Worker, client: AsyncClient) -> None:
+            await wait_state(client, (await client.enqueue("ok", {})).id, JobState.SUCCEEDED)
+
+        run_worker(app, dsn, body)
+    finally:
+        logging.getLogger().removeHandler(handler)
+        logging.getLogger().setLevel(logging.WARNING)
+    text = out.getvalue()
+    start = text.index("attempt 1 started")
+    assert " DEBUG   pgjobs.worker: job " in text[start - 60 : start]
+    assert text.index("attempt 1 succeeded in ") > start
+
+
+def _attr(span: ReadableSpan, key: str) -> Any:
+    return dict(span.attributes or {}).get(key)
+
+
+def test_each_attempt_runs_in_a_span_linked_to_its_enqueue(dsn: str, spans: InMemorySpanExporter) -> None:
+    started = threading.Event()
+    app = _outcome_app(started)
+    inner: list[Any] = []
+
+    @app.job("nested")
+    async def nested(payload: Any, ctx: pgjobs.JobContext) -> None:
+        with trace.get_tracer("handler").start_as_current_span("inside") as span:
+            inner.append(span)
+
+    spans.clear()
+    ids: dict[str, int] = {}
+
+    async def body(worker: Worker, client: AsyncClient) -> None:
+        with trace.get_tracer("test").start_as_current_span("request"):
+            ids["nested"] = (await client.enqueue("nested", {})).id
+        ids.update(await _run_outcomes(client, started))
+        await wait_state(client, ids["nested"], JobState.SUCCEEDED)
+
+    worker = run_worker(app, dsn, body)
+    assert worker.tracer is not None
+    done = spans.get_finished_spans()
+    process = {(_attr(s, "messaging.message.id"), _attr(s, "messaging.pgjobs.attempt")): s
+               for s in done if s.name == "process default"}  # fmt: skip
+    assert set(process) == {(str(ids[k]), 1) for k in ids} | {(str(ids["flaky"]), 2)}
+    nested_span = process[(str(ids["nested"]), 1)]
+    attrs = dict(nested_span.attributes or {})
+    assert nested_span.kind == trace.SpanKind.CONSUMER and nested_span.parent is None
+    assert attrs["messaging.system"] == "pgjobs" and attrs["messaging.operation.type"] == "process"
+    assert attrs["messaging.destination.name"] == "default" and attrs["messaging.pgjobs.kind"] == "nested"
+    assert attrs["messaging.pgjobs.outcome"] == "succeeded" and attrs["messaging.client.id"] == worker.name
+    (create,) = [s for s in done if s.name == "create default" and dict(s.attributes or {}).get(
+        "messaging.message.id") == str(ids["nested"])]  # fmt: skip
+    assert [link.context.span_id for link in nested_span.links] == [create.get_span_context().span_id]
+    assert not process[(str(ids["ok"]), 1)].links  # enqueued outside any span: nothing to link
+    assert inner and inner[0].parent is not None  # the handler's own span is a child of the attempt's
+    assert inner[0].parent.span_id == nested_span.get_span_context().span_id
+    broken = process[(str(ids["broken"]), 1)]
+    assert broken.status.status_code == trace.StatusCode.ERROR
+    assert dict(broken.attributes or {})["error.type"] == "ValueError"
+    assert any(e.name == "exception" for e in broken.events)
+    settles = [s for s in done if s.name.startswith("settle")]
+    fail_settle = [s for s in settles if dict(s.attributes or {}).get("messaging.operation.name") == "fail"]
+    assert {s.parent.span_id for s in fail_settle if s.parent} == {
+        process[(str(ids["broken"]), 1)].get_span_context().span_id,
+        process[(str(ids["flaky"]), 1)].get_span_context().span_id,
+    }
+    batches = [s for s in settles if dict(s.attributes or {}).get("messaging.operation.name") == "complete_many"]
+    linked = {link.context.span_id for s in batches for link in s.links}
+    assert nested_span.get_span_context().span_id in linked
+    assert all(dict(s.attributes or {})["messaging.operation.type"] == "settle" for s in settles)
+    assert any(dict(s.attributes or {}).get("messaging.operation.name") == "ack_cancel" for s in settles)
+
+
+def test_tracing_off_without_a_tracer_provider_choice(dsn: str, spans: InMemorySpanExporter) -> None:
+    app = App()
+
+    @app.job("ok")
+    async def ok(payload: Any, ctx: pgjobs.JobContext) -> None:
+        return None
+
+    async def body(worker: Worker, client: AsyncClient) -> None:
+        await wait_state(client, (await client.enqueue("ok", {})).id, JobState.SUCCEEDED)
+
+    spans.clear()
+    worker = run_worker(app, dsn, body, tracing=False)
+    assert worker.tracer is None
+    assert not [s for s in spans.get_finished_spans() if s.name.startswith(("process", "settle"))]

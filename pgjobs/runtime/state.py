@@ -179,8 +179,12 @@ class WorkerState:
     reap_after: float
     durable_completions: bool
     claimers: int | None
+    grace_period: float
     prepare: bool  # False: no server-side prepared statements and no startup options (PgBouncer)
     listen_dsn: str | None  # where LISTEN goes (None: dsn)
+    metrics_port: int | None
+    metrics_host: str
+    tracing: bool | None
 
     def _init_state(self) -> None:
         self._queues = [QueueState(q, n, self._claimers_for(n)) for q, n in self.queues.items()]

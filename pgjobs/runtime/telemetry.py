@@ -31,8 +31,10 @@ def _version() -> str:
 
 
 def start(w: WorkerState) -> None:
-    """Before the worker connects: the metrics endpoint (fails the start if its port is taken), the tracer."""
-    port = getattr(w, "metrics_port", None)
+    """Before the worker connects: the tracer, the metrics endpoint (fails the start if its port is taken)."""
+    if tracing.enabled(w.tracing):
+        w.tracer = tracing.Tracer(w.name)
+    port = w.metrics_port
     if port is not None:
         m = WorkerMetrics(w.name, _version())
         for q in w._queues:
@@ -41,12 +43,9 @@ def start(w: WorkerState) -> None:
             lambda: 1.0 if w.listener is not None and w.listener.connected else 0.0,
             lambda: 0.0 if w.outage.down else 1.0,
         )
-        host = getattr(w, "metrics_host", "127.0.0.1")
-        bound = m.serve(port, host)
+        bound = m.serve(port, w.metrics_host)
         w.metrics = m
-        log.info("metrics on http://%s:%d/metrics", host, bound, extra={"event": "worker.metrics"})
-    if tracing.enabled(getattr(w, "tracing", None)):
-        w.tracer = tracing.Tracer(w.name)
+        log.info("metrics on http://%s:%d/metrics", w.metrics_host, bound, extra={"event": "worker.metrics"})
     if not w.prepare and w.listen_dsn is None:
         log.warning(
             "prepare=False without listen_dsn: LISTEN goes to the same DSN, and through PgBouncer in transaction "
@@ -63,8 +62,8 @@ def close(w: WorkerState) -> None:
 
 def stop_requested(w: WorkerState) -> None:
     running = len(w._jobs)
-    grace = getattr(w, "grace_period", 0.0)
-    hard = getattr(w, "_hard_stop", False)
+    grace = w.grace_period
+    hard = w._hard_stop
     log.info(
         "stop requested: no more claims; %d job(s) %s",
         running, "released now" if hard else f"finishing (up to {grace:g} s, then released)",

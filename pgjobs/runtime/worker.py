@@ -129,6 +129,8 @@ class Worker(WorkerState):
                 raise ValueError(f"{label} must be positive, got {value}")
         if self.grace_period < 0:
             raise ValueError(f"grace_period must be >= 0, got {self.grace_period}")
+        if metrics_port is not None and not 0 <= metrics_port <= 65535:
+            raise ValueError(f"metrics_port must be 0-65535 (0: any free port), got {metrics_port}")
         self.name = name or default_worker_name()
         self.scheduler = scheduler
         self.pool_size = pool_size
@@ -315,10 +317,15 @@ class Worker(WorkerState):
                 if job.phase == QUEUED:
                     job.stop_reason = "shutdown"
                 job.interrupt("shutdown")
+            before = self.released
             # releases take one round trip each; bounded so a dead database cannot hold the exit
             with anyio.move_on_after(max(5.0, self.lease / 3)):
                 while self._jobs or self.active:
                     await anyio.sleep(0.01)
+            log.info(
+                "released %d job(s)", self.released - before,
+                extra={"event": "worker.released", "jobs": self.released - before},
+            )  # fmt: skip
         for q in self._queues:
             for ev in q.parked:
                 ev.set()

@@ -458,3 +458,39 @@ def test_tracing_off_without_a_tracer_provider_choice(dsn: str, spans: InMemoryS
     worker = run_worker(app, dsn, body, tracing=False)
     assert worker.tracer is None
     assert not [s for s in spans.get_finished_spans() if s.name.startswith(("process", "settle"))]
+
+
+def test_stop_sequence_with_jobs_past_the_grace_period(dsn: str, conn: psycopg.Connection[Any]) -> None:
+    app = App()
+    running = threading.Event()
+
+    @app.job("stuck")
+    async def stuck(payload: Any, ctx: pgjobs.JobContext) -> None:
+        running.set()
+        await anyio.sleep(60)
+
+    out = io.StringIO()
+    handler = configure_logging("info", "json", out)
+    try:
+
+        async def body(worker: Worker, client: AsyncClient) -> None:
+            for _ in range(2):
+                await client.enqueue("stuck", {})
+            await anyio.to_thread.run_sync(running.wait, 10)
+            while worker.active < 2:
+                await anyio.sleep(0.01)
+
+        run_worker(app, dsn, body, grace_period=0.3)
+    finally:
+        logging.getLogger().removeHandler(handler)
+        logging.getLogger().setLevel(logging.WARNING)
+    lines = [json.loads(line) for line in out.getvalue().splitlines()]
+    stop = [r for r in lines if str(r.get("event", "")).startswith("worker.") and r["event"] != "worker.start"]
+    assert [r["event"] for r in stop] == [
+        "worker.stopping", "worker.releasing", "worker.released", "worker.deregistered", "worker.stopped",
+    ]  # fmt: skip
+    assert stop[0]["jobs"] == 2 and "2 job(s) finishing (up to 0.3 s" in stop[0]["message"]
+    assert stop[1]["jobs"] == 2 and stop[2]["jobs"] == 2
+    assert "released 2" in stop[4]["message"]
+    assert sorted(r["outcome"] for r in lines if r.get("event") == "job.end") == ["released", "released"]
+    assert conn.execute("SELECT count(*) FROM pgjobs.jobs WHERE state = 'pending'").fetchone() == (2,)

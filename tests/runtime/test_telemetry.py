@@ -6,10 +6,15 @@ from __future__ import annotations
 import io
 import json
 import logging
+import os
+import signal
+import subprocess
+import sys
 import threading
 import time
 import urllib.request
 from collections.abc import Awaitable, Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -25,6 +30,7 @@ import pgjobs
 from pgjobs import App, AsyncClient, Client, JobState, Retry, Worker
 from pgjobs.runtime.logs import Outage, configure_logging
 
+REPO = Path(__file__).resolve().parents[2]
 Body = Callable[[Worker, AsyncClient], Awaitable[None]]
 
 
@@ -494,3 +500,48 @@ def test_stop_sequence_with_jobs_past_the_grace_period(dsn: str, conn: psycopg.C
     assert "released 2" in stop[4]["message"]
     assert sorted(r["outcome"] for r in lines if r.get("event") == "job.end") == ["released", "released"]
     assert conn.execute("SELECT count(*) FROM pgjobs.jobs WHERE state = 'pending'").fetchone() == (2,)
+
+
+def test_worker_command_flags_logs_metrics_and_stop(dsn: str, tmp_path: Path) -> None:
+    """``pgjobs worker --log-format json --metrics-port 0 --no-prepare --listen-dsn``: JSON lines on stderr,
+    the metrics endpoint while it runs, the stop sequence on SIGTERM, deregistered after."""
+    (tmp_path / "ops_app.py").write_text(
+        "import pgjobs\napp = pgjobs.App()\n\n@app.job('hello')\nasync def hello(payload, ctx):\n    return 'hi'\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k not in ("PGJOBS_DSN", "DATABASE_URL")}
+    env["PYTHONPATH"] = str(REPO)
+    cmd = [sys.executable, "-m", "pgjobs", "--dsn", dsn, "worker", "--app", "ops_app:app", "--log-format", "json",
+           "--metrics-port", "0", "--no-prepare", "--listen-dsn", dsn]  # fmt: skip
+    proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    lines: list[dict[str, Any]] = []
+    try:
+        assert proc.stderr is not None
+        port = None
+        deadline = time.monotonic() + 30
+        while port is None and time.monotonic() < deadline:
+            line = proc.stderr.readline()
+            if line.startswith("{"):
+                lines.append(json.loads(line))
+                if lines[-1].get("event") == "worker.metrics":
+                    port = int(lines[-1]["message"].rsplit(":", 1)[1].split("/")[0])
+        assert port is not None, lines
+        with Client(dsn) as client:
+            job = client.enqueue("hello", {})
+            while (st := client.job_status(job.id)) is None or st.state != JobState.SUCCEEDED:
+                time.sleep(0.02)
+        metrics = _scrape(port)
+        samples = metrics["pgjobs_jobs_processed"].samples
+        assert [(s.labels["kind"], s.labels["outcome"], s.value) for s in samples if s.name.endswith("_total")] == [
+            ("hello", "succeeded", 1.0)
+        ]
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        _, rest = proc.communicate(timeout=30)
+    assert proc.returncode == 0, rest
+    lines += [json.loads(line) for line in rest.splitlines() if line.startswith("{")]
+    events = [r.get("event") for r in lines]
+    assert "job.end" in events
+    assert events[-3:] == ["worker.stopping", "worker.deregistered", "worker.stopped"], events
+    assert all(r["ts"].endswith("Z") and r["level"] for r in lines)
+    with psycopg.connect(dsn) as conn:
+        assert conn.execute("SELECT count(*) FROM pgjobs.workers").fetchone() == (0,)

@@ -10,6 +10,7 @@ import os
 import signal
 import subprocess
 import sys
+import textwrap
 import threading
 import time
 import urllib.request
@@ -547,3 +548,48 @@ def test_worker_command_flags_logs_metrics_and_stop(dsn: str, tmp_path: Path) ->
     assert all(r["ts"].endswith("Z") and r["level"] for r in lines)
     with psycopg.connect(dsn) as conn:
         assert conn.execute("SELECT count(*) FROM pgjobs.workers").fetchone() == (0,)
+
+
+def test_without_opentelemetry_nothing_is_imported_and_nothing_stored(dsn: str) -> None:
+    """opentelemetry made unimportable (as when the otel extra is not installed): enqueue and a worker run work,
+    no trace context is stored, and no opentelemetry module is ever loaded."""
+    # as if not installed: find_spec finds nothing, and an import fails
+    script = textwrap.dedent(
+        """
+        import importlib.abc, importlib.util, sys
+
+        class NoOtel(importlib.abc.MetaPathFinder):
+            def find_spec(self, name, path=None, target=None):
+                if name.split(".")[0] == "opentelemetry":
+                    raise ModuleNotFoundError(name)
+                return None
+
+        sys.meta_path.insert(0, NoOtel())
+        real_find_spec = importlib.util.find_spec
+        importlib.util.find_spec = lambda name, *a: (
+            None if name.split(".")[0] == "opentelemetry" else real_find_spec(name, *a)
+        )
+        """
+    )
+    script += textwrap.dedent(
+        f"""
+        import pgjobs
+        from pgjobs.client import tracecontext
+        from pgjobs.runtime import tracing
+        assert not tracecontext.available() and not tracing.enabled(None)
+        with pgjobs.Client({dsn!r}) as client:
+            job = client.enqueue("k", meta={{"tag": 1}})
+            assert client.job_status(job.id).meta == {{"tag": 1}}
+        try:
+            tracing.enabled(True)
+        except RuntimeError as exc:
+            assert "pgjobs[otel]" in str(exc)
+        else:
+            raise AssertionError("tracing=True without opentelemetry must refuse")
+        assert not [m for m in sys.modules if m.startswith("opentelemetry")], sorted(sys.modules)
+        print("ok")
+        """
+    )
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    p = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0 and p.stdout.strip() == "ok", p.stderr

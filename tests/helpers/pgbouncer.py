@@ -5,7 +5,7 @@ server; ``stop()`` ends the process (a context manager does both). The pool is s
 connections per database/user): clients share server sessions all the time, so anything that leans on
 session state (SET, session advisory locks, LISTEN, prepared statements) breaks visibly.
 
-PgBouncer refuses to run as root; as root the process switches to ``postgres`` (or ``nobody``) with ``-u``.
+PgBouncer refuses to run as root; as root the process switches user with ``-u`` (see :func:`_run_as`).
 """
 
 from __future__ import annotations
@@ -42,9 +42,16 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _run_as() -> str | None:
+def _run_as(server_dsn: str) -> str | None:
+    """Who PgBouncer runs as when we are root: the owner of the server's socket directory when the server is
+    reached by a unix socket (the embedded PostgreSQL: only its owner may connect), else postgres or nobody."""
     if os.geteuid() != 0:
         return None
+    host = conninfo_to_dict(server_dsn).get("host") or ""
+    if host.startswith("/"):
+        owner = pwd.getpwuid(os.stat(host).st_uid).pw_name
+        if owner != "root":
+            return owner
     for name in ("postgres", "nobody"):
         with contextlib.suppress(KeyError):
             pwd.getpwnam(name)
@@ -122,7 +129,7 @@ def start_pgbouncer(
         port = port if port is not None else _free_port()
         (workdir / "userlist.txt").write_text(f'"{user}" ""\n')
         (workdir / "pgbouncer.ini").write_text(_config(server_dsn, port, workdir, pool_size))
-        run_as = _run_as()
+        run_as = _run_as(server_dsn)
         if run_as is not None:
             entry = pwd.getpwnam(run_as)
             for path in (workdir, *workdir.iterdir()):

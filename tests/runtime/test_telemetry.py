@@ -23,7 +23,7 @@ import psycopg
 import pytest
 from opentelemetry import trace
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExportResult
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -191,17 +191,29 @@ def test_outage_logs_once_per_change_of_state(caplog: pytest.LogCaptureFixture) 
 # ------------------------------------------------------------------------------------------ traces
 
 
+class _Exporter(InMemorySpanExporter):
+    """Keeps spans while this module runs; afterwards drops them (the provider stays set for the process)."""
+
+    keep = True
+
+    def export(self, spans: Any) -> Any:
+        if not self.keep:
+            return SpanExportResult.SUCCESS
+        return super().export(spans)
+
+
 @pytest.fixture(scope="module")
 def spans() -> Iterator[InMemorySpanExporter]:
     """The process's tracer provider (settable once per process) exporting to memory."""
-    exporter = InMemorySpanExporter()
+    exporter = _Exporter()
     provider = trace.get_tracer_provider()
     if not isinstance(provider, TracerProvider):
         provider = TracerProvider()
         trace.set_tracer_provider(provider)
     provider.add_span_processor(SimpleSpanProcessor(exporter))
     yield exporter
-    exporter.shutdown()
+    exporter.keep = False
+    exporter.clear()
 
 
 def _named(exporter: InMemorySpanExporter, prefix: str) -> list[ReadableSpan]:

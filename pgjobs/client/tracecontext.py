@@ -1,4 +1,4 @@
-"""The enqueuer's side of tracing (extra ``pgjobs[otel]``): W3C trace context into the job's ``meta``.
+"""The enqueuer's side of tracing (extra ``pgjobs-queue[otel]``): W3C trace context into the job's ``meta``.
 
 When a span is active at enqueue, ``enqueue`` / ``enqueue_many`` run inside a PRODUCER span ``create
 {queue}`` (OpenTelemetry messaging conventions: ``messaging.system = "pgjobs"``, ``messaging.operation.type

@@ -25,7 +25,7 @@ _INFO_OUTCOMES = frozenset({"succeeded", "cancelled", "snoozed", "released"})
 
 def _version() -> str:
     try:
-        return importlib.metadata.version("pgjobs")
+        return importlib.metadata.version("pgjobs-queue")  # the distribution name (import pgjobs)
     except importlib.metadata.PackageNotFoundError:
         return ""
 

@@ -1,4 +1,4 @@
-"""The worker's side of tracing (extra ``pgjobs[otel]``): one span per attempt, linked to the enqueuer's.
+"""The worker's side of tracing (extra ``pgjobs-queue[otel]``): one span per attempt, linked to the enqueuer's.
 
 Each attempt runs in a CONSUMER span ``process {queue}`` whose link points at the W3C trace context the
 enqueuer stored in the job's ``meta`` (``pgjobs/client/tracecontext.py``): a job may run hours after and many
@@ -35,7 +35,7 @@ def enabled(requested: bool | None) -> bool:
     proxy provider records nothing, so spans would cost time for nothing)."""
     if _trace is None:
         if requested:
-            raise RuntimeError("tracing needs opentelemetry: pip install 'pgjobs[otel]'")
+            raise RuntimeError("tracing needs opentelemetry: pip install 'pgjobs-queue[otel]'")
         return False
     if requested is not None:
         return requested

@@ -76,7 +76,7 @@ class Worker(WorkerState):
 
     Operations (README "Operations"): ``metrics_port`` serves Prometheus metrics on ``metrics_host``
     (``pgjobs.runtime.metrics``; 0 picks a free port, see ``worker.metrics.port``). ``tracing``: a span per
-    attempt (extra ``pgjobs[otel]``; None: on when a tracer provider is set). ``prepare=False`` and
+    attempt (extra ``pgjobs-queue[otel]``; None: on when a tracer provider is set). ``prepare=False`` and
     ``listen_dsn``: for PgBouncer in transaction mode, no server-side prepared statements nor startup options
     on ``dsn``, and LISTEN on ``listen_dsn``, a direct connection.
     """

@@ -595,7 +595,7 @@ def test_without_opentelemetry_nothing_is_imported_and_nothing_stored(dsn: str) 
         try:
             tracing.enabled(True)
         except RuntimeError as exc:
-            assert "pgjobs[otel]" in str(exc)
+            assert "pgjobs-queue[otel]" in str(exc)
         else:
             raise AssertionError("tracing=True without opentelemetry must refuse")
         assert not [m for m in sys.modules if m.startswith("opentelemetry")], sorted(sys.modules)

@@ -319,13 +319,17 @@ class Scheduler:
                         synced = True
                     _, advanced = await self._tick()
                     wake_at = await self.next_wakeup()
+                if failures:
+                    log.info("%s: passes work again after %d failed one(s)", self.name, failures)
                 failures = 0
             except (psycopg.Error, OSError, PgJobsError, TimeoutError) as exc:
                 # The database is unreachable or refused (not migrated yet ...): keep trying, with backoff,
                 # rather than bring down the worker this scheduler runs in.
                 failures += 1
                 delay = min(0.5 * 2**failures, self.max_sleep)
-                log.warning("%s: pass failed (%s); retrying in %.1fs", self.name, exc, delay)
+                # once per outage at WARNING (its retries at DEBUG), and once at INFO when a pass works again
+                level = logging.WARNING if failures == 1 else logging.DEBUG
+                log.log(level, "%s: pass failed (%s); retrying in %.1fs", self.name, exc, delay)
             else:
                 if wake_at is None:
                     delay = self.max_sleep

@@ -329,7 +329,7 @@ class Scheduler:
                 delay = min(0.5 * 2**failures, self.max_sleep)
                 # once per outage at WARNING (its retries at DEBUG), and once at INFO when a pass works again
                 level = logging.WARNING if failures == 1 else logging.DEBUG
-                log.log(level, "%s: pass failed (%s); retrying in %.1fs", self.name, exc, delay)
+                log.log(level, "%s: pass failed (%s); retrying in %.1fs", self.name, _first_line(exc), delay)
             else:
                 if wake_at is None:
                     delay = self.max_sleep
@@ -361,6 +361,18 @@ class Scheduler:
                 failures += 1
                 # one WARNING per outage, its retries at DEBUG
                 level = logging.WARNING if failures == 1 else logging.DEBUG
-                log.log(level, "%s: LISTEN connection lost (%s); reconnecting in %.1fs", self.name, exc, backoff)
+                log.log(
+                    level,
+                    "%s: LISTEN connection lost (%s); reconnecting in %.1fs",
+                    self.name,
+                    _first_line(exc),
+                    backoff,
+                )
                 await anyio.sleep(backoff)
                 backoff = min(backoff * 2, 30.0)
+
+
+def _first_line(exc: BaseException) -> str:
+    """An error's first line (psycopg's connection errors add hints on the lines after): one log line each."""
+    lines = str(exc).strip().splitlines()
+    return lines[0] if lines else type(exc).__name__

@@ -61,6 +61,7 @@ DECLARE
         "parent_results_many": ["pgjobs_worker"],
         "worker_heartbeat": ["pgjobs_worker"],
         "reap_workers": ["pgjobs_worker"],
+        "deregister_worker": ["pgjobs_worker"],
         "next_due_at": ["pgjobs_worker"],
         "retry_backoff": ["pgjobs_worker"],
         "upsert_schedule": ["pgjobs_worker"],

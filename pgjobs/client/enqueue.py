@@ -19,6 +19,7 @@ from psycopg.types.json import Jsonb
 from pgjobs.client import staging
 from pgjobs.client._call import AsyncConn, AsyncRunner, Call, FastCall, Rows, SyncConn, SyncRunner, Tuples, jsonb
 from pgjobs.client.defaults import EnqueueDefaults, fill_spec, resolve
+from pgjobs.client.tracecontext import traced_many, traced_many_async, traced_one, traced_one_async
 from pgjobs.errors import translate
 from pgjobs.records import Enqueued, EnqueuedSpec, JobState
 
@@ -233,6 +234,7 @@ def _spec(job: Mapping[str, Any]) -> dict[str, Any]:
 class EnqueueOps(SyncRunner):
     _enqueue_defaults: EnqueueDefaults | None = None  # Client(app=...)
 
+    @traced_one  # with a span active: a create span, its trace context in meta (pgjobs/client/tracecontext.py)
     def enqueue(
         self,
         kind: str,
@@ -258,6 +260,7 @@ class EnqueueOps(SyncRunner):
             conn,
         )  # fmt: skip
 
+    @traced_many
     def enqueue_many(
         self,
         jobs: Iterable[Mapping[str, Any]],
@@ -274,6 +277,7 @@ class EnqueueOps(SyncRunner):
             return self.enqueue_copy(jobs, as_batch=as_batch, conn=conn)
         return self._run(enqueue_many_call(jobs, as_batch, self._enqueue_defaults), conn)
 
+    @traced_many
     def enqueue_copy(
         self, jobs: Iterable[Mapping[str, Any]], *, as_batch: bool = False, conn: SyncConn | None = None
     ) -> list[EnqueuedSpec]:
@@ -294,6 +298,7 @@ class EnqueueOps(SyncRunner):
 class AsyncEnqueueOps(AsyncRunner):
     _enqueue_defaults: EnqueueDefaults | None = None  # AsyncClient(app=...)
 
+    @traced_one_async
     async def enqueue(
         self,
         kind: str,
@@ -317,6 +322,7 @@ class AsyncEnqueueOps(AsyncRunner):
             conn,
         )  # fmt: skip
 
+    @traced_many_async
     async def enqueue_many(
         self,
         jobs: Iterable[Mapping[str, Any]],
@@ -329,6 +335,7 @@ class AsyncEnqueueOps(AsyncRunner):
             return await self.enqueue_copy(jobs, as_batch=as_batch, conn=conn)
         return await self._run(enqueue_many_call(jobs, as_batch, self._enqueue_defaults), conn)
 
+    @traced_many_async
     async def enqueue_copy(
         self, jobs: Iterable[Mapping[str, Any]], *, as_batch: bool = False, conn: AsyncConn | None = None
     ) -> list[EnqueuedSpec]:

@@ -1,6 +1,7 @@
 """The enqueuer's side of tracing (extra ``pgjobs-queue[otel]``): W3C trace context into the job's ``meta``.
 
-When a span is active at enqueue, ``enqueue`` / ``enqueue_many`` run inside a PRODUCER span ``create
+When a span is active at enqueue, ``enqueue`` / ``enqueue_many`` (decorated with :func:`traced_one` /
+:func:`traced_many`) run inside a PRODUCER span ``create
 {queue}`` (OpenTelemetry messaging conventions: ``messaging.system = "pgjobs"``, ``messaging.operation.type
 = "create"``, ``messaging.destination.name``, ``messaging.message.id`` once the id is known) and store that
 span's context in each job's ``meta`` as ``traceparent`` (and ``tracestate`` when there is one). Keys the
@@ -13,11 +14,15 @@ span active, one ``get_current_span()`` lookup.
 from __future__ import annotations
 
 import contextlib
+import contextvars
+import functools
 import importlib.util
-from collections.abc import Awaitable, Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, TypeVar
 
-T = TypeVar("T")
+from pgjobs.client.defaults import fill_spec, resolve
+
+F = TypeVar("F", bound=Callable[..., Any])
 
 SYSTEM = "pgjobs"
 TRACE_KEYS = ("traceparent", "tracestate")
@@ -36,9 +41,14 @@ def available() -> bool:
     return _trace is not None
 
 
+# True inside our own create span: a traced method that calls another one (enqueue_many(method="copy") ->
+# enqueue_copy) makes one create span, not two.
+_creating: contextvars.ContextVar[bool] = contextvars.ContextVar("pgjobs_creating", default=False)
+
+
 def active() -> bool:
     """Whether an enqueue now should be traced: opentelemetry is installed and a recording span is current."""
-    if _trace is None:
+    if _trace is None or _creating.get():
         return False
     return bool(_trace.get_current_span().get_span_context().is_valid)
 
@@ -73,7 +83,11 @@ def create_span(queue: str | None, count: int = 1) -> Iterator[tuple[Any, dict[s
     ) as span:
         carrier: dict[str, str] = {}
         _propagator.inject(carrier)
-        yield span, {k: v for k, v in carrier.items() if k in TRACE_KEYS}
+        token = _creating.set(True)
+        try:
+            yield span, {k: v for k, v in carrier.items() if k in TRACE_KEYS}
+        finally:
+            _creating.reset(token)
 
 
 def _set_ids(span: Any, ids: list[int]) -> None:
@@ -81,23 +95,79 @@ def _set_ids(span: Any, ids: list[int]) -> None:
         span.set_attribute("messaging.message.id", str(ids[0]))
 
 
-def traced(
-    run: Callable[[Mapping[str, str]], T], queue: str | None, ids: Callable[[T], list[int]], count: int = 1
-) -> T:
-    """``run(carrier)`` inside a create span; ``ids(result)`` names the jobs it made."""
-    with create_span(queue, count) as (span, carrier):
-        result = run(carrier)
-        _set_ids(span, ids(result))
-        return result
+def _queue_of(client: Any, kind: str, queue: str | None) -> str:
+    """The queue an enqueue goes to: the one given, else the kind's declared one (``Client(app=...)``)."""
+    return str(resolve(getattr(client, "_enqueue_defaults", None), kind, {"queue": queue})["queue"])
 
 
-async def traced_async(
-    run: Callable[[Mapping[str, str]], Awaitable[T]], queue: str | None, ids: Callable[[T], list[int]], count: int = 1
-) -> T:
-    with create_span(queue, count) as (span, carrier):
-        result = await run(carrier)
-        _set_ids(span, ids(result))
-        return result
+def _specs_of(client: Any, jobs: Iterable[Mapping[str, Any]]) -> tuple[list[Mapping[str, Any]], str | None]:
+    """The specs as a list, and the queue they all go to (the span's destination; None when they differ)."""
+    specs = list(jobs)
+    defaults = getattr(client, "_enqueue_defaults", None)
+    queues = {fill_spec(defaults, j).get("queue") or "default" for j in specs}
+    return specs, queues.pop() if len(queues) == 1 else None
+
+
+def _with_trace_all(specs: list[Mapping[str, Any]], trace: Mapping[str, str]) -> list[dict[str, Any]]:
+    return [{**j, "meta": with_trace(j.get("meta"), trace)} for j in specs]
+
+
+# Decorators of the client's enqueue methods: the method's body stays what it is; with a span active the call
+# runs inside a create span and gets the trace context in ``meta`` (each spec's, for the many-job forms).
+
+
+def traced_one(method: F) -> F:
+    @functools.wraps(method)
+    def wrapper(self: Any, kind: str, payload: Any = None, **kw: Any) -> Any:
+        if not active():
+            return method(self, kind, payload, **kw)
+        with create_span(_queue_of(self, kind, kw.get("queue"))) as (span, carrier):
+            result = method(self, kind, payload, **{**kw, "meta": with_trace(kw.get("meta"), carrier)})
+            _set_ids(span, [result.id])
+            return result
+
+    return wrapper  # type: ignore[return-value]
+
+
+def traced_one_async(method: F) -> F:
+    @functools.wraps(method)
+    async def wrapper(self: Any, kind: str, payload: Any = None, **kw: Any) -> Any:
+        if not active():
+            return await method(self, kind, payload, **kw)
+        with create_span(_queue_of(self, kind, kw.get("queue"))) as (span, carrier):
+            result = await method(self, kind, payload, **{**kw, "meta": with_trace(kw.get("meta"), carrier)})
+            _set_ids(span, [result.id])
+            return result
+
+    return wrapper  # type: ignore[return-value]
+
+
+def traced_many(method: F) -> F:
+    @functools.wraps(method)
+    def wrapper(self: Any, jobs: Iterable[Mapping[str, Any]], **kw: Any) -> Any:
+        if not active():
+            return method(self, jobs, **kw)
+        specs, queue = _specs_of(self, jobs)
+        with create_span(queue, len(specs)) as (span, carrier):
+            result = method(self, _with_trace_all(specs, carrier), **kw)
+            _set_ids(span, [r.id for r in result])
+            return result
+
+    return wrapper  # type: ignore[return-value]
+
+
+def traced_many_async(method: F) -> F:
+    @functools.wraps(method)
+    async def wrapper(self: Any, jobs: Iterable[Mapping[str, Any]], **kw: Any) -> Any:
+        if not active():
+            return await method(self, jobs, **kw)
+        specs, queue = _specs_of(self, jobs)
+        with create_span(queue, len(specs)) as (span, carrier):
+            result = await method(self, _with_trace_all(specs, carrier), **kw)
+            _set_ids(span, [r.id for r in result])
+            return result
+
+    return wrapper  # type: ignore[return-value]
 
 
 def extract_link(meta: Mapping[str, Any]) -> Any:

@@ -247,9 +247,11 @@ def test_enqueue_in_a_span_stores_its_create_span_context(dsn: str, spans: InMem
         one = client.enqueue("k", queue="mail", meta={"tag": 1})
         mine = client.enqueue("k", meta={"traceparent": "00-" + "1" * 32 + "-" + "2" * 16 + "-01"})
         many = client.enqueue_many([{"kind": "a", "queue": "q"}, {"kind": "b", "queue": "q", "meta": {"x": 2}}])
+        copied = client.enqueue_many([{"kind": "c", "queue": "bulk"}] * 3, method="copy")
         metas = [client.job_status(i).meta for i in (one.id, mine.id, *(s.id for s in many))]  # type: ignore[union-attr]
+        copy_metas = [client.job_status(s.id).meta for s in copied]  # type: ignore[union-attr]
     creates = _named(spans, "create")
-    assert [s.name for s in creates] == ["create mail", "create default", "create q"]
+    assert [s.name for s in creates] == ["create mail", "create default", "create q", "create bulk"]  # copy: one
     first = creates[0]
     assert first.kind == trace.SpanKind.PRODUCER
     assert first.parent is not None and first.parent.span_id == outer.get_span_context().span_id
@@ -262,9 +264,35 @@ def test_enqueue_in_a_span_stores_its_create_span_context(dsn: str, spans: InMem
     assert metas[2]["traceparent"] == metas[3]["traceparent"]
     assert _ids(metas[2]["traceparent"]) == _traceparent(creates[2])
     assert metas[3]["x"] == 2
+    assert {_ids(m["traceparent"]) for m in copy_metas} == {_traceparent(creates[3])}  # through COPY too
 
 
 # ------------------------------------------------------------------------------------------ worker
+
+
+def test_async_enqueue_many_in_a_span_and_declared_queues(dsn: str, spans: InMemorySpanExporter) -> None:
+    app = App()
+
+    @app.job("mailer", queue="mail")
+    async def mailer(payload: Any, ctx: pgjobs.JobContext) -> None:
+        return None
+
+    spans.clear()
+
+    async def main() -> list[dict[str, Any]]:
+        async with AsyncClient(dsn, app=app) as client:
+            with trace.get_tracer("test").start_as_current_span("request"):
+                one = await client.enqueue("mailer", {})  # its declared queue names the span
+                many = await client.enqueue_many([{"kind": "mailer"}, {"kind": "mailer", "meta": {"x": 1}}])
+            return [(await client.job_status(i)).meta for i in (one.id, *(s.id for s in many))]  # type: ignore[union-attr]
+
+    metas = anyio.run(main)
+    creates = _named(spans, "create")
+    assert [s.name for s in creates] == ["create mail", "create mail"]
+    assert _ids(metas[0]["traceparent"]) == _traceparent(creates[0])
+    assert metas[1]["traceparent"] == metas[2]["traceparent"] and metas[2]["x"] == 1
+    assert _ids(metas[1]["traceparent"]) == _traceparent(creates[1])
+    assert dict(creates[1].attributes or {})["messaging.batch.message_count"] == 2
 
 
 def _outcome_app(started: threading.Event) -> App:

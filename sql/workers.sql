@@ -58,24 +58,31 @@ $$;
 -- stays 'stale' crashed or lost the database; reap_workers forgets it.
 CREATE OR REPLACE FUNCTION pgjobs.list_workers(stale_after interval DEFAULT NULL)
 RETURNS TABLE (id text, last_seen timestamptz, meta jsonb, started_at timestamptz, active_jobs bigint, status text)
-LANGUAGE sql
+LANGUAGE plpgsql
 STABLE
 SET search_path = pg_catalog, pgjobs, pg_temp
 AS $$
+#variable_conflict use_column
+BEGIN
+    -- now() minus 100 million years is out of timestamp range: bad input is PJ002 (limits: checks.sql)
+    PERFORM _check_interval('stale_after', stale_after, non_negative => true, nullable => true);
     -- One pass over the active jobs (jobs_active_idx), not one per worker.
+    RETURN QUERY
     SELECT w.id, w.last_seen, w.meta, w.started_at, coalesce(a.n, 0),
            CASE WHEN w.last_seen >= now() - coalesce(
-                    stale_after,
+                    list_workers.stale_after,
                     make_interval(secs => 3 * coalesce(_heartbeat_seconds(w.meta), 10)))
                 THEN 'live' ELSE 'stale' END
       FROM workers AS w
       LEFT JOIN (SELECT j.leased_by, count(*) AS n FROM jobs AS j WHERE j.state = 'active' GROUP BY j.leased_by) AS a
         ON a.leased_by = w.id
      ORDER BY w.id;
+END;
 $$;
 
--- The heartbeat interval a worker reported in its meta, in seconds (NULL when absent or not a number:
--- meta is whatever the worker sent, so a bad value must not break list_workers).
+-- The heartbeat interval a worker reported in its meta, in seconds (NULL when absent, not a number or not
+-- in (0, 1 day]: meta is whatever the worker sent, and a bad value, such as one whose triple overflows an
+-- interval, must not break list_workers for everyone).
 CREATE OR REPLACE FUNCTION pgjobs._heartbeat_seconds(meta jsonb)
 RETURNS float8
 LANGUAGE sql
@@ -83,7 +90,8 @@ IMMUTABLE
 SET search_path = pg_catalog, pgjobs, pg_temp
 AS $$
     SELECT CASE WHEN jsonb_typeof(meta -> 'heartbeat_interval') = 'number'
-                 AND (meta ->> 'heartbeat_interval')::float8 > 0
+                 AND (meta ->> 'heartbeat_interval')::numeric > 0
+                 AND (meta ->> 'heartbeat_interval')::numeric <= 86400
                 THEN (meta ->> 'heartbeat_interval')::float8 END;
 $$;
 
@@ -101,10 +109,7 @@ AS $$
 DECLARE
     v_queues text[];
 BEGIN
-    IF worker IS NULL OR worker = '' THEN
-        RAISE EXCEPTION USING ERRCODE = 'PJ002',
-            MESSAGE = format('worker must be a non-empty string, got %s', coalesce(quote_literal(worker), 'NULL'));
-    END IF;
+    PERFORM _check_name('worker', worker);  -- limits: checks.sql
     DELETE FROM workers AS w WHERE w.id = deregister_worker.worker;
     IF NOT FOUND THEN
         RETURN false;

@@ -15,6 +15,7 @@ import threading
 import time
 import urllib.request
 from collections.abc import Awaitable, Callable, Iterator
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -104,17 +105,23 @@ def test_list_workers_marks_silent_ones_stale(dsn: str, conn: psycopg.Connection
     conn.execute("SELECT pgjobs.worker_heartbeat('fresh', '{\"heartbeat_interval\": 10}')")
     conn.execute("SELECT pgjobs.worker_heartbeat('quick', '{\"heartbeat_interval\": 1}')")
     conn.execute("SELECT pgjobs.worker_heartbeat('bogus', '{\"heartbeat_interval\": \"x\"}')")
+    conn.execute("SELECT pgjobs.worker_heartbeat('huge', '{\"heartbeat_interval\": 1e300}')")  # ignored, no overflow
     conn.execute("SELECT pgjobs.worker_heartbeat('old', '{}')")
     # quick: silent 5 s, more than 3 of its 1 s beats; fresh: 5 s is less than 3 x 10 s; old: 1 min > 30 s
-    conn.execute("UPDATE pgjobs.workers SET last_seen = now() - interval '5 seconds' WHERE id IN ('fresh', 'quick')")
+    conn.execute(
+        "UPDATE pgjobs.workers SET last_seen = now() - interval '5 seconds' WHERE id IN ('fresh', 'quick', 'huge')"
+    )
     conn.execute("UPDATE pgjobs.workers SET last_seen = now() - interval '1 minute' WHERE id = 'old'")
     with Client(dsn) as client:
         status = {w.id: w.status for w in client.list_workers()}
-        assert status == {"fresh": "live", "quick": "stale", "bogus": "live", "old": "stale"}
-        assert {w.id for w in client.list_workers() if w.live} == {"fresh", "bogus"}
+        assert status == {"fresh": "live", "quick": "stale", "bogus": "live", "old": "stale", "huge": "live"}
+        assert {w.id for w in client.list_workers() if w.live} == {"fresh", "bogus", "huge"}
         # an explicit threshold overrides every worker's own
         assert {w.id: w.status for w in client.list_workers(stale_after=120)} == dict.fromkeys(status, "live")
         assert not client.deregister_worker("nobody")
+        for bad in (-1, timedelta(days=365 * 200)):
+            with pytest.raises(pgjobs.InvalidArgument, match="stale_after"):
+                client.list_workers(stale_after=bad)
 
 
 def test_stats_marks_stale_workers(dsn: str, conn: psycopg.Connection[Any], capsys: pytest.CaptureFixture[str]) -> None:

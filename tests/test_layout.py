@@ -28,9 +28,9 @@ MAX_FUNCTION_LINES = 80
 
 # TODO(issue 15): modules another developer is splitting right now (the embedded server, the dashboard).
 # Remove each entry when its split lands; the size test then covers it.
-SIZE_ALLOWED = ("pgjobs/ops/embedded.py", "pgjobs/web/*")
+SIZE_ALLOWED: tuple[str, ...] = ()
 # TODO(issue 15): the dashboard still runs some SQL of its own; it moves into pgjobs/client/ with its split.
-SQL_ALLOWED = ("pgjobs/web/*",)
+SQL_ALLOWED: tuple[str, ...] = ()
 
 # A statement, not a word in a message: the keyword followed by what only SQL puts after it.
 _SQL = re.compile(

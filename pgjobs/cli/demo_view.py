@@ -189,7 +189,7 @@ def summary(dsn: str, run: Run, console: Console) -> None:
     )
     if run.event_count:
         console.print(
-            f"the status stream (LISTEN pgjobs_status) delivered {run.event_count} transitions of the report, the "
+            f"the status stream (pgjobs.read_events) delivered {run.event_count} transitions of the report, the "
             "import and the card charges; any process can follow a job the same way: pgjobs status ID --follow"
         )
     if report is not None:

@@ -27,42 +27,6 @@ Method = Literal["json", "copy"]
 Staged = tuple[list[str], list[tuple[Any, ...]]]
 
 
-def enqueue_call(
-    kind: str,
-    payload: Any = None,
-    *,
-    queue: str | None = None,
-    run_at: datetime | None = None,
-    priority: int | None = None,
-    max_attempts: int | None = None,
-    unique_key: str | None = None,
-    unique_live_only: bool = False,
-    group_key: str | None = None,
-    meta: Mapping[str, Any] | None = None,
-    defaults: EnqueueDefaults | None = None,
-) -> Call[Enqueued]:
-    options = resolve(defaults, kind, {"queue": queue, "priority": priority, "max_attempts": max_attempts})
-    return Call(
-        "SELECT * FROM pgjobs.enqueue(kind => %(kind)s, payload => %(payload)s, queue => %(queue)s,"
-        " run_at => %(run_at)s, priority => %(priority)s::smallint, max_attempts => %(max_attempts)s,"
-        " unique_key => %(unique_key)s, unique_live_only => %(unique_live_only)s,"
-        " group_key => %(group_key)s, meta => %(meta)s)",
-        {
-            "kind": kind,
-            "payload": jsonb({} if payload is None else payload),
-            "queue": options["queue"],
-            "run_at": run_at,
-            "priority": options["priority"],
-            "max_attempts": options["max_attempts"],
-            "unique_key": unique_key,
-            "unique_live_only": unique_live_only,
-            "group_key": group_key,
-            "meta": jsonb(dict(meta) if meta else {}),
-        },
-        lambda rows: Enqueued.from_row(rows[0]),
-    )
-
-
 # The hot path of a producer (one job, one commit): positional parameters, tuple rows, and (when the
 # client allows it) a statement prepared once per connection. The common spec (nothing but kind, payload
 # and queue) sends three parameters and lets the SQL defaults fill the rest; any other spec sends all ten.
@@ -93,7 +57,7 @@ def enqueue_fast_call(
     meta: Mapping[str, Any] | None = None,
     defaults: EnqueueDefaults | None = None,
 ) -> FastCall[Enqueued]:
-    """What ``enqueue`` sends: the same arguments as :func:`enqueue_call`, stored the same way."""
+    """What ``enqueue`` sends (``pgjobs.enqueue`` with its arguments named; a declared kind's defaults applied)."""
     doc = Jsonb({} if payload is None else payload)
     if defaults is not None or queue is None or priority is None or max_attempts is None:
         options = resolve(defaults, kind, {"queue": queue, "priority": priority, "max_attempts": max_attempts})

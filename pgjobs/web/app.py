@@ -86,7 +86,7 @@ def routes() -> list[Route | Mount]:
 
 def create_app(config: WebConfig) -> Starlette:
     backend = Backend.create(config)
-    hub = Hub(backend.dash, config.reader_dsn or config.dsn, config.poll_interval)
+    hub = Hub(backend.dash, config.poll_interval)
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:

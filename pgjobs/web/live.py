@@ -2,8 +2,8 @@
 
 The reader follows ``pgjobs.read_events`` from the log's head on the reader pool (one pooled connection
 per poll, whatever the number of browsers), and puts each event into the queue of every subscriber whose
-filter matches. On a database without the event log (older schema) it LISTENs on ``pgjobs_status``
-instead, on one dedicated connection. A subscriber that cannot keep up (its queue full) is told to resync
+filter matches. It never reads events from NOTIFY payloads (any role can send one; the log is the only
+source of what happened). A subscriber that cannot keep up (its queue full) is told to resync
 (reload what it shows) rather than slowing the others down.
 
 The reader also tells the subscribers whether the database answers (``db`` messages), so pages can show
@@ -14,14 +14,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 from pgjobs.client.dashboard import AsyncDashboard, Event
-from pgjobs.client.listen import Connected, Listener, Notifications
 from pgjobs.errors import SchemaMissing
 from pgjobs.jsonable import to_jsonable
 from pgjobs.web.backend import unavailable_reason
@@ -58,14 +56,13 @@ class Subscriber:
 class Hub:
     """The shared reader. ``subscribe()`` / ``unsubscribe()`` from SSE handlers; started on first need."""
 
-    def __init__(self, dash: AsyncDashboard, listen_dsn: str, poll_interval: float = 0.5) -> None:
+    def __init__(self, dash: AsyncDashboard, poll_interval: float = 0.5) -> None:
         self.dash = dash
-        self.listen_dsn = listen_dsn
         self.poll_interval = poll_interval
         self.subscribers: set[Subscriber] = set()
         self.db_ok: bool | None = None
         self.db_error: str | None = None
-        self.mode: str | None = None  # "log" | "notify", once known
+        self.mode: str | None = None  # "log" once the reader follows the event log
         self.events_seen = 0
         self._task: asyncio.Task[None] | None = None
         self.loop: asyncio.AbstractEventLoop | None = None
@@ -140,11 +137,12 @@ class Hub:
                 delay *= 2
                 continue
             self._set_db(True)
-            self.mode = "log" if has_log else "notify"
-            if has_log:
-                await self._follow_log()
-            else:
-                await self._follow_notify()
+            if not has_log:  # a schema older than this code: nothing to follow until it is migrated
+                log.warning("no event log in this database (run pgjobs migrate): the live view waits for one")
+                await asyncio.sleep(5.0)
+                continue
+            self.mode = "log"
+            await self._follow_log()
             return
 
     async def _head(self) -> int:
@@ -192,47 +190,7 @@ class Hub:
             if len(batch) < READ_BATCH:
                 await asyncio.sleep(self.poll_interval)
 
-    async def _follow_notify(self) -> None:
-        listener = Listener(self.listen_dsn, ["pgjobs_status"], application_name="pgjobs-web-live", cap=5.0)
-        events = listener.events(tick=5.0)
-        probe = asyncio.get_running_loop().create_task(self._probe())  # the listener hides its outages
-        try:
-            async for item in events:
-                if isinstance(item, Connected):
-                    self._set_db(True)
-                elif isinstance(item, Notifications):
-                    out: list[dict[str, Any]] = []
-                    for _channel, payload in item.items:
-                        out.extend(_notify_events(payload))
-                    if out:
-                        self.publish(out)
-        finally:
-            probe.cancel()
-            await events.aclose()
-
-    async def _probe(self) -> None:
-        while True:
-            await asyncio.sleep(3.0)
-            try:
-                await self.dash.has_event_log()
-                self._set_db(True)
-            except Exception as exc:
-                self._set_db(False, unavailable_reason(exc) or str(exc))
-
 
 def event_json(e: Event) -> dict[str, Any]:
     out: dict[str, Any] = to_jsonable(e)
     return out
-
-
-def _notify_events(payload: str) -> list[dict[str, Any]]:
-    try:
-        data = json.loads(payload)
-    except ValueError:
-        return []
-    items = data if isinstance(data, list) else [data]
-    return [
-        {k: d.get(k) for k in ("id", "state", "queue", "kind", "attempt", "batch_id", "progress")}
-        for d in items
-        if isinstance(d, dict) and "id" in d
-    ]

@@ -1,0 +1,200 @@
+"""Lease renewal racing the calls that end attempts, on real connections.
+
+The worker renews every job it holds in one ``renew_leases`` while its completer ends some of the same jobs in
+one ``complete_many``: the renewal's list is in claim order, the completion's in finishing order, so two
+multi-row statements lock overlapping rows in opposite orders. Before the fix that was a deadlock (40P01) that
+PostgreSQL broke by failing one of them; the soak benchmark logged them. Now ``renew_leases`` never waits for a
+row lock (SKIP LOCKED: a job busy in another transaction is reported with ``cancel_requested`` NULL, not
+renewed and not lost), and every multi-row statement that waits (``complete_many``, ``reap_workers``) locks
+its rows in id order.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+from uuid import UUID
+
+import psycopg
+import pytest
+from psycopg.types.json import Jsonb
+
+from tests.conftest import ConnectFactory
+
+Conn = psycopg.Connection[Any]
+
+
+def claim(conn: Conn, n: int, worker: str = "w") -> list[tuple[int, UUID]]:
+    rows = conn.execute(
+        "SELECT id, lease_token FROM pgjobs.claim(worker => %s, queues => '{default}', max_jobs => %s)", [worker, n]
+    ).fetchall()
+    return [(int(r[0]), r[1]) for r in rows]
+
+
+def enqueue_many(conn: Conn, n: int, **spec: Any) -> list[int]:
+    rows = conn.execute("SELECT id FROM pgjobs.enqueue_many(%s)", [Jsonb([{"kind": "k", **spec}] * n)]).fetchall()
+    return [int(r[0]) for r in rows]
+
+
+def renew(conn: Conn, pairs: list[tuple[int, UUID]], lease: str = "30 seconds") -> dict[int, bool | None]:
+    rows = conn.execute(
+        "SELECT id, cancel_requested FROM pgjobs.renew_leases(%s::bigint[], %s::uuid[], %s::interval)",
+        [[p[0] for p in pairs], [p[1] for p in pairs], lease],
+    ).fetchall()
+    return {int(r[0]): r[1] for r in rows}
+
+
+def complete_many(conn: Conn, pairs: list[tuple[int, UUID]]) -> int:
+    row = conn.execute(
+        "SELECT pgjobs.complete_many(%s::bigint[], %s::uuid[])", [[p[0] for p in pairs], [p[1] for p in pairs]]
+    ).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def race(*loops: Callable[[], None]) -> list[BaseException]:
+    """Runs the loops in threads started together; returns what they raised."""
+    errors: list[BaseException] = []
+    start = threading.Barrier(len(loops))
+
+    def run(loop: Callable[[], None]) -> None:
+        try:
+            start.wait(10)
+            loop()
+        except BaseException as exc:  # noqa: BLE001 - reported by the test
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=(loop,)) for loop in loops]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert not any(t.is_alive() for t in threads), "a racing thread hung"
+    return errors
+
+
+@pytest.mark.parametrize("renew_ascending", [True, False], ids=["renew-ascending", "renew-descending"])
+def test_renewal_and_completion_of_overlapping_jobs_in_opposite_orders_never_deadlock(
+    conn: Conn, connect: ConnectFactory, renew_ascending: bool
+) -> None:
+    """Rounds of 120 running jobs: one connection renews all of them again and again in one order while two
+    others end them in the opposite order (complete_many in chunks, fail one at a time). No call fails, every
+    job ends exactly once, and a renewal leaves out only jobs whose end had already been sent."""
+    renewer, completer, failer = connect(), connect(), connect()
+    rounds, per_round = 12, 120
+    enqueue_many(conn, rounds * per_round, max_attempts=1)
+    for _ in range(rounds):
+        held = sorted(claim(conn, per_round))
+        assert len(held) == per_round
+        renew_order = held if renew_ascending else held[::-1]
+        end_order = held[::-1] if renew_ascending else held
+        to_fail = {p for i, p in enumerate(end_order) if i % 7 == 3}
+        to_complete = [p for p in end_order if p not in to_fail]
+        ending: set[int] = set()  # ids whose end was sent (added before the call goes out)
+        ended = {"completed": 0, "failed": 0}
+        lock = threading.Lock()
+        finished = threading.Event()
+        omitted: list[tuple[set[int], set[int]]] = []  # (left out of an answer, ids being ended by then)
+
+        def renew_loop() -> None:
+            while not finished.is_set():
+                got = renew(renewer, renew_order)
+                with lock:
+                    seen = set(ending)
+                omitted.append(({p[0] for p in renew_order} - set(got), seen))
+
+        def complete_loop() -> None:
+            try:
+                for i in range(0, len(to_complete), 9):
+                    chunk = to_complete[i : i + 9]
+                    with lock:
+                        ending.update(p[0] for p in chunk)
+                    ended["completed"] += complete_many(completer, chunk)
+            finally:
+                finished.set()
+
+        def fail_loop() -> None:
+            for job_id, token in sorted(to_fail, key=lambda p: end_order.index(p)):
+                with lock:
+                    ending.add(job_id)
+                state = failer.execute("SELECT pgjobs.fail(%s, %s, 'boom')", [job_id, token]).fetchone()
+                assert state == ("failed",)
+                ended["failed"] += 1
+
+        errors = race(renew_loop, complete_loop, fail_loop)
+        assert not errors, f"racing calls failed: {errors!r}"
+        assert ended == {"completed": len(to_complete), "failed": len(to_fail)}
+        for left_out, being_ended in omitted:
+            assert left_out <= being_ended, f"renewal reported {sorted(left_out - being_ended)} lost while held"
+    states = dict(conn.execute("SELECT state::text, count(*) FROM pgjobs.jobs GROUP BY 1").fetchall())
+    assert states == {"succeeded": rounds * (per_round - len(to_fail)), "failed": rounds * len(to_fail)}
+
+
+def test_a_busy_job_is_reported_as_not_renewed_without_waiting_and_not_as_lost(
+    conn: Conn, connect: ConnectFactory
+) -> None:
+    """A job whose row another transaction holds (its completion on the way, a cancel, a checkpoint) is in the
+    answer with cancel_requested NULL: not renewed this time, not lost; the renewal does not wait for it. Once
+    the completion commits, the job is left out (the lease is gone: it ended); after a rollback it renews."""
+    enqueue_many(conn, 3)
+    (a, ta), (b, tb), (c, tc) = sorted(claim(conn, 3))
+    before = dict(conn.execute("SELECT id, lease_expires_at FROM pgjobs.jobs").fetchall())
+    holder = connect(autocommit=False)
+    assert holder.execute("SELECT pgjobs.complete(%s, %s)", [b, tb]).fetchone() == (True,)
+    renewer = connect()
+    renewer.execute("SET lock_timeout = '5s'")  # a renewal that waited for b would fail here, not hang
+    t0 = time.monotonic()
+    assert renew(renewer, [(a, ta), (b, tb), (c, tc)], "1 hour") == {a: False, b: None, c: False}
+    assert time.monotonic() - t0 < 5
+    after = dict(conn.execute("SELECT id, lease_expires_at FROM pgjobs.jobs").fetchall())
+    assert after[a] > before[a] and after[c] > before[c] and after[b] == before[b]
+    holder.commit()
+    assert renew(renewer, [(a, ta), (b, tb), (c, tc)]) == {a: False, c: False}
+
+    # a rolled-back end leaves the job held: renewed again next time
+    assert holder.execute("SELECT pgjobs.fail(%s, %s, 'x')", [c, tc]).fetchone() is not None
+    assert renew(renewer, [(a, ta), (c, tc)]) == {a: False, c: None}
+    holder.rollback()
+    assert renew(renewer, [(a, ta), (c, tc)]) == {a: False, c: False}
+
+    # a requested cancellation is reported as before (and a busy row reports none until it is free)
+    assert conn.execute("SELECT pgjobs.cancel(%s)", [a]).fetchone() == (True,)
+    assert renew(renewer, [(a, ta), (c, tc)]) == {a: True, c: False}
+
+
+def test_reaping_and_completing_the_same_jobs_never_deadlock(conn: Conn, connect: ConnectFactory) -> None:
+    """reap_workers (after an outage every live worker looks stale) expires the leases of a worker's jobs while
+    that worker completes them in an order of its own: both lock in id order, no deadlock, every job ends once
+    (the tokens stay through the reap, so the completions still count)."""
+    reaper, completer = connect(), connect()
+    rounds, per_round = 10, 150
+    enqueue_many(conn, rounds * per_round)
+    for _ in range(rounds):
+        conn.execute("SELECT pgjobs.worker_heartbeat('w', '{}')")
+        held = claim(conn, per_round)
+        random.shuffle(held)
+        finished = threading.Event()
+        completed = [0]
+
+        def reap_loop() -> None:
+            while not finished.is_set():
+                reaper.execute("SELECT pgjobs.worker_heartbeat('w', '{}')")
+                reaper.execute("SELECT pgjobs.reap_workers(stale_after => '0')")
+
+        def complete_loop() -> None:
+            try:
+                for i in range(0, len(held), 10):
+                    completed[0] += complete_many(completer, held[i : i + 10])
+            finally:
+                finished.set()
+
+        errors = race(reap_loop, complete_loop)
+        assert not errors, f"racing calls failed: {errors!r}"
+        assert completed[0] == per_round
+    assert conn.execute("SELECT count(*) FILTER (WHERE state = 'succeeded'), count(*) FROM pgjobs.jobs").fetchone() == (
+        rounds * per_round,
+        rounds * per_round,
+    )

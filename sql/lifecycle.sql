@@ -73,6 +73,20 @@ $$;
 
 -- Batched renewal for a worker's running jobs (one round trip). Returns the jobs still held,
 -- with their cancel_requested flag (the poll fallback for a missed pgjobs_cancel).
+--
+-- It never waits for a row lock (SKIP LOCKED). The worker renews every job it holds, in claim
+-- order, while its completer ends some of the same jobs in finishing order: two multi-row
+-- statements waiting for each other's rows in opposite orders were a deadlock (40P01, seen in the
+-- soak runs). A job whose row another transaction holds is not renewed this time and comes back
+-- with cancel_requested NULL ("busy": its end may be on its way, or a cancel, a checkpoint; the
+-- lease still runs, ask again), never left out: left out means the token no longer holds the job
+-- (ended, or reclaimed elsewhere), and a caller that took a busy job for lost would drop the
+-- outcome of an attempt that is ending normally. The busy rows are read in a statement of their
+-- own, after the renewal: a job whose end committed meanwhile is then left out, as it should be.
+-- Not waiting also matters once jobs is partitioned by state: a completion moves the row, and a
+-- statement that waited for it fails with 40001 instead of re-checking it. (A move that committed
+-- after this statement's snapshot still raises 40001 here, SKIP LOCKED or not: callers retry; the
+-- worker treats 40001 and 40P01 from every call as transient.)
 CREATE OR REPLACE FUNCTION pgjobs.renew_leases(ids bigint[], lease_tokens uuid[], lease interval DEFAULT '30 seconds')
 RETURNS TABLE (id bigint, cancel_requested boolean)
 LANGUAGE plpgsql
@@ -81,14 +95,33 @@ SET plan_cache_mode = force_generic_plan
 SET jit = off
 AS $$
 #variable_conflict use_column
+DECLARE
+    v_ids    bigint[];
+    v_cancel boolean[];
 BEGIN
     PERFORM _check_lease(lease);
     PERFORM _check_pairs(ids, lease_tokens);
-    RETURN QUERY
-    UPDATE jobs AS j SET lease_expires_at = now() + renew_leases.lease
-      FROM unnest(ids, lease_tokens) AS t(id, tok)
-     WHERE j.id = t.id AND j.lease_token = t.tok AND j.state::text = 'active'
-    RETURNING j.id, j.cancel_requested;
+    -- Locked in id order (under SKIP LOCKED no order can deadlock; it keeps the rule simple: every
+    -- multi-row lock in pgjobs is taken in id order).
+    WITH mine AS (
+        SELECT j.id FROM unnest(ids, lease_tokens) AS t(id, tok) JOIN jobs AS j ON j.id = t.id
+         WHERE j.lease_token = t.tok AND j.state::text = 'active'
+         ORDER BY j.id
+           FOR NO KEY UPDATE OF j SKIP LOCKED
+    ), upd AS (
+        UPDATE jobs AS j SET lease_expires_at = now() + renew_leases.lease
+         WHERE j.id = ANY (ARRAY(SELECT mine.id FROM mine))
+        RETURNING j.id, j.cancel_requested
+    )
+    SELECT array_agg(u.id), array_agg(u.cancel_requested) INTO v_ids, v_cancel FROM upd AS u;
+    RETURN QUERY SELECT r.id, r.c FROM unnest(v_ids, v_cancel) AS r(id, c);
+    -- The busy ones (see above), read only when something was not renewed: usually all was.
+    IF coalesce(cardinality(v_ids), 0) < cardinality(ids) THEN
+        RETURN QUERY
+        SELECT DISTINCT j.id, NULL::boolean
+          FROM unnest(ids, lease_tokens) AS t(id, tok) JOIN jobs AS j ON j.id = t.id
+         WHERE j.lease_token = t.tok AND j.state::text = 'active' AND j.id <> ALL (coalesce(v_ids, '{}'));
+    END IF;
 END;
 $$;
 
@@ -214,6 +247,17 @@ BEGIN
     IF results IS NOT NULL AND cardinality(results) <> cardinality(ids) THEN
         RAISE EXCEPTION USING ERRCODE = 'PJ002',
             MESSAGE = format('results must parallel ids: got %s results for %s ids', cardinality(results), cardinality(ids));
+    END IF;
+    -- The rows are locked in id order first. The UPDATE below locks them in whatever order its
+    -- plan meets them (the order of the arrays, for the nested loop it runs): the worker's batch is
+    -- in finishing order, another statement over the same jobs in another order (reap_workers, a
+    -- second completer of jobs reclaimed after an outage, a client's own complete_many) waited for
+    -- its rows while it waited for theirs: a deadlock. In id order, one waits for the other.
+    IF cardinality(ids) > 1 THEN
+        PERFORM 1 FROM (SELECT j.id FROM unnest(ids, lease_tokens) AS t(id, tok) JOIN jobs AS j ON j.id = t.id
+                         WHERE j.lease_token = t.tok AND j.state::text = 'active'
+                         ORDER BY j.id
+                           FOR NO KEY UPDATE OF j) AS l;
     END IF;
     WITH upd AS (
         UPDATE jobs AS j

@@ -36,8 +36,18 @@ BEGIN
             MESSAGE = format('stale_after must not be negative, got %s', coalesce(stale_after::text, 'NULL'));
     END IF;
     PERFORM _check_interval('stale_after', stale_after, non_negative => true);  -- limits: checks.sql
+    -- Rows locked in id order and SKIP LOCKED, workers and jobs alike: reap_workers runs in every
+    -- worker's heartbeat loop, concurrently with other reapers and with the completions and renewals
+    -- of the very jobs it frees. A plain multi-row UPDATE locked them in scan order and deadlocked
+    -- with a complete_many over the same jobs in its own order (tests/runtime/test_lease_races.py).
+    -- A worker row held by another transaction is its heartbeat (alive: not reaped) or another
+    -- reaper's delete (that one counts it); a job row held elsewhere is ending, being renewed by its
+    -- live worker or claimed: none needs its lease cut short (the lease still ends on time).
     WITH gone AS (
-        DELETE FROM workers AS w WHERE w.last_seen < now() - stale_after RETURNING w.id)
+        DELETE FROM workers AS w
+         WHERE w.id = ANY (ARRAY(SELECT s.id FROM workers AS s WHERE s.last_seen < now() - stale_after
+                                  ORDER BY s.id FOR UPDATE SKIP LOCKED))
+        RETURNING w.id)
     SELECT array_agg(gone.id) INTO v_gone FROM gone;
     IF v_gone IS NULL THEN
         RETURN 0;
@@ -45,7 +55,8 @@ BEGIN
     -- The gone workers' jobs, found among the active ones (jobs_active_idx holds exactly those).
     WITH freed AS (
         UPDATE jobs AS j SET lease_expires_at = least(j.lease_expires_at, now() - interval '1 microsecond')
-         WHERE j.state = 'active' AND j.leased_by = ANY (v_gone)
+         WHERE j.id = ANY (ARRAY(SELECT a.id FROM jobs AS a WHERE a.state = 'active' AND a.leased_by = ANY (v_gone)
+                                  ORDER BY a.id FOR NO KEY UPDATE SKIP LOCKED))
         RETURNING j.queue)
     SELECT array_agg(DISTINCT freed.queue) INTO v_queues FROM freed;
     PERFORM _wake(v_queues);
@@ -114,9 +125,12 @@ BEGIN
     IF NOT FOUND THEN
         RETURN false;
     END IF;
+    -- (locked in id order, SKIP LOCKED: see reap_workers)
     WITH freed AS (
         UPDATE jobs AS j SET lease_expires_at = least(j.lease_expires_at, now() - interval '1 microsecond')
-         WHERE j.state = 'active' AND j.leased_by = deregister_worker.worker
+         WHERE j.id = ANY (ARRAY(SELECT a.id FROM jobs AS a
+                                  WHERE a.state = 'active' AND a.leased_by = deregister_worker.worker
+                                  ORDER BY a.id FOR NO KEY UPDATE SKIP LOCKED))
         RETURNING j.queue)
     SELECT array_agg(DISTINCT freed.queue) INTO v_queues FROM freed;
     PERFORM _wake(v_queues);

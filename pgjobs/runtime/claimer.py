@@ -22,7 +22,15 @@ from pgjobs.client.listen import backoff_delay
 from pgjobs.errors import translate
 from pgjobs.runtime.app import JobHandler
 from pgjobs.runtime.leases import renew_held
-from pgjobs.runtime.state import CLAIM_OPTIONS, RECONNECT_CAP, HeldJob, QueueState, WorkerState
+from pgjobs.runtime.state import (
+    CLAIM_OPTIONS,
+    RECONNECT_CAP,
+    TRANSIENT_ERRORS,
+    TRANSIENT_TRIES,
+    HeldJob,
+    QueueState,
+    WorkerState,
+)
 
 log = logging.getLogger("pgjobs.worker")
 
@@ -49,7 +57,7 @@ async def _sleep(q: QueueState, free: int) -> None:
 async def claim_loop(w: WorkerState, q: QueueState) -> None:
     conn: psycopg.AsyncConnection[Any] | None = None
     cur: psycopg.AsyncCursor[Any] = None  # type: ignore[assignment]  # set with conn
-    failures = 0
+    failures = raced = 0
     queues = text_array_literal([q.name])
     lease = f"{w.lease} seconds"
     handlers = w.app.handlers
@@ -85,7 +93,17 @@ async def claim_loop(w: WorkerState, q: QueueState) -> None:
                     w.metrics.claim(q.name, len(rows), time.perf_counter() - t0)
                 if w.outage.down:
                     w.outage.restored(f"claim on queue {q.name!r}")
-                failures = 0
+                failures = raced = 0
+            except TRANSIENT_ERRORS as exc:
+                # A lost race (40001/40P01, see state.TRANSIENT_SQLSTATES: with jobs partitioned, a row the
+                # claim was about to lock was moved by an end that committed meanwhile): nothing was claimed,
+                # claim again on the same connection (not an outage: no reconnect, no hold on reaping).
+                raced += 1
+                if raced >= TRANSIENT_TRIES:
+                    raise translate(exc) from exc
+                q.more = True
+                await w.lost_race(f"claim on queue {q.name!r}", exc, raced)
+                continue
             except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
                 failures += 1
                 w._cut_off_at = anyio.current_time()
@@ -122,17 +140,29 @@ async def claim_loop(w: WorkerState, q: QueueState) -> None:
 async def _release_claimed(w: WorkerState, cur: psycopg.AsyncCursor[Any], rows: list[tuple[Any, ...]]) -> None:
     """Gives back, in one round trip on the claim connection, jobs claimed after the stop began (attempt refunded).
     Shielded and bounded like the claim: a failure leaves them to their lease, and says so."""
+    # in id order: one statement releasing many rows locks them one after the other, and every multi-row
+    # statement over jobs locks in id order (no deadlock with another one over some of the same rows)
+    rows = sorted(rows, key=lambda r: int(r[0]))
     ids = bigint_array_literal([r[0] for r in rows])
     tokens = "{" + ",".join(str(r[6]) for r in rows) + "}"
-    try:
-        with anyio.CancelScope(shield=True, deadline=anyio.current_time() + max(5.0, w.lease / 3)):
-            await cur.execute(RELEASE_CLAIMED_SQL, (ids, tokens))
-            got = await cur.fetchone()
-        w.released += int(got[0]) if got else 0
-        w.claimed += len(rows)
-    except psycopg.Error as exc:
-        log.warning("%d job(s) claimed as the worker stopped could not be released (%s); their leases will expire",
-                    len(rows), exc)  # fmt: skip
+    raced = 0
+    while True:
+        try:
+            with anyio.CancelScope(shield=True, deadline=anyio.current_time() + max(5.0, w.lease / 3)):
+                await cur.execute(RELEASE_CLAIMED_SQL, (ids, tokens))
+                got = await cur.fetchone()
+            w.released += int(got[0]) if got else 0
+            w.claimed += len(rows)
+            return
+        except psycopg.Error as exc:
+            raced += 1
+            if isinstance(exc, TRANSIENT_ERRORS) and raced < TRANSIENT_TRIES:  # lost a race: nothing released, again
+                with anyio.CancelScope(shield=True):
+                    await w.lost_race(f"release of {len(rows)} job(s) claimed as the worker stopped", exc, raced)
+                continue
+            log.warning("%d job(s) claimed as the worker stopped could not be released (%s); their leases will"
+                        " expire", len(rows), exc)  # fmt: skip
+            return
 
 
 async def _parent_results(w: WorkerState, cur: psycopg.AsyncCursor[Any], rows: list[tuple[Any, ...]]) -> dict[int, str]:

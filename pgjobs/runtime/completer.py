@@ -26,7 +26,16 @@ from pgjobs.client.lifecycle import (
 from pgjobs.client.listen import backoff_delay
 from pgjobs.errors import translate
 from pgjobs.records import JobState
-from pgjobs.runtime.state import CLAIM_OPTIONS, RECONNECT_CAP, SESSION_OPTIONS, Done, HeldJob, WorkerState
+from pgjobs.runtime.state import (
+    CLAIM_OPTIONS,
+    RECONNECT_CAP,
+    SESSION_OPTIONS,
+    TRANSIENT_ERRORS,
+    TRANSIENT_TRIES,
+    Done,
+    HeldJob,
+    WorkerState,
+)
 
 log = logging.getLogger("pgjobs.worker")
 
@@ -77,6 +86,7 @@ class Completer:
         """One complete_many for ``batch``, retried through connection errors (a stopping worker gives up)."""
         w = self.w
         query, params = _statement(batch)
+        raced = 0
         while True:
             try:
                 if self.conn is None or self.conn.closed or self.cur is None:
@@ -101,6 +111,15 @@ class Completer:
                     w.lost += len(batch) - done
                 self.failures = 0
                 return
+            except TRANSIENT_ERRORS as exc:
+                # A lost race (40001/40P01, see state.TRANSIENT_SQLSTATES): the statement changed nothing and
+                # the same batch goes again on the same connection (a job that ended meanwhile is a no-op of
+                # the compare-and-set). Taken for an outage, it closed the connection, and a stopping worker
+                # gave up on the batch after five: jobs that had run were left to run again.
+                raced += 1
+                if raced >= TRANSIENT_TRIES:
+                    raise translate(exc) from exc
+                await w.lost_race(f"complete_many of {len(batch)} job(s)", exc, raced)
             except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
                 self.failures += 1
                 w._cut_off_at = anyio.current_time()

@@ -3,7 +3,11 @@
 * the **renewer**: every ``lease / 3`` one ``renew_leases`` for all held jobs. A job missing from its answer
   lost its lease (reclaimed elsewhere): its handler is cancelled and nothing is reported for it. A job
   reported ``cancel_requested`` is cancelled (``HeldJob.cancel_requested``): this is how a ``pgjobs_cancel`` hint is
-  confirmed (the listener asks for a renewal at once) and how a missed one is caught;
+  confirmed (the listener asks for a renewal at once) and how a missed one is caught. A job reported with
+  ``cancel_requested`` NULL was busy in another transaction (its completion on the way, a cancel, a
+  checkpoint: ``renew_leases`` never waits for a row, see sql/lifecycle.sql): not renewed, not lost; the
+  renewer asks again soon. A renewal that lost a race (40001/40P01) is retried like one that could not reach
+  the database;
 * the **heartbeat**: ``worker_heartbeat(name, meta)`` and ``reap_workers`` every ``heartbeat_interval``; no
   reaping until ``reap_after`` has passed since the server started and since this worker last failed to reach
   it (after an outage every worker's heartbeat is stale, and the first one back would take the others' running
@@ -24,20 +28,29 @@ import psycopg
 from pgjobs.client.lifecycle import RENEW_LEASES_SQL
 from pgjobs.client.listen import backoff_delay
 from pgjobs.client.workers import deregister_worker_call, reap_workers_after_restart_call, worker_heartbeat_call
-from pgjobs.runtime.state import RUNNING, WorkerState
+from pgjobs.runtime.state import RUNNING, TRANSIENT_ERRORS, WorkerState
 
 log = logging.getLogger("pgjobs.worker")
+
+# How soon the renewer asks again for jobs that were busy (renew_leases answered cancel_requested NULL).
+BUSY_RETRY = 0.1
 
 
 async def renewer(w: WorkerState) -> None:
     interval = w.lease / 3
-    failures = 0
+    failures = busy = 0
     while True:
         # After a failed renewal (the database restarting) try again soon rather than a third of a lease
         # later: the leases ran on while the server was away, and a claimer elsewhere may take them.
         if failures:
             await w._backoff(min(interval, backoff_delay(failures, 0.05, 1.0)))
+        elif w._renew_busy:
+            # Some held jobs were busy (not renewed): ask again soon, so a row that stays busy for a while (a
+            # transaction that holds it) is still renewed in time; backing off while it stays busy.
+            busy += 1
+            await w._backoff(min(interval, BUSY_RETRY * 2 ** min(busy - 1, 8)))
         else:
+            busy = 0
             # every lease/3, or at once when a pgjobs_cancel hint names a job we hold (listener.on_notify)
             w._renewer_wait = anyio.Event()
             with anyio.move_on_after(interval):
@@ -54,6 +67,7 @@ async def renew_held(w: WorkerState, conn: psycopg.AsyncConnection[Any] | None =
     held = list(w._jobs.values())
     pending = list(w._in_flight) + list(w._done)
     if not held and not pending:
+        w._renew_busy = False
         return True
     ids = [j.id for j in held] + [p[0] for p in pending]
     tokens = [j.token for j in held] + [p[1] for p in pending]
@@ -64,6 +78,12 @@ async def renew_held(w: WorkerState, conn: psycopg.AsyncConnection[Any] | None =
             assert w._pool is not None
             async with w._pool.connection() as pooled:
                 rows = await (await pooled.execute(RENEW_LEASES_SQL, (ids, tokens, w._lease_td))).fetchall()
+    except TRANSIENT_ERRORS as exc:
+        # A lost race (40001/40P01, see state.TRANSIENT_SQLSTATES): the renewer runs it again soon, as after a
+        # connection error, but this is no outage (no reconnect, no hold on reaping).
+        w.transient_retries += 1
+        log.info("lease renewal of %d job(s) lost a race (%s); running it again", len(ids), exc.sqlstate)
+        return False
     except psycopg.Error as exc:
         if isinstance(exc, psycopg.OperationalError | psycopg.InterfaceError):
             w.outage.lost(f"lease renewal of {len(ids)} job(s)", exc)
@@ -74,13 +94,19 @@ async def renew_held(w: WorkerState, conn: psycopg.AsyncConnection[Any] | None =
             await w._check_pool()
         return False
     still = {r[0]: r[1] for r in rows}
+    busy = False
     for job in held:
         if job.id not in still:
             # Reclaimed elsewhere (or settled): this attempt's outcome no longer counts.
             if w._jobs.get(job.id) is job and job.phase == RUNNING:
                 job.interrupt("lease lost")
+        elif still[job.id] is None:
+            # Busy in another transaction, not renewed this time: kept (its lease still runs), asked again soon.
+            busy = busy or w._jobs.get(job.id) is job
         elif still[job.id]:
             job.cancel_requested()
+    # (a busy job among those whose outcome is being reported is its own completion: nothing to ask again)
+    w._renew_busy = busy
     return True
 
 

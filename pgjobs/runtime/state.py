@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import re
 import socket
 import threading
 import uuid
@@ -58,6 +59,30 @@ POOL_RECONNECT = 3.0
 # comes back unclaimed (attempt not counted), and this worker's later calls for it fail the token compare-and-set
 # (no-ops). Skipping the flush wait takes ~0.5 ms off every claim, i.e. off the wake-up latency.
 CLAIM_OPTIONS = SESSION_OPTIONS + " -c synchronous_commit=off"
+
+# SQLSTATEs of a statement that lost a race and only has to run again: 40001 serialization_failure (with jobs
+# partitioned by state, a row the statement waited for, or was about to lock, was moved to another partition by
+# an end that committed: PostgreSQL cannot re-check the row there) and 40P01 deadlock_detected. Every worker
+# connection is autocommit, so the failed statement changed nothing, and every worker call is a lease-token
+# compare-and-set or idempotent: running it again is safe. Not a crash, not a lost job: a retry.
+# (psycopg makes both OperationalError subclasses, like a lost connection: they are caught first, or a lost race
+# would be taken for an outage, its connection closed and the reaping held off.)
+TRANSIENT_SQLSTATES = frozenset({"40001", "40P01"})
+TRANSIENT_ERRORS = (psycopg.errors.SerializationFailure, psycopg.errors.DeadlockDetected)
+# Attempts at a statement that keeps failing so before the error is raised (~5 s of backoff in all).
+TRANSIENT_TRIES = 12
+
+
+def _call_name(query: str) -> str:
+    """``pgjobs.fail`` for a call's ``SELECT pgjobs.fail(...)`` (for the logs)."""
+    m = re.search(r"pgjobs\.(\w+)", query)
+    return f"pgjobs.{m.group(1)}" if m else "database call"
+
+
+def transient_delay(failures: int) -> float:
+    """The pause before running again a statement that lost a race ``failures`` times in a row."""
+    return backoff_delay(failures, 0.01, 1.0)
+
 
 # A job's phases, for the renewer and the shutdown: only a RUNNING handler can be cancelled.
 QUEUED, RUNNING, FINISHING = 0, 1, 2
@@ -196,6 +221,7 @@ class WorkerState:
         self._backoff_wait: anyio.Event | None = None  # set when connection retries should not wait any longer
         self._poller_wait: anyio.Event | None = None
         self._renewer_wait: anyio.Event | None = None  # set to renew the leases now (a cancel hint came)
+        self._renew_busy = False  # the last renewal found held jobs busy (not renewed): renew again soon
         self._stop_event: anyio.Event | None = None
         self._stopping = False
         self._hard_stop = False
@@ -210,6 +236,7 @@ class WorkerState:
         self.started = threading.Event()  # set once connected, its claimers and slots running (public: README)
         self.claimed = self.completed = self.failed = self.released = self.cancelled = self.lost = 0
         self.claim_calls = self.complete_calls = 0
+        self.transient_retries = 0  # statements run again after a 40001/40P01 (see TRANSIENT_SQLSTATES)
         # telemetry: None when off, so the hot path pays one `is None` test (set up by Worker.run)
         self.metrics: WorkerMetrics | None = None
         self.tracer: Tracer | None = None
@@ -245,7 +272,7 @@ class WorkerState:
     async def _call(self, call: Call[T]) -> T:
         """One round trip on the pool; connection errors are retried with backoff (every call is a lease-token
         CAS, so a replay after a lost reply changes nothing); gives up after ~30 s."""
-        failures = 0
+        failures = raced = 0
         while True:
             assert self._pool is not None
             try:
@@ -258,6 +285,11 @@ class WorkerState:
                 if self.outage.down:
                     self.outage.restored("pool")
                 return result
+            except TRANSIENT_ERRORS as exc:
+                raced += 1
+                if raced >= TRANSIENT_TRIES:
+                    raise translate(exc) from exc
+                await self.lost_race(_call_name(call.query), exc, raced)
             except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
                 failures += 1
                 self._cut_off_at = anyio.current_time()
@@ -269,6 +301,13 @@ class WorkerState:
                 await anyio.sleep(delay)
             except psycopg.Error as exc:
                 raise translate(exc) from exc
+
+    async def lost_race(self, what: str, exc: BaseException, failures: int) -> None:
+        """After a lost race (:data:`TRANSIENT_ERRORS`): counted, logged, and a short pause before the retry."""
+        self.transient_retries += 1
+        log.info("%s lost a race (%s %s); running it again", what, getattr(exc, "sqlstate", None),
+                 str(exc).splitlines()[0] if str(exc) else type(exc).__name__)  # fmt: skip
+        await anyio.sleep(transient_delay(failures))
 
     async def _check_pool(self) -> None:
         """After a connection error: drop every broken idle connection of the pool at once. A server restart

@@ -11,6 +11,7 @@ its rows in id order.
 
 from __future__ import annotations
 
+import logging
 import random
 import threading
 import time
@@ -18,10 +19,12 @@ from collections.abc import Callable
 from typing import Any
 from uuid import UUID
 
+import anyio
 import psycopg
 import pytest
 from psycopg.types.json import Jsonb
 
+import pgjobs
 from tests.conftest import ConnectFactory
 
 Conn = psycopg.Connection[Any]
@@ -64,7 +67,7 @@ def race(*loops: Callable[[], None]) -> list[BaseException]:
         try:
             start.wait(10)
             loop()
-        except BaseException as exc:  # noqa: BLE001 - reported by the test
+        except BaseException as exc:  # reported by the test
             errors.append(exc)
 
     threads = [threading.Thread(target=run, args=(loop,)) for loop in loops]
@@ -74,6 +77,55 @@ def race(*loops: Callable[[], None]) -> list[BaseException]:
         t.join(120)
     assert not any(t.is_alive() for t in threads), "a racing thread hung"
     return errors
+
+
+def _renew_end_round(
+    renewer: Conn, completer: Conn, failer: Conn, held: list[tuple[int, UUID]], renew_ascending: bool
+) -> tuple[int, int]:
+    """One round: ``held`` renewed again and again in one order while the completer and the failer end every job
+    in the opposite order. Returns (completed, failed); asserts nothing failed and no held job was left out."""
+    renew_order = held if renew_ascending else held[::-1]
+    end_order = held[::-1] if renew_ascending else held
+    to_fail = [p for i, p in enumerate(end_order) if i % 7 == 3]
+    to_complete = [p for p in end_order if p not in to_fail]
+    ending: set[int] = set()  # ids whose end was sent (added before the call goes out)
+    ended = {"completed": 0, "failed": 0}
+    lock = threading.Lock()
+    finished = threading.Event()
+    omitted: list[tuple[set[int], set[int]]] = []  # (left out of an answer, ids being ended by then)
+
+    def renew_loop() -> None:
+        while not finished.is_set():
+            got = renew(renewer, renew_order)
+            with lock:
+                seen = set(ending)
+            omitted.append(({p[0] for p in renew_order} - set(got), seen))
+
+    def complete_loop() -> None:
+        try:
+            for i in range(0, len(to_complete), 9):
+                chunk = to_complete[i : i + 9]
+                with lock:
+                    ending.update(p[0] for p in chunk)
+                ended["completed"] += complete_many(completer, chunk)
+        finally:
+            finished.set()
+
+    def fail_loop() -> None:
+        for job_id, token in to_fail:
+            with lock:
+                ending.add(job_id)
+            state = failer.execute("SELECT pgjobs.fail(%s, %s, 'boom')", [job_id, token]).fetchone()
+            assert state == ("failed",)
+            ended["failed"] += 1
+
+    errors = race(renew_loop, complete_loop, fail_loop)
+    assert not errors, f"racing calls failed: {errors!r}"
+    assert ended == {"completed": len(to_complete), "failed": len(to_fail)}
+    assert omitted, "the renewer never ran"
+    for left_out, being_ended in omitted:
+        assert left_out <= being_ended, f"renewal reported {sorted(left_out - being_ended)} lost while held"
+    return ended["completed"], ended["failed"]
 
 
 @pytest.mark.parametrize("renew_ascending", [True, False], ids=["renew-ascending", "renew-descending"])
@@ -86,51 +138,15 @@ def test_renewal_and_completion_of_overlapping_jobs_in_opposite_orders_never_dea
     renewer, completer, failer = connect(), connect(), connect()
     rounds, per_round = 12, 120
     enqueue_many(conn, rounds * per_round, max_attempts=1)
+    totals = [0, 0]
     for _ in range(rounds):
         held = sorted(claim(conn, per_round))
         assert len(held) == per_round
-        renew_order = held if renew_ascending else held[::-1]
-        end_order = held[::-1] if renew_ascending else held
-        to_fail = {p for i, p in enumerate(end_order) if i % 7 == 3}
-        to_complete = [p for p in end_order if p not in to_fail]
-        ending: set[int] = set()  # ids whose end was sent (added before the call goes out)
-        ended = {"completed": 0, "failed": 0}
-        lock = threading.Lock()
-        finished = threading.Event()
-        omitted: list[tuple[set[int], set[int]]] = []  # (left out of an answer, ids being ended by then)
-
-        def renew_loop() -> None:
-            while not finished.is_set():
-                got = renew(renewer, renew_order)
-                with lock:
-                    seen = set(ending)
-                omitted.append(({p[0] for p in renew_order} - set(got), seen))
-
-        def complete_loop() -> None:
-            try:
-                for i in range(0, len(to_complete), 9):
-                    chunk = to_complete[i : i + 9]
-                    with lock:
-                        ending.update(p[0] for p in chunk)
-                    ended["completed"] += complete_many(completer, chunk)
-            finally:
-                finished.set()
-
-        def fail_loop() -> None:
-            for job_id, token in sorted(to_fail, key=lambda p: end_order.index(p)):
-                with lock:
-                    ending.add(job_id)
-                state = failer.execute("SELECT pgjobs.fail(%s, %s, 'boom')", [job_id, token]).fetchone()
-                assert state == ("failed",)
-                ended["failed"] += 1
-
-        errors = race(renew_loop, complete_loop, fail_loop)
-        assert not errors, f"racing calls failed: {errors!r}"
-        assert ended == {"completed": len(to_complete), "failed": len(to_fail)}
-        for left_out, being_ended in omitted:
-            assert left_out <= being_ended, f"renewal reported {sorted(left_out - being_ended)} lost while held"
+        completed, failed = _renew_end_round(renewer, completer, failer, held, renew_ascending)
+        totals = [totals[0] + completed, totals[1] + failed]
     states = dict(conn.execute("SELECT state::text, count(*) FROM pgjobs.jobs GROUP BY 1").fetchall())
-    assert states == {"succeeded": rounds * (per_round - len(to_fail)), "failed": rounds * len(to_fail)}
+    assert states == {"succeeded": totals[0], "failed": totals[1]}
+    assert totals[1] > 0 and sum(totals) == rounds * per_round
 
 
 def test_a_busy_job_is_reported_as_not_renewed_without_waiting_and_not_as_lost(
@@ -165,10 +181,31 @@ def test_a_busy_job_is_reported_as_not_renewed_without_waiting_and_not_as_lost(
     assert renew(renewer, [(a, ta), (c, tc)]) == {a: True, c: False}
 
 
+def _reap_complete_round(reaper: Conn, completer: Conn, held: list[tuple[int, UUID]]) -> int:
+    finished = threading.Event()
+    completed = [0]
+
+    def reap_loop() -> None:
+        while not finished.is_set():
+            reaper.execute("SELECT pgjobs.worker_heartbeat('w', '{}')")
+            reaper.execute("SELECT pgjobs.reap_workers(stale_after => '0')")
+
+    def complete_loop() -> None:
+        try:
+            for i in range(0, len(held), 10):
+                completed[0] += complete_many(completer, held[i : i + 10])
+        finally:
+            finished.set()
+
+    errors = race(reap_loop, complete_loop)
+    assert not errors, f"racing calls failed: {errors!r}"
+    return completed[0]
+
+
 def test_reaping_and_completing_the_same_jobs_never_deadlock(conn: Conn, connect: ConnectFactory) -> None:
     """reap_workers (after an outage every live worker looks stale) expires the leases of a worker's jobs while
-    that worker completes them in an order of its own: both lock in id order, no deadlock, every job ends once
-    (the tokens stay through the reap, so the completions still count)."""
+    that worker completes them in an order of its own: no deadlock, every job ends once (the tokens stay
+    through the reap, so the completions still count)."""
     reaper, completer = connect(), connect()
     rounds, per_round = 10, 150
     enqueue_many(conn, rounds * per_round)
@@ -176,25 +213,95 @@ def test_reaping_and_completing_the_same_jobs_never_deadlock(conn: Conn, connect
         conn.execute("SELECT pgjobs.worker_heartbeat('w', '{}')")
         held = claim(conn, per_round)
         random.shuffle(held)
-        finished = threading.Event()
-        completed = [0]
-
-        def reap_loop() -> None:
-            while not finished.is_set():
-                reaper.execute("SELECT pgjobs.worker_heartbeat('w', '{}')")
-                reaper.execute("SELECT pgjobs.reap_workers(stale_after => '0')")
-
-        def complete_loop() -> None:
-            try:
-                for i in range(0, len(held), 10):
-                    completed[0] += complete_many(completer, held[i : i + 10])
-            finally:
-                finished.set()
-
-        errors = race(reap_loop, complete_loop)
-        assert not errors, f"racing calls failed: {errors!r}"
-        assert completed[0] == per_round
+        assert _reap_complete_round(reaper, completer, held) == per_round
     assert conn.execute("SELECT count(*) FILTER (WHERE state = 'succeeded'), count(*) FROM pgjobs.jobs").fetchone() == (
         rounds * per_round,
         rounds * per_round,
     )
+
+
+# ------------------------------------------------------------------------------ the worker and lost races
+
+# Real faults, injected by the database: a trigger on pgjobs.jobs fails the first N statements of each kind with
+# the SQLSTATE of a lost race. The counters are sequences (nextval is not rolled back with the failed statement).
+FAULTS_SQL = """
+CREATE SEQUENCE public.fault_claim; CREATE SEQUENCE public.fault_renew; CREATE SEQUENCE public.fault_complete;
+CREATE SEQUENCE public.fault_fail; CREATE SEQUENCE public.fault_checkpoint;
+CREATE FUNCTION public.lost_race() RETURNS trigger LANGUAGE plpgsql AS $$
+DECLARE
+    v_op text;
+BEGIN
+    v_op := CASE
+        WHEN OLD.state IN ('pending', 'scheduled') AND NEW.state = 'active' THEN 'claim'
+        WHEN OLD.state = 'active' AND NEW.state = 'active' AND NEW.lease_token = OLD.lease_token
+             AND NEW.lease_expires_at > OLD.lease_expires_at THEN 'renew'
+        WHEN OLD.state = 'active' AND NEW.state = 'succeeded' THEN 'complete'
+        WHEN OLD.state = 'active' AND NEW.state IN ('failed', 'scheduled', 'pending') AND NEW.lease_token IS NULL
+             AND NEW.last_error IS NOT NULL THEN 'fail'
+        WHEN NEW.checkpoint IS DISTINCT FROM OLD.checkpoint THEN 'checkpoint'
+    END;
+    IF v_op IS NOT NULL AND nextval('public.fault_' || v_op) <= 3 THEN
+        RAISE EXCEPTION USING ERRCODE = CASE WHEN v_op IN ('complete', 'checkpoint') THEN '40P01' ELSE '40001' END,
+            MESSAGE = format('injected lost race in %s of job %s', v_op, NEW.id);
+    END IF;
+    RETURN NEW;
+END;
+$$;
+CREATE TRIGGER lost_race BEFORE UPDATE ON pgjobs.jobs FOR EACH ROW EXECUTE FUNCTION public.lost_race();
+"""
+
+
+def test_the_worker_runs_again_every_call_that_lost_a_race(
+    dsn: str, conn: Conn, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Claim, renewal, completion, fail and checkpoint each fail three times with 40001 or 40P01 (a deadlock, or
+    a row moved to another partition under the statement): the worker runs each call again, does not crash, and
+    every job ends once, on its first attempt (no lease lapsed into a second run, no outcome dropped). A lost
+    race is no outage: psycopg makes both errors OperationalErrors, and the worker used to take them for a lost
+    connection (reconnecting, holding off the reaping, giving up on a stopping worker's completions)."""
+    caplog.set_level(logging.DEBUG, logger="pgjobs.worker")
+    app = pgjobs.App()
+
+    @app.job("ok")
+    async def ok(payload: Any, ctx: pgjobs.JobContext) -> str:
+        return "ok"
+
+    @app.job("boom")
+    async def boom(payload: Any, ctx: pgjobs.JobContext) -> None:
+        raise RuntimeError("boom")
+
+    @app.job("slow")
+    async def slow(payload: Any, ctx: pgjobs.JobContext) -> str:
+        await ctx.save_checkpoint({"half": True})
+        await anyio.sleep(2.0)  # several renewals (lease 1.5 s: one every 0.5 s), the first three fail
+        return "slow"
+
+    conn.execute(FAULTS_SQL)
+    for kind, n in (("slow", 3), ("ok", 40), ("boom", 4)):
+        conn.execute("SELECT count(*) FROM pgjobs.enqueue_many(%s)", [Jsonb([{"kind": kind, "max_attempts": 1}] * n)])
+    worker = pgjobs.Worker(app, dsn, {"default": 10}, lease=1.5, scheduler=False, poll_interval=0.5)
+
+    async def main() -> None:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(worker.run)
+            with anyio.fail_after(60):
+                while conn.execute(
+                    "SELECT count(*) FROM pgjobs.jobs WHERE state NOT IN ('succeeded', 'failed')"
+                ).fetchone() != (0,):
+                    await anyio.sleep(0.05)
+            worker.stop()
+
+    anyio.run(main)
+    rows = conn.execute("SELECT kind, state::text, attempt, count(*) FROM pgjobs.jobs GROUP BY 1, 2, 3").fetchall()
+    assert sorted(rows) == [("boom", "failed", 1, 4), ("ok", "succeeded", 1, 40), ("slow", "succeeded", 1, 3)]
+    for op in ("claim", "renew", "complete", "fail", "checkpoint"):
+        used = conn.execute(f"SELECT last_value FROM public.fault_{op}").fetchone()
+        assert used is not None and used[0] > 3, f"the {op} fault never fired past its three failures"
+    assert worker.transient_retries >= 15
+    raced = [r.getMessage() for r in caplog.records if "lost a race" in r.getMessage()]
+    assert len(raced) == worker.transient_retries
+    assert all(("40001" in m) != ("40P01" in m) for m in raced), raced
+    outage = [r.getMessage() for r in caplog.records if getattr(r, "source", None) or "unreachable" in r.getMessage()]
+    assert not outage, outage
+    assert worker.stats.lost == 0
+    assert conn.execute("SELECT count(*) FROM pgjobs.jobs WHERE checkpoint IS NOT NULL").fetchone() == (3,)

@@ -4,6 +4,7 @@ connection killed with pg_terminate_backend (the worker reconnects and keeps pro
 
 from __future__ import annotations
 
+import re
 import signal
 import time
 from collections.abc import Iterator
@@ -154,11 +155,17 @@ def test_every_connection_terminated_the_worker_recovers(
     assert proc.poll() is None
 
 
-def test_sigterm_under_load_leaves_no_job_active(conn: psycopg.Connection[Any], start_worker: StartWorker) -> None:
+def test_sigterm_under_load_leaves_no_job_active(
+    conn: psycopg.Connection[Any], start_worker: StartWorker, tmp_path: Path
+) -> None:
     """A busy worker always has a claim on its way: stopped 20 times mid-stream, every claimed job, those of a
     claim whose answer arrived after the stop began included, is finished or released (none left active until
-    its lease runs out)."""
+    its lease runs out). After each stop: no job active, none holding a lease token, every released job back
+    with its attempt refunded (noop never fails: a pending job with an attempt was not given back properly),
+    no job run twice, the worker deregistered, and its log says it released everything."""
     import random
+
+    released_total = 0
 
     for i in range(20):
         # topped up each round: the queue never runs dry, so every stop comes under load
@@ -176,5 +183,24 @@ def test_sigterm_under_load_leaves_no_job_active(conn: psycopg.Connection[Any], 
         assert proc.wait(60) == 0
         active = conn.execute("SELECT count(*) FROM pgjobs.jobs WHERE state = 'active'").fetchone()
         assert active == (0,), f"stop {i}: {active[0] if active else '?'} job(s) left active"
+        leftovers = conn.execute(
+            "SELECT count(*) FILTER (WHERE lease_token IS NOT NULL),"
+            " count(*) FILTER (WHERE state = 'pending' AND attempt > 0),"
+            " count(*) FILTER (WHERE state = 'succeeded' AND attempt <> 1),"
+            " count(*) FILTER (WHERE state NOT IN ('pending', 'succeeded'))"
+            " FROM pgjobs.jobs"
+        ).fetchone()
+        assert leftovers == (0, 0, 0, 0), f"stop {i}: tokens, unrefunded, run twice, other states: {leftovers}"
+        assert conn.execute("SELECT count(*) FROM pgjobs.workers").fetchone() == (0,), f"stop {i}: not deregistered"
+        log = (tmp_path / f"worker-{i}.log").read_text(errors="replace")
+        for bad in ("could not be released", "giving up", "Traceback"):
+            assert bad not in log, f"stop {i}: {bad!r} in the worker's log:\n{log[-3000:]}"
+        books = re.search(r"claimed (\d+), completed (\d+), failed 0, released (\d+), cancelled 0, lost 0", log)
+        assert books is not None, f"stop {i}: no clean summary line in the worker's log:\n{log[-3000:]}"
+        claimed, completed, released = (int(g) for g in books.groups())
+        assert claimed == completed + released, f"stop {i}: {books.group(0)}"
+        released_total += released
     left = conn.execute("SELECT count(*) FROM pgjobs.jobs WHERE state = 'pending'").fetchone()
     assert left is not None and left[0] > 0  # the queue never ran dry: every stop came under load
+    # some stop caught claimed jobs not yet run (a claim whose answer came after the stop began, most often)
+    assert released_total > 0

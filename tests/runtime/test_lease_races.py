@@ -305,3 +305,73 @@ def test_the_worker_runs_again_every_call_that_lost_a_race(
     assert not outage, outage
     assert worker.stats.lost == 0
     assert conn.execute("SELECT count(*) FROM pgjobs.jobs WHERE checkpoint IS NOT NULL").fetchone() == (3,)
+
+
+def _complete_twice_round(first: Conn, second: Conn, held: list[tuple[int, UUID]]) -> list[int]:
+    done = [0, 0]
+
+    def ascending() -> None:
+        done[0] += complete_many(first, held)
+
+    def descending() -> None:
+        done[1] += complete_many(second, held[::-1])
+
+    errors = race(ascending, descending)
+    assert not errors, f"racing calls failed: {errors!r}"
+    return done
+
+
+def test_two_completions_of_the_same_jobs_in_opposite_orders_never_deadlock(
+    conn: Conn, connect: ConnectFactory
+) -> None:
+    """A completion sent twice (a retry after a lost reply while the first is still running, a client's own
+    complete_many) over the same jobs in opposite orders: complete_many locks in id order whatever the order
+    of its arrays, so one waits for the other; each job is completed once between them."""
+    first, second = connect(), connect()
+    rounds, per_round = 30, 300
+    enqueue_many(conn, rounds * per_round)
+    for _ in range(rounds):
+        held = sorted(claim(conn, per_round))
+        done = _complete_twice_round(first, second, held)
+        assert sum(done) == per_round, done
+    assert conn.execute("SELECT count(*) FROM pgjobs.jobs WHERE state = 'succeeded'").fetchone() == (
+        rounds * per_round,
+    )
+
+
+def _cancel_complete_round(
+    canceller: Conn, completer: Conn, batch: int, held: list[tuple[int, UUID]], delay: float
+) -> int:
+    done = [0]
+
+    def cancel() -> None:
+        time.sleep(max(0.0, delay))  # varied: the two statements meet at different points of their lists
+        canceller.execute("SELECT pgjobs.cancel_batch(%s)", [batch]).fetchone()
+
+    def complete() -> None:
+        time.sleep(max(0.0, -delay))
+        done[0] += complete_many(completer, held[::-1])
+
+    errors = race(cancel, complete)
+    assert not errors, f"racing calls failed: {errors!r}"
+    return done[0]
+
+
+def test_cancelling_a_batch_while_its_members_complete_never_deadlocks(conn: Conn, connect: ConnectFactory) -> None:
+    """cancel_batch flags the running members in id order while the worker completes them in its own order:
+    no deadlock; every member ends, succeeded or cancelled, exactly once. (A guard: on the old complete_many
+    the two statements' timings seldom crossed here; the test above is the one that reproduced it.)"""
+    canceller, completer = connect(), connect()
+    rounds, per_round = 24, 300
+    for r in range(rounds):
+        rows = conn.execute(
+            "SELECT id, batch_id FROM pgjobs.enqueue_many(%s, as_batch => true)", [Jsonb([{"kind": "k"}] * per_round)]
+        ).fetchall()
+        batch = int(rows[0][1])
+        held = sorted(claim(conn, per_round))
+        assert {p[0] for p in held} == {int(r[0]) for r in rows}
+        assert _cancel_complete_round(canceller, completer, batch, held, (r % 12 - 6) * 0.0005) == per_round
+        states = dict(
+            conn.execute("SELECT state::text, count(*) FROM pgjobs.jobs WHERE batch_id = %s GROUP BY 1", [batch])
+        )
+        assert sum(states.values()) == per_round and set(states) <= {"succeeded", "cancelled"}, states

@@ -95,12 +95,9 @@ async def claim_loop(w: WorkerState, q: QueueState) -> None:
                     w.outage.restored(f"claim on queue {q.name!r}")
                 failures = raced = 0
             except TRANSIENT_ERRORS as exc:
-                # A lost race (40001/40P01, see state.TRANSIENT_SQLSTATES: with jobs partitioned, a row the
-                # claim was about to lock was moved by an end that committed meanwhile): nothing was claimed,
-                # claim again on the same connection (not an outage: no reconnect, no hold on reaping).
+                # A lost race (state.TRANSIENT_SQLSTATES; with jobs partitioned, a row moved under the claim):
+                # nothing claimed, claim again on the same connection (no outage: no reconnect, no reaping hold).
                 raced += 1
-                if raced >= TRANSIENT_TRIES:
-                    raise translate(exc) from exc
                 q.more = True
                 await w.lost_race(f"claim on queue {q.name!r}", exc, raced)
                 continue

@@ -31,7 +31,6 @@ from pgjobs.runtime.state import (
     RECONNECT_CAP,
     SESSION_OPTIONS,
     TRANSIENT_ERRORS,
-    TRANSIENT_TRIES,
     Done,
     HeldJob,
     WorkerState,
@@ -117,8 +116,6 @@ class Completer:
                 # the compare-and-set). Taken for an outage, it closed the connection, and a stopping worker
                 # gave up on the batch after five: jobs that had run were left to run again.
                 raced += 1
-                if raced >= TRANSIENT_TRIES:
-                    raise translate(exc) from exc
                 await w.lost_race(f"complete_many of {len(batch)} job(s)", exc, raced)
             except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
                 self.failures += 1

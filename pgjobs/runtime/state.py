@@ -287,8 +287,6 @@ class WorkerState:
                 return result
             except TRANSIENT_ERRORS as exc:
                 raced += 1
-                if raced >= TRANSIENT_TRIES:
-                    raise translate(exc) from exc
                 await self.lost_race(_call_name(call.query), exc, raced)
             except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
                 failures += 1
@@ -302,8 +300,11 @@ class WorkerState:
             except psycopg.Error as exc:
                 raise translate(exc) from exc
 
-    async def lost_race(self, what: str, exc: BaseException, failures: int) -> None:
-        """After a lost race (:data:`TRANSIENT_ERRORS`): counted, logged, and a short pause before the retry."""
+    async def lost_race(self, what: str, exc: psycopg.Error, failures: int) -> None:
+        """After a lost race (:data:`TRANSIENT_ERRORS`): counted, logged, and a short pause before the retry;
+        raised (translated) when the statement lost ``TRANSIENT_TRIES`` times in a row."""
+        if failures >= TRANSIENT_TRIES:
+            raise translate(exc) from exc
         self.transient_retries += 1
         log.info("%s lost a race (%s %s); running it again", what, getattr(exc, "sqlstate", None),
                  str(exc).splitlines()[0] if str(exc) else type(exc).__name__)  # fmt: skip

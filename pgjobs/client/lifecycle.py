@@ -116,7 +116,7 @@ COMPLETE_MANY_RESULTS_SQL: LiteralString = (
     " results => ARRAY(SELECT nullif(r.e, 'null'::jsonb) FROM jsonb_array_elements(%s::jsonb)"
     " WITH ORDINALITY AS r(e, n) ORDER BY r.n))"
 )
-# (ids, lease_tokens, lease interval): rows (id, cancel_requested) of the jobs still held.
+# (ids, lease_tokens, lease interval): rows (id, cancel_requested) of the jobs still held (NULL: busy, not renewed).
 RENEW_LEASES_SQL: LiteralString = (
     "SELECT id, cancel_requested FROM pgjobs.renew_leases(ids => %s::bigint[], lease_tokens => %s::uuid[],"
     " lease => %s::interval)"
@@ -137,7 +137,8 @@ class LifecycleOps(SyncRunner):
         *,
         conn: SyncConn | None = None,
     ) -> list[Renewed]:
-        """Renews many leases in one round trip; returns the jobs still held."""
+        """Renews many leases in one round trip; returns the jobs still held (``cancel_requested`` None: busy in
+        another transaction, not renewed this time, not lost; ask again). It never waits for a row lock."""
         return self._run(renew_leases_call(ids, lease_tokens, lease), conn)
 
     def checkpoint(self, id: int, lease_token: UUID, checkpoint: Any, *, conn: SyncConn | None = None) -> bool:

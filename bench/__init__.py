@@ -7,3 +7,5 @@ command line.
 """
 
 SUITES = ("core", "worker", "workflows", "fairness", "recurring")
+# Run only when named (``--only stream``): the worker suite's subscriber rows alone, with more rounds.
+EXTRA_SUITES = ("stream",)

@@ -29,7 +29,7 @@ from typing import Any
 
 from psycopg.conninfo import conninfo_to_dict
 
-from . import SUITES
+from . import EXTRA_SUITES, SUITES
 from .common import Figure, fresh_database, server_settings
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
@@ -234,9 +234,9 @@ def main(argv: list[str] | None = None, prog: str = "python -m bench") -> int:
         return soak_main(argv[1:])
     args = _parser(prog).parse_args(argv)
     names = [s.strip() for s in args.only.split(",")] if args.only else list(SUITES)
-    unknown = [n for n in names if n not in SUITES]
+    unknown = [n for n in names if n not in SUITES + EXTRA_SUITES]
     if unknown:
-        print(f"unknown suite(s) {', '.join(unknown)}; choose from {', '.join(SUITES)}", file=sys.stderr)
+        print(f"unknown suite(s) {', '.join(unknown)}; choose from {', '.join(SUITES + EXTRA_SUITES)}", file=sys.stderr)
         return 2
     started = dt.datetime.now(dt.UTC)
     results: list[dict[str, Any]] = []

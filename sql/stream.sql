@@ -132,10 +132,14 @@ BEGIN
     -- lock). A follower that is reading (it got events last time) comes back by itself.
     IF (SELECT f.armed FROM stream_followers AS f WHERE f.until > statement_timestamp()
          ORDER BY f.until DESC LIMIT 1) THEN
-        -- The same text for the whole transaction as long as no tick runs between: NOTIFY folds
-        -- duplicates of one transaction into one.
-        PERFORM pg_notify('pgjobs_status', '{"event_id": '
-                          || coalesce(pg_sequence_last_value('pgjobs.event_id_seq'), 0) || ', "pending": true}');
+        -- At most one hint per transaction: its commit delivers all of its events at once. (NOTIFY
+        -- folds only identical texts, and a tick between two appends changes the text. The flag is
+        -- transaction-local; a rolled-back subtransaction takes it back together with its NOTIFY.)
+        IF current_setting('pgjobs.status_hinted', true) IS DISTINCT FROM 'on' THEN
+            PERFORM set_config('pgjobs.status_hinted', 'on', true);
+            PERFORM pg_notify('pgjobs_status', '{"event_id": '
+                              || coalesce(pg_sequence_last_value('pgjobs.event_id_seq'), 0) || ', "pending": true}');
+        END IF;
     END IF;
 END;
 $$;
@@ -419,16 +423,31 @@ END;
 $$;
 
 -- The oldest and newest retained event ids (NULL, NULL when the log is empty). A cursor below
--- oldest_id has lost the events in between to retention.
+-- oldest_id has lost the events in between to retention. A subscriber calls it on every read (with
+-- read_events, in the same statement: STABLE, so it sees that statement's snapshot, taken before
+-- read_events ticks), so it is PL/pgSQL: its plans are kept, where a SQL function's are made again on
+-- every call (two merge appends over the 16 partitions, more than the read itself cost).
 CREATE OR REPLACE FUNCTION pgjobs.stream_bounds(OUT oldest_id bigint, OUT newest_id bigint)
 RETURNS record
-LANGUAGE sql
+LANGUAGE plpgsql
 STABLE
 SECURITY DEFINER
 SET search_path = pg_catalog, pgjobs, pg_temp
+SET jit = off
 AS $$
-    SELECT (SELECT l.first_id FROM event_log AS l ORDER BY l.last_id LIMIT 1),
-           (SELECT l.last_id FROM event_log AS l ORDER BY l.last_id DESC LIMIT 1);
+DECLARE
+    v_slot smallint;
+BEGIN
+    -- The newest is in the partition the ticker writes now, unless nothing was ticked since the last
+    -- rotation: ticks and rotations take turns under the stream lock, and a rotation empties its
+    -- partition before the first tick into it, so every row there is newer than the rest of the log.
+    SELECT r.slot INTO v_slot FROM event_rotations AS r ORDER BY r.rotation_id DESC LIMIT 1;
+    SELECT l.last_id INTO newest_id FROM event_log AS l WHERE l.slot = v_slot ORDER BY l.last_id DESC LIMIT 1;
+    IF newest_id IS NULL THEN
+        SELECT l.last_id INTO newest_id FROM event_log AS l ORDER BY l.last_id DESC LIMIT 1;
+    END IF;
+    SELECT l.first_id INTO oldest_id FROM event_log AS l ORDER BY l.last_id LIMIT 1;
+END;
 $$;
 
 -- Retention and rotation period of the event log; NULL leaves a setting as it is. Returns the

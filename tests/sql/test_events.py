@@ -411,3 +411,43 @@ def test_a_bulk_enqueue_logs_each_job_once_in_spec_order(conn: Conn) -> None:
     logged = events(conn, max_rows=5000)
     assert [r["id"] for r in logged] == [r["id"] for r in rows]
     assert [(r["kind"], r["queue"]) for r in logged] == [(s["kind"], s["queue"]) for s in specs]
+
+
+def test_at_most_one_hint_per_writing_transaction(connect: ConnectFactory) -> None:
+    """A writer hints once per transaction however many transition calls it makes: a tick between two of
+    them (which changes the hint's text, so NOTIFY would not fold them) does not make a second, and a hint
+    taken back with a rolled-back savepoint is sent again by the next call."""
+    writer, other, listener = connect(autocommit=False), connect(), connect()
+    listen(listener, "pgjobs_status")
+    follow(other)
+    drain(listener)
+    writer.execute("SAVEPOINT s")
+    enqueue(writer)
+    writer.execute("ROLLBACK TO SAVEPOINT s")  # its hint goes with it
+    enqueue(writer)  # armed: hints again
+    enqueue(other)  # another writer, and a reader that ticks: the sequence moves on ...
+    assert len(events(other)) == 1
+    follow(other)  # ... and the follower waits for a hint again
+    enqueue(writer)
+    enqueue_n(writer, 3)
+    drain(listener)
+    writer.commit()
+    hints = payloads(drain(listener), "pgjobs_status")
+    assert len(hints) == 1 and '"pending": true' in hints[0], hints
+    assert len(events(other)) == 1 + 5  # the other writer's, and the writer's but the rolled-back one
+
+
+def test_stream_bounds_after_a_rotation_with_nothing_ticked_since(conn: Conn) -> None:
+    """The newest id is looked up in the partition the ticker writes now; right after a rotation that one
+    is empty, and the newest id is still found (in the partition before)."""
+    call(conn, "configure_stream", rotate_every="1 second")
+    enqueue_n(conn, 3)
+    newest = events(conn)[-1]["event_id"]
+    conn.execute("UPDATE pgjobs.event_rotations SET started_at = started_at - interval '10 seconds'")
+    assert "rotate" in [r["action"] for r in call(conn, "maintain")]
+    oldest = events(conn)[0]["event_id"]
+    assert call(conn, "stream_bounds")[0] == {"oldest_id": oldest, "newest_id": newest}
+    enqueue(conn)
+    later = events(conn, after=newest)
+    assert len(later) == 1
+    assert call(conn, "stream_bounds")[0] == {"oldest_id": oldest, "newest_id": later[0]["event_id"]}

@@ -41,6 +41,7 @@ log = logging.getLogger("pgjobs.stream")
 
 STATUS_CHANNEL = "pgjobs_status"
 _TERMINAL = frozenset({JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED})
+_STATES = {s.value: s for s in JobState}  # a dict lookup per event, not an Enum call (the follower's hot loop)
 _PAGE = 1000
 # The log's newest id read in the same statement, before read_events looks: every id up to it is committed
 # and seen by the read, so a filtered read that comes back short lets the cursor move up to it (a quiet
@@ -106,7 +107,7 @@ def _parse_rows(rows: Rows) -> list[StatusEvent]:
     return out
 
 
-def _hint_wants_read(payload: str, cursor: int) -> bool:
+def hint_wants_read(payload: str, cursor: int) -> bool:
     """Whether a pgjobs_status payload asks for a read. Anything unexpected does (a read is harmless); only a
     ticker's ``{"event_id": N}`` with N at or below the cursor says nothing new."""
     try:
@@ -167,7 +168,7 @@ class _Stream:
             self.last_page = len(got)
             for _, event_id, at, id_, state, q, kind, attempt, b, progress in got:
                 self.cursor = max(self.cursor, event_id)
-                ev = StatusEvent(id_, JobState(state), q, kind, attempt, b, progress, False, event_id, at)
+                ev = StatusEvent(id_, _STATES[state], q, kind, attempt, b, progress, False, event_id, at)
                 if self.wants(ev):
                     out.append(ev)
             if len(got) < _PAGE:
@@ -230,7 +231,7 @@ async def subscribe(
     after_id: int | None = None,
     poll_interval: float = 1.0,
     resync_interval: float = 5.0,
-    chase_interval: float = 0.005,
+    chase_interval: float = 0.0,
     application_name: str = "pgjobs-subscribe",
 ) -> AsyncGenerator[StatusEvent, None]:
     """Yields :class:`StatusEvent` s of the jobs selected by ``job_ids`` / ``batch_id`` (either matches),
@@ -255,7 +256,7 @@ async def subscribe(
                 elif isinstance(item, Notifications):
                     assert st.cursor is not None
                     cursor = st.cursor
-                    hinted = any(c == STATUS_CHANNEL and _hint_wants_read(p, cursor) for c, p in item.items)
+                    hinted = any(c == STATUS_CHANNEL and hint_wants_read(p, cursor) for c, p in item.items)
                     batch = await st.read(item.conn) if hinted else []
                 else:
                     assert isinstance(item, Tick)
@@ -281,7 +282,7 @@ async def subscribe(
                     # Events came: more are likely on their way. Read again shortly, without waiting for a
                     # hint (writers send none while this follower's last read found events), until a read
                     # comes back empty; that one tells writers to hint again.
-                    await anyio.sleep(chase_interval)
+                    await anyio.sleep(chase_interval)  # 0: at once (still a checkpoint)
                     batch = await st.read(item.conn)
             except (psycopg.OperationalError, psycopg.InterfaceError):
                 continue  # the listener finds the connection broken and reconnects; the cursor stays

@@ -5,6 +5,7 @@ job ids."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -338,3 +339,139 @@ def test_a_subscriber_resumes_after_its_cursor(dsn: str, conn: psycopg.Connectio
     later = enqueue(conn, "b")
     resumed = collect_until(dsn, 1, after_id=cursor)
     assert [(e.id, e.kind, e.state.value) for e in resumed] == [(later, "b", "pending")]
+
+
+def test_every_event_of_concurrent_producers_and_workers_arrives_in_order_across_reconnects(
+    dsn: str, conn: psycopg.Connection[Any]
+) -> None:
+    """Four producers (single enqueues, bulk enqueues, multi-call transactions) and two workers (claim and
+    complete_many) race on their own connections while one subscriber follows the queue and its connection is
+    killed twice: it gets every event exactly once, in event_id order, each job's in transition order, and each
+    producer's jobs in the order it enqueued them."""
+    producers, per_producer, queue = 4, 60, "race"
+    total_jobs = producers * per_producer
+    events: list[StatusEvent] = []
+    enqueued: list[list[int]] = [[] for _ in range(producers)]
+    kills: list[tuple[int, int]] = []  # (connections killed, events read by then)
+    stop_workers = False
+
+    def produce(p: int) -> None:
+        with psycopg.connect(dsn, autocommit=True) as c:
+            made = 0
+            while made < per_producer:
+                time.sleep(0.003)  # the stream lasts long enough to be cut twice
+                if made % 3 == 0:
+                    enqueued[p].append(enqueue(c, f"p{p}", queue))
+                    made += 1
+                elif made % 3 == 1:
+                    rows = c.execute(
+                        "SELECT id FROM pgjobs.enqueue_many(%s)", [Jsonb([{"kind": f"p{p}", "queue": queue}] * 2)]
+                    ).fetchall()
+                    enqueued[p] += [int(r[0]) for r in rows]
+                    made += len(rows)
+                else:
+                    with c.transaction():
+                        enqueued[p] += [enqueue(c, f"p{p}", queue) for _ in range(2)]
+                    made += 2
+
+    def work(w: int) -> None:
+        with psycopg.connect(dsn, autocommit=True) as c:
+            while not stop_workers:
+                rows = c.execute(
+                    "SELECT id, lease_token FROM pgjobs.claim(%s, ARRAY[%s], 7)", [f"w{w}", queue]
+                ).fetchall()
+                if rows:
+                    c.execute(
+                        "SELECT pgjobs.complete_many(%s::bigint[], %s::uuid[])",
+                        [[r[0] for r in rows], [r[1] for r in rows]],
+                    )
+
+    def subscriber_pids() -> list[int]:
+        rows = conn.execute(
+            "SELECT pid FROM pg_stat_activity WHERE application_name = 'pgjobs-subscribe'"
+            " AND datname = current_database()"
+        ).fetchall()
+        return [int(r[0]) for r in rows]
+
+    async def follow() -> None:
+        async with AsyncClient(dsn) as client:
+            async for ev in client.subscribe(queue=queue):
+                events.append(ev)
+                if sum(1 for e in events if e.state is JobState.SUCCEEDED) == total_jobs:
+                    return
+
+    async def race() -> None:
+        nonlocal stop_workers
+        await listening(conn, 1)
+        async with anyio.create_task_group() as tg:
+            for p in range(producers):
+                tg.start_soon(anyio.to_thread.run_sync, produce, p)
+            for w in range(2):
+                tg.start_soon(anyio.to_thread.run_sync, work, w)
+            for share in (1, 2):  # kill the subscriber's connection twice mid-stream, while the others go on
+                while len(events) < share * total_jobs:  # a third, then two thirds of the events read
+                    await anyio.sleep(0.002)
+                pids = subscriber_pids()
+                for pid in pids:
+                    conn.execute("SELECT pg_terminate_backend(%s)", [pid])
+                kills.append((len(pids), len(events)))
+            while sum(len(e) for e in enqueued) < total_jobs or conn.execute(
+                "SELECT EXISTS (SELECT 1 FROM pgjobs.jobs WHERE queue = %s AND state <> 'succeeded')", [queue]
+            ).fetchone() == (True,):
+                await anyio.sleep(0.05)
+            stop_workers = True
+
+    async def main() -> None:
+        with anyio.fail_after(120):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(follow)
+                tg.start_soon(race)
+
+    anyio.run(main)
+    assert [k for k, _ in kills] == [1, 1] and all(n < 3 * total_jobs for _, n in kills)
+    ids = [e.event_id for e in events]
+    assert all(i is not None for i in ids)
+    assert ids == sorted(ids) and len(set(ids)) == len(ids)  # in order, none twice
+    per_job: dict[int, list[str]] = {}
+    for e in events:
+        per_job.setdefault(e.id, []).append(e.state.value)
+    assert set(per_job) == {j for p in enqueued for j in p}
+    assert all(states == ["pending", "active", "succeeded"] for states in per_job.values())
+    pending_order = [e.id for e in events if e.state is JobState.PENDING]
+    for p in range(producers):
+        mine = set(enqueued[p])
+        assert [j for j in pending_order if j in mine] == enqueued[p]
+    assert not any(e.resync for e in events)
+
+
+def test_forged_hints_produce_no_event_on_a_queue_stream(dsn: str, conn: psycopg.Connection[Any]) -> None:
+    """Any role can NOTIFY pgjobs_status: hints of every shape, including ones naming a job and a state, make the
+    subscriber read the log and nothing more. The first event it yields is the one real transition."""
+    events: list[StatusEvent] = []
+
+    async def main() -> None:
+        async with AsyncClient(dsn) as client:
+            stream = client.subscribe(queue="forged")
+
+            async def forge() -> None:
+                await listening(conn, 1)
+                for forged in (
+                    '{"event_id": 99999999, "pending": true}',
+                    '[{"id": 1, "state": "succeeded", "queue": "forged", "kind": "x", "attempt": 1}]',
+                    '{"id": 1, "state": "failed", "queue": "forged"}',
+                    "garbage",
+                    "",
+                ):
+                    conn.execute("SELECT pg_notify('pgjobs_status', %s)", [forged])
+                await anyio.sleep(0.3)  # read, each of them
+                enqueue(conn, "real", queue="forged")
+
+            with anyio.fail_after(30):
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(forge)
+                    async for ev in stream:
+                        events.append(ev)
+                        break
+
+    anyio.run(main)
+    assert [(e.kind, e.state.value) for e in events] == [("real", "pending")]

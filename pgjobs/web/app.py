@@ -86,7 +86,10 @@ def routes() -> list[Route | Mount]:
 
 def create_app(config: WebConfig) -> Starlette:
     backend = Backend.create(config)
-    hub = Hub(backend.dash, config.poll_interval)
+    hub = Hub(
+        backend.dash, config.poll_interval,
+        listen_dsn=config.reader_dsn or config.dsn, application_name=f"{config.application_name}-listen",
+    )  # fmt: skip
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:

@@ -1,10 +1,13 @@
 """Live updates: ONE shared reader of the event log per dashboard process, fanned out to every SSE client.
 
 The reader follows ``pgjobs.read_events`` from the log's head on the reader pool (one pooled connection
-per poll, whatever the number of browsers), and puts each event into the queue of every subscriber whose
-filter matches. It never reads events from NOTIFY payloads (any role can send one; the log is the only
-source of what happened). A subscriber that cannot keep up (its queue full) is told to resync
-(reload what it shows) rather than slowing the others down.
+per read, whatever the number of browsers), and puts each event into the queue of every subscriber whose
+filter matches. Like ``subscribe()`` it reads when a ``pgjobs_status`` hint arrives (one LISTEN connection
+per dashboard process, when given ``listen_dsn``), again by itself ``chase_interval`` after a read that
+returned events (writers send no hint while a follower's last read found some), and every
+``poll_interval`` as a fallback. It never reads events from NOTIFY payloads (any role can send one; a hint
+only makes it read, and the log is the only source of what happened). A subscriber that cannot keep up
+(its queue full) is told to resync (reload what it shows) rather than slowing the others down.
 
 The reader also tells the subscribers whether the database answers (``db`` messages), so pages can show
 their "database unreachable" banner the moment it goes away and drop it when it is back.
@@ -20,6 +23,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pgjobs.client.dashboard import AsyncDashboard, Event
+from pgjobs.client.listen import Connected, Listener, Notifications
+from pgjobs.client.stream import STATUS_CHANNEL, hint_wants_read
 from pgjobs.errors import SchemaMissing
 from pgjobs.jsonable import to_jsonable
 from pgjobs.web.backend import unavailable_reason
@@ -56,9 +61,24 @@ class Subscriber:
 class Hub:
     """The shared reader. ``subscribe()`` / ``unsubscribe()`` from SSE handlers; started on first need."""
 
-    def __init__(self, dash: AsyncDashboard, poll_interval: float = 0.5) -> None:
+    def __init__(
+        self,
+        dash: AsyncDashboard,
+        poll_interval: float = 0.5,
+        *,
+        listen_dsn: str | None = None,
+        chase_interval: float = 0.02,
+        application_name: str = "pgjobs-web-listen",
+    ) -> None:
         self.dash = dash
         self.poll_interval = poll_interval
+        self.listen_dsn = listen_dsn
+        self.chase_interval = chase_interval
+        self.application_name = application_name
+        self.cursor: int | None = None  # the newest event id read (None: not following)
+        self.hints = 0  # pgjobs_status hints that asked for a read
+        self._hinted: asyncio.Event | None = None
+        self._listen_task: asyncio.Task[None] | None = None
         self.subscribers: set[Subscriber] = set()
         self.db_ok: bool | None = None
         self.db_error: str | None = None
@@ -74,6 +94,8 @@ class Hub:
         if self.db_ok is not None:
             sub.offer(self._db_message())
         self.start()
+        if self._hinted is not None:
+            self._hinted.set()  # a reader waiting for its first subscriber starts now
         return sub
 
     def unsubscribe(self, sub: Subscriber) -> None:
@@ -117,11 +139,12 @@ class Hub:
         loop.call_soon_threadsafe(end)
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._task
-            self._task = None
+        for task in (self._task, self._listen_task):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task
+        self._task = self._listen_task = None
         for sub in list(self.subscribers):
             with contextlib.suppress(asyncio.QueueFull):
                 sub.inbox.put_nowait(None)  # ends the stream
@@ -159,20 +182,56 @@ class Hub:
             if len(batch) < READ_BATCH:
                 return after
 
+    async def _listen(self) -> None:
+        """Sets the hint flag on each pgjobs_status hint that may mean news, and after every (re)connect
+        (a hint sent while it was down is lost: read once). Connection errors are the reads' to report."""
+        assert self.listen_dsn is not None and self._hinted is not None
+        listener = Listener(
+            self.listen_dsn, [STATUS_CHANNEL], application_name=self.application_name,
+            on_error=lambda exc, delay: None,
+        )  # fmt: skip
+        events = listener.events()
+        try:
+            async for item in events:
+                if isinstance(item, Connected):
+                    self._hinted.set()
+                elif isinstance(item, Notifications):
+                    cursor = self.cursor if self.cursor is not None else 2**63 - 1
+                    if any(c == STATUS_CHANNEL and hint_wants_read(p, cursor) for c, p in item.items):
+                        self.hints += 1
+                        self._hinted.set()
+        finally:
+            await events.aclose()
+
+    async def _pause(self, seconds: float) -> None:
+        """Sleeps ``seconds``, or less when a hint comes first."""
+        if self._hinted is None:
+            await asyncio.sleep(seconds)
+            return
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._hinted.wait(), seconds)
+        self._hinted.clear()
+
     async def _follow_log(self) -> None:
+        if self.listen_dsn is not None:
+            self._hinted = asyncio.Event()
+            self._listen_task = asyncio.get_running_loop().create_task(self._listen(), name="pgjobs-web-listen")
         after: int | None = None
         failures = 0
         while True:
+            self.cursor = after
             if not self.subscribers:
                 # Nobody is watching: no read_events call, so the dashboard does not count as a follower
                 # of the stream (writers then skip the pgjobs_status hint and its commit lock); the next
                 # subscriber starts from the head again.
                 after = None
-                await asyncio.sleep(self.poll_interval)
+                await self._pause(self.poll_interval)
                 continue
             try:
                 if after is None:
                     after = await self._head()
+                if self._hinted is not None:
+                    self._hinted.clear()  # what it announced is read now
                 batch = await self.dash.read_events(after_id=after, max_rows=READ_BATCH)
             except Exception as exc:
                 reason = unavailable_reason(exc)
@@ -187,8 +246,11 @@ class Hub:
             if batch:
                 after = batch[-1].event_id
                 self.publish([event_json(e) for e in batch])
-            if len(batch) < READ_BATCH:
-                await asyncio.sleep(self.poll_interval)
+            if len(batch) == READ_BATCH:
+                continue
+            # After events, read again soon by itself (no writer hints while its last read found some); after
+            # an empty read, the next hint (or the poll) wakes it.
+            await self._pause(self.chase_interval if batch else self.poll_interval)
 
 
 def event_json(e: Event) -> dict[str, Any]:

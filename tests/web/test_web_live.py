@@ -159,3 +159,47 @@ def test_open_pages_are_told_when_the_database_goes_and_comes_back(
         asyncio.run(run())
     finally:
         proxy.close()
+
+
+def test_the_shared_reader_is_woken_by_hints_and_forged_hints_show_nothing(
+    dsn: str, make_web: Callable[..., RunningWeb]
+) -> None:
+    """With its poll a minute away, the dashboard's reader still shows a new job's event: the writer's hint woke
+    it. Forged pgjobs_status hints (any role can send them, naming any job) make it read the log, and nothing it
+    did not find there reaches a page."""
+    web = make_web(poll_interval=60.0)
+    hub = web.app.state.hub
+
+    async def run() -> list[dict[str, Any]]:
+        reader, writer = await _open_stream(web, _cookie(web))
+        assert (await _wait_for(reader, "db", 10))["ok"] is True
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            lie = '[{"id": 1, "state": "succeeded", "queue": "default", "kind": "x", "attempt": 1, "batch_id": null}]'
+            deadline = time.monotonic() + 15
+            while hub.hints < 3:  # until its LISTEN connection is up and has heard some
+                assert time.monotonic() < deadline, "the reader heard no hint"
+                for forged in ('{"event_id": 99999999, "pending": true}', lie, "garbage"):
+                    conn.execute("SELECT pg_notify('pgjobs_status', %s)", [forged])
+                await asyncio.sleep(0.05)
+            await asyncio.sleep(0.3)  # it read after them (and found nothing): it waits for a hint again
+            with pgjobs.Client(dsn) as c:
+                job = c.enqueue("woken", {})
+
+        async def collect() -> list[dict[str, Any]]:
+            got: list[dict[str, Any]] = []
+            while True:
+                line = (await reader.readline()).decode(errors="replace").strip()
+                if line.startswith("data: "):
+                    msg = json.loads(line[len("data: ") :])
+                    if msg.get("type") == "event":
+                        got.append(msg)
+                        if msg.get("id") == job.id:
+                            return got
+
+        got = await asyncio.wait_for(collect(), 20)  # far below the poll: a hint woke it
+        writer.close()
+        return got
+
+    got = asyncio.run(run())
+    assert [(m["kind"], m["state"]) for m in got] == [("woken", "pending")]
+    assert hub.events_seen == 1

@@ -44,6 +44,7 @@ def _install_trace() -> None:
     states: dict[str, Any] = getattr(stream_mod, "_STATES", None) or {s.value: s for s in JobState}
 
     async def read(self: Any, conn: Any) -> Any:
+        self.read_started = time.monotonic()  # the chase's pacing (see subscribe)
         out: list[Any] = []
         while True:
             ids = None if self.ids is None else sorted(self.ids)

@@ -278,17 +278,20 @@ $$;
 
 -- Whether this call may tick: READ COMMITTED, writable, and its transaction began just now (the
 -- call is its first statement: autocommit, or the first query after BEGIN). The ticker lock is
--- held to commit, so a reader deep in a long transaction must not take it.
+-- held to commit, so a reader deep in a long transaction must not take it. (PL/pgSQL: called twice
+-- per read_events, and a SQL function with a SET clause is planned anew on every call.)
 CREATE OR REPLACE FUNCTION pgjobs._may_tick()
 RETURNS boolean
-LANGUAGE sql
+LANGUAGE plpgsql
 STABLE
 SET search_path = pg_catalog, pgjobs, pg_temp
 AS $$
-    SELECT current_setting('transaction_isolation') = 'read committed'
+BEGIN
+    RETURN current_setting('transaction_isolation') = 'read committed'
            AND current_setting('transaction_read_only') = 'off'
            AND statement_timestamp() - transaction_timestamp() < interval '50 milliseconds'
            AND NOT pg_is_in_recovery();
+END;
 $$;
 
 -- The contract's reader. Ticks first when it may (so a follower sees what committed up to now),

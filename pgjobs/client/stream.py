@@ -5,9 +5,12 @@ A subscriber keeps a cursor (the last ``event_id`` it has read) and reads after 
 hint (a NOTIFY that only says "there is more"; its payload is never trusted), on every (re)connect of its
 LISTEN connection, and every ``poll_interval`` seconds as a fallback. So a missed or forged notification costs
 latency at most, never an event, and a reconnect resumes exactly where the stream was. After a read that
-returned events it reads again ``chase_interval`` seconds later by itself, until a read comes back empty:
-writers send no hint while the follower's last read found events (a notifying commit serialises with every
-other), so under load the stream costs the hot path no NOTIFY at all.
+returned events it reads again by itself, until a read comes back empty: writers send no hint while the
+follower's last read found events (a notifying commit serialises with every other), so under load the stream
+costs the hot path no NOTIFY at all. That next read starts at once when the last one took ``chase_interval``
+seconds or more (under load: each read ticks and waits for its commit's WAL flush, so a sleep between reads
+would only add to every event's delay), else when ``chase_interval`` has passed since it started (a trickle
+of events is read in at most 1/chase_interval reads a second, not in as many as the server can answer).
 
 Where the stream starts: with ``after_id`` it resumes after that event. Otherwise a stream of known jobs
 (``job_ids`` and/or ``batch_id``) replays their retained history from the log, and for watched jobs with no
@@ -138,6 +141,7 @@ class _Stream:
         self.logged: set[int] = set()  # watched jobs heard of in the log: the log is their truth
         self.last: dict[int, tuple[str, int, str | None]] = {}
         self.last_page = 0  # rows of the last read_events call: more than 0 means "read again by yourself"
+        self.read_started = 0.0  # time.monotonic() when the last read began (the chase's pacing)
 
     def wants(self, ev: StatusEvent) -> bool:
         if self.queue is not None and ev.queue != self.queue:
@@ -157,6 +161,7 @@ class _Stream:
 
     async def read(self, conn: psycopg.AsyncConnection[Any]) -> list[StatusEvent]:
         """Every event after the cursor (page by page), moving the cursor."""
+        self.read_started = time.monotonic()
         out: list[StatusEvent] = []
         while True:
             assert self.cursor is not None
@@ -231,7 +236,7 @@ async def subscribe(
     after_id: int | None = None,
     poll_interval: float = 1.0,
     resync_interval: float = 5.0,
-    chase_interval: float = 0.0,
+    chase_interval: float = 0.004,
     application_name: str = "pgjobs-subscribe",
 ) -> AsyncGenerator[StatusEvent, None]:
     """Yields :class:`StatusEvent` s of the jobs selected by ``job_ids`` / ``batch_id`` (either matches),
@@ -279,10 +284,11 @@ async def subscribe(
                         confirmed = True
                     else:
                         confirmed = False
-                    # Events came: more are likely on their way. Read again shortly, without waiting for a
-                    # hint (writers send none while this follower's last read found events), until a read
-                    # comes back empty; that one tells writers to hint again.
-                    await anyio.sleep(chase_interval)  # 0: at once (still a checkpoint)
+                    # Events came: more are likely on their way. Read again, without waiting for a hint
+                    # (writers send none while this follower's last read found events), until a read comes
+                    # back empty; that one tells writers to hint again. Paced: at most one read started per
+                    # chase_interval (a sleep of 0 when the last read took that long: still a checkpoint).
+                    await anyio.sleep(max(0.0, st.read_started + chase_interval - time.monotonic()))
                     batch = await st.read(item.conn)
             except (psycopg.OperationalError, psycopg.InterfaceError):
                 continue  # the listener finds the connection broken and reconnects; the cursor stays

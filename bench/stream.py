@@ -15,6 +15,8 @@ not comparable with an untraced one).
 from __future__ import annotations
 
 import os
+import time
+from pathlib import Path
 from typing import Any
 
 from . import worker
@@ -79,6 +81,26 @@ def _functions(dsn: str) -> list[str]:
     ]
 
 
+def idle_delivery(dsn: str, seconds: float) -> list[float]:
+    """Commit -> receipt with no worker running: probes 20-40 ms apart, so the follower has gone idle (its last
+    read empty: writers hint) before each one. The hint path: writer's NOTIFY, wake-up, tick, read."""
+    out = Path(f"/tmp/pgjobs-bench-idle-{os.getpid()}.json")
+    follow = worker._start_follower(dsn, out)
+    probe = worker.Probe(dsn, spacing=(0.02, 0.04))
+    try:
+        time.sleep(1.0)  # subscribed
+        probe.start()
+        time.sleep(seconds)
+        probe.stop()
+        time.sleep(0.5)
+        got = worker._stop_follower(follow, out)
+    except BaseException:
+        follow.kill()
+        raise
+    received = {int(k): float(v) for k, v in got["probes"].items()}
+    return [received[i] - c for i, c in probe.commits.items() if i in received]
+
+
 def run(dsn: str, quick: bool = False) -> dict[str, Any]:
     n = 10_000 if quick else 50_000
     rounds = 1 if quick else int(os.environ.get("BENCH_STREAM_ROUNDS", "3"))
@@ -101,6 +123,7 @@ def run(dsn: str, quick: bool = False) -> dict[str, Any]:
             (followed if sub else alone).append(worker.throughput(dsn, n, 1, 50, "all", True, sub))
             if trace and sub:
                 fn_notes += _functions(dsn)
+    idle = idle_delivery(dsn, 2.0 if quick else 6.0)
     no_sub, with_sub = median(alone), median(followed)
     figures = [
         figure("worker no-op jobs/s, 1 process, concurrency 50, no subscriber", no_sub, "jobs/s"),
@@ -110,6 +133,14 @@ def run(dsn: str, quick: bool = False) -> dict[str, Any]:
             note="the subscriber is a separate process (client.subscribe(queue=...)) on the same 2 cores",
         ),
         *worker.delivery_figures(worker.DELIVERIES),
+        figure(
+            "status event delivery p50 (commit -> idle subscriber: the hint path)",
+            percentile(idle, 50) * 1000 if idle else float("nan"), "ms", note=f"{len(idle)} probes, no worker",
+        ),
+        figure(
+            "status event delivery p99 (commit -> idle subscriber: the hint path)",
+            percentile(idle, 99) * 1000 if idle else float("nan"), "ms",
+        ),
     ]  # fmt: skip
     runs = worker.DELIVERIES
     cpu_f = sum(r.cpu.get("follower", 0.0) for r in runs)
@@ -126,7 +157,7 @@ def run(dsn: str, quick: bool = False) -> dict[str, Any]:
         "suite": "stream",
         "figures": figures,
         "notes": notes,
-        "samples": {"no subscriber": alone, "subscriber": followed},
+        "samples": {"no subscriber": alone, "subscriber": followed, "idle_delivery_ms": [x * 1000 for x in idle]},
         "cpu": [r.cpu for r in runs],
         "traces": [r.trace for r in worker.DELIVERIES if r.trace is not None],
         "server": server_settings(dsn),

@@ -127,16 +127,17 @@ class Probe(threading.Thread):
     event minus this is the delivery time from commit (the figure the bar is about); the worker's own
     events only carry their transaction's start."""
 
-    def __init__(self, dsn: str) -> None:
+    def __init__(self, dsn: str, spacing: tuple[float, float] = (0.002, 0.008)) -> None:
         super().__init__(daemon=True)
         self.dsn = dsn
+        self.spacing = spacing
         self.commits: dict[int, float] = {}
         self.stopping = threading.Event()
 
     def run(self) -> None:
         with connect(self.dsn) as conn:
             conn.execute("SET synchronous_commit = off")
-            while not self.stopping.wait(random.uniform(0.002, 0.008)):
+            while not self.stopping.wait(random.uniform(*self.spacing)):
                 row = conn.execute(
                     "SELECT e.id, extract(epoch FROM clock_timestamp())::float8"
                     " FROM pgjobs.enqueue(kind => %s, queue => %s, run_at => now() + interval '1 hour') AS e",

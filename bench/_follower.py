@@ -79,6 +79,11 @@ def _install_listener_hook() -> None:
     """Notes each hint's arrival (for the trace) and the LISTEN connection's backend pid (for its CPU time)."""
 
     class TracingListener(Listener):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            if os.environ.get("BENCH_FOLLOWER_ASYNC"):  # an experiment: the ticks' commits not waiting for a flush
+                self.options = "-c jit=off -c synchronous_commit=off"
+
         async def events(self, tick: float | None = None) -> AsyncGenerator[ListenEvent, None]:
             async for item in super().events(tick):
                 if isinstance(item, Notifications):

@@ -88,7 +88,8 @@ def idle_delivery(dsn: str, seconds: float) -> list[float]:
     follow = worker._start_follower(dsn, out)
     probe = worker.Probe(dsn, spacing=(0.02, 0.04))
     try:
-        time.sleep(1.0)  # subscribed
+        with connect(dsn) as conn:
+            worker._wait_follower(conn, follow)
         probe.start()
         time.sleep(seconds)
         probe.stop()

@@ -104,6 +104,25 @@ def _start_follower(dsn: str, out: Path) -> subprocess.Popen[bytes]:
     return subprocess.Popen(cmd, cwd=HERE.parent, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
 
 
+def _wait_follower(conn: psycopg.Connection[Any], proc: subprocess.Popen[bytes], timeout: float = 60) -> None:
+    """Until the follower has subscribed: its LISTEN connection made its first read (from the head of the log)
+    and waits. (A fixed sleep is not enough on a loaded machine: events committed before it subscribes would
+    wait for its start-up, and their delays would measure that.)"""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        row = conn.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'pgjobs-subscribe'"
+            " AND datname = current_database() AND state = 'idle' AND query LIKE '%%read_events%%'"
+        ).fetchone()
+        if row is not None and row[0] >= 1:
+            return
+        if proc.poll() is not None:
+            err = proc.stderr.read().decode(errors="replace")[-2000:] if proc.stderr else ""
+            raise RuntimeError(f"the follower exited with {proc.returncode}: {err}")
+        time.sleep(0.02)
+    raise RuntimeError("the follower did not subscribe in time")
+
+
 def _stop_follower(proc: subprocess.Popen[bytes], out: Path) -> dict[str, Any]:
     proc.send_signal(signal.SIGTERM)
     try:
@@ -191,7 +210,7 @@ def throughput(
         probe = Probe(dsn) if follower else None
         try:
             if follow is not None:
-                time.sleep(1.0)  # subscribed (it starts at the head of the log)
+                _wait_follower(conn, follow)  # subscribed (it starts at the head of the log)
             _wait_ready(conn, procs)
             if probe is not None:
                 probe.start()

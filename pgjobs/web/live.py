@@ -67,7 +67,7 @@ class Hub:
         poll_interval: float = 0.5,
         *,
         listen_dsn: str | None = None,
-        chase_interval: float = 0.02,
+        chase_interval: float = 0.1,  # a page, not a program: 10 reads a second at most while busy
         application_name: str = "pgjobs-web-listen",
     ) -> None:
         self.dash = dash

@@ -79,12 +79,22 @@
 -- leaves a mark in stream_followers, insert-only and only when it changes or is 5 s from expiring:
 -- armed when the read found nothing (the follower now waits for a hint), disarmed when it found
 -- events (a follower reads again by itself after a read that returned events: subscribe() does so
--- every few milliseconds until a read comes back empty). A writer probes the newest mark with one
--- index descent per call. So with no follower, or a busy one (under load), claim and complete_many
--- send no NOTIFY and never take the lock; an idle follower is woken by the first writer. A reader
+-- at once, at most one read started every 4 ms, until a read comes back empty). A writer probes the
+-- newest mark with one index descent per call. So with no follower, or a busy one (under load),
+-- claim and complete_many send no NOTIFY and never take the lock; an idle follower is woken by the
+-- first writer, and a writing transaction hints at most once (a transaction-local flag: NOTIFY
+-- folds only identical texts, and a tick between two of its appends changes the text). A reader
 -- that ticked events also hints (from its own transaction, off the hot path) so that other
 -- followers, whose marks the busy one overwrote, hear of them. Marks last 10 s (a follower calls
 -- read_events at least every few seconds). pgjobs_wake is not affected.
+--
+-- DELIVERY TIME (commit -> a follower's receipt). A read ticks, and its tick's rows must be durable
+-- before anyone sees their ids (a tick lost in a crash would let the next one reuse them, and a
+-- follower whose cursor passed them would skip the events they then name), so every read that
+-- ticked waits for its commit's WAL flush before it returns: 2-7 ms on the development machine's
+-- disk, the largest part. A busy follower reads back to back, so an event waits for the read in
+-- progress, then a whole read. `at` is the writer's now(), its transaction's start: receipt - at
+-- also counts the writer's statement and commit. SPLIT_NUMBERS
 
 -- MEASURED (this 2-core machine, shared with other work, so same-run ratios; bench/worker.py,
 -- bench/soak.py). Worker, concurrency 50, 30,000 no-op jobs, no subscriber: 1 process 15.9-17.3k

@@ -25,6 +25,7 @@ stops iterating (``break``, or cancel the task).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import time
@@ -82,6 +83,36 @@ class StatusEvent:
     @property
     def terminal(self) -> bool:
         return self.state in _TERMINAL
+
+
+# StatusEvent's fields set straight through its slots: half the cost of the frozen dataclass's __init__
+# (ten object.__setattr__ calls), which was a fifth of a follower's CPU per event. Only for rows of the log.
+_SLOTS = ("id", "state", "queue", "kind", "attempt", "batch_id", "progress", "resync", "event_id", "at")
+if tuple(f.name for f in dataclasses.fields(StatusEvent)) != _SLOTS:  # a new field must be set below too
+    raise RuntimeError("StatusEvent's fields changed: update _logged_event")
+_S_ID, _S_STATE, _S_QUEUE, _S_KIND, _S_ATTEMPT, _S_BATCH, _S_PROGRESS, _S_RESYNC, _S_EVENT, _S_AT = (
+    StatusEvent.__dict__[name].__set__ for name in _SLOTS
+)
+_NEW = object.__new__
+
+
+def _logged_event(row: tuple[Any, ...]) -> StatusEvent:
+    """The StatusEvent of one _READ_SQL row (head, event_id, at, id, state, queue, kind, attempt, batch_id,
+    progress): equal to ``StatusEvent(id, state, queue, kind, attempt, batch_id, progress, False, event_id,
+    at)``, made in half the time."""
+    _, event_id, at, id_, state, queue, kind, attempt, batch_id, progress = row
+    ev: StatusEvent = _NEW(StatusEvent)
+    _S_ID(ev, id_)
+    _S_STATE(ev, _STATES[state])
+    _S_QUEUE(ev, queue)
+    _S_KIND(ev, kind)
+    _S_ATTEMPT(ev, attempt)
+    _S_BATCH(ev, batch_id)
+    _S_PROGRESS(ev, progress)
+    _S_RESYNC(ev, False)
+    _S_EVENT(ev, event_id)
+    _S_AT(ev, at)
+    return ev
 
 
 def read_events_call(
@@ -171,11 +202,12 @@ class _Stream:
             head = rows[0][0] if rows else None
             got = [r for r in rows if r[1] is not None]
             self.last_page = len(got)
-            for _, event_id, at, id_, state, q, kind, attempt, b, progress in got:
-                self.cursor = max(self.cursor, event_id)
-                ev = StatusEvent(id_, _STATES[state], q, kind, attempt, b, progress, False, event_id, at)
+            for row in got:
+                ev = _logged_event(row)
                 if self.wants(ev):
                     out.append(ev)
+            if got:
+                self.cursor = max(self.cursor, got[-1][1])  # in event_id order
             if len(got) < _PAGE:
                 if head is not None:
                     self.cursor = max(self.cursor, head)

@@ -443,6 +443,12 @@ def test_every_event_of_concurrent_producers_and_workers_arrives_in_order_across
         assert [j for j in pending_order if j in mine] == enqueued[p]
     assert not any(e.resync for e in events)
 
+    async def reread() -> list[StatusEvent]:  # the same events, one page of read_events (StatusEvent's __init__)
+        async with AsyncClient(dsn) as client:
+            return await client.read_events(after_id=ids[0] - 1, max_rows=10 * len(ids), queue=queue)
+
+    assert anyio.run(reread) == events
+
 
 def test_forged_hints_produce_no_event_on_a_queue_stream(dsn: str, conn: psycopg.Connection[Any]) -> None:
     """Any role can NOTIFY pgjobs_status: hints of every shape, including ones naming a job and a state, make the

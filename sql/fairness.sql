@@ -46,6 +46,28 @@
 --     and their heads, one stamps them; the walk takes over from there when that falls short.
 -- Cursors of groups without live work are deleted when the walk meets them (they drift to the
 -- front of the ring as live groups are served), so the table stays the size of the live groups.
+--
+-- Under a held snapshot (issue 10 item 1; open). A foreign session idle in a transaction keeps every
+-- version newer than its snapshot: no pruning, no VACUUM, and no dead index entry can be marked killed by
+-- the scans that pass it. Measured (README, "Under a held snapshot"): one claim of one job after 20,000
+-- jobs were claimed and completed under the snapshot read 2,301 buffers instead of 83 (this file's part
+-- 2,261 instead of 48):
+--   * 1,755: the active count above (jobs_active_idx passes the dead entry of every job completed since
+--     the snapshot; claim()'s expired-lease probes and _claim_controlled's pass those whose lease would
+--     have run out already);
+--   * 209: the cursor stamp (served_seq is indexed: every stamp is a new version with a new entry in
+--     group_cursors_pkey, whose uniqueness check visits every earlier version of that group's cursor;
+--     _discover_groups' probe per found group and _fair_finish's updates by key walk them too);
+--   * 204: the head probe of jobs_group_idx (the dead entries of the group's claimed jobs);
+--   * about 80: the fair_queues row, rewritten by every claim (its version chain).
+-- What would bound them (not built): served order from served_seq_seq plus an insert-only stamp log
+-- (queue, group_key, seq) in a partition ring rotated by TRUNCATE under stream.sql's maintenance lock,
+-- the latest stamp per group carried forward at rotation, so cursors are never updated; the sweep
+-- position, seen_max_id and quiet_claims as session-level hints (only hints: a stale one costs a sweep)
+-- and ring_from and U's place written only when they move; a per-group floor on jobs_group_idx; and an
+-- active count that does not pass completed jobs (a lease floor on jobs_active_idx is not safe: a later
+-- claim with a shorter lease, or a lease moved back, lands below it; an insert-only lease log needs the
+-- completion paths in lifecycle.sql to take part). tests/sql/test_fair_snapshot.py holds the bar.
 
 -- Due scheduled jobs and expired leases of a controlled queue become pending before the pick, so
 -- the pick reads one index per group, and an expired job no longer counts as active (the lease

@@ -164,8 +164,62 @@ BEGIN
          WHERE e.known IS NULL
         ON CONFLICT DO NOTHING
         RETURNING 1
+    ), known AS (
+        -- (fair_groups: every group with a cursor, see _discover_fresh; a group found here whose row is
+        -- missing, an installation upgraded, gets it)
+        INSERT INTO fair_groups AS g (queue, group_key)
+        SELECT _discover_groups.queue, f.k FROM found AS f
+        ON CONFLICT DO NOTHING
     )
     SELECT count(*)::int, max(f.k), (SELECT count(*)::int FROM ins) INTO met, last_key, added FROM found AS f;
+END;
+$$;
+
+-- The groups of the jobs inserted since the previous claim (ids after `lo`, up to `hi`, the highest id
+-- now: at most c_fresh_ids of them, the caller checks), registered as never-served cursors when they
+-- have none; and whether any of those jobs is ungrouped. Reads the new jobs on jobs_pkey and one entry
+-- of fair_groups per distinct group: not the queue's groups, not their backlogs, and none of the
+-- versions that serving a group leaves behind (group_cursors_pkey has one entry per version, which a
+-- held snapshot keeps: see the top of this file). Race: a job whose id was drawn before `hi` and whose
+-- insert commits after this read is not seen here; the skip scan (_discover_groups) finds its group
+-- within 8 claims, as it finds the groups whose work became pending without a new job.
+CREATE OR REPLACE FUNCTION pgjobs._discover_fresh(queue text, lo bigint, hi bigint,
+                                                  OUT added int, OUT ungrouped boolean)
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pgjobs, pg_temp
+AS $$
+#variable_conflict use_column
+BEGIN
+    WITH fresh AS (
+        -- one probe of jobs_pkey per id (LIMIT keeps it a nested loop: as a join, or as a range on
+        -- id, the generic plan walks the queue's whole pending index, claimed jobs included; so the
+        -- state and queue are tested on the row found, not in the probe, which a partial index matches)
+        SELECT j.k
+          FROM generate_series(lo + 1, hi) AS n(id)
+         CROSS JOIN LATERAL (SELECT x.group_key AS k, x.queue AS q, x.state AS st FROM jobs AS x
+                              WHERE x.id = n.id
+                              LIMIT 1) AS j
+         WHERE j.q = _discover_fresh.queue AND j.st = 'pending'
+    ), new AS (
+        SELECT d.k
+          FROM (SELECT DISTINCT f.k FROM fresh AS f WHERE f.k IS NOT NULL) AS d
+          -- one probe of fair_groups_pkey per group (LIMIT: not an anti-join reading them all)
+          LEFT JOIN LATERAL (SELECT true AS known FROM fair_groups AS g
+                              WHERE g.queue = _discover_fresh.queue AND g.group_key = d.k
+                              LIMIT 1) AS g ON true
+         WHERE g.known IS NULL
+    ), ins AS (
+        INSERT INTO group_cursors AS c (queue, group_key)
+        SELECT _discover_fresh.queue, n.k FROM new AS n
+        ON CONFLICT DO NOTHING
+        RETURNING 1
+    ), known AS (
+        INSERT INTO fair_groups AS g (queue, group_key)
+        SELECT _discover_fresh.queue, n.k FROM new AS n
+        ON CONFLICT DO NOTHING
+    )
+    SELECT (SELECT count(*)::int FROM ins), coalesce(bool_or(f.k IS NULL), false) INTO added, ungrouped
+      FROM fresh AS f;
 END;
 $$;
 
@@ -176,6 +230,7 @@ RETURNS void
 LANGUAGE sql
 SET search_path = pg_catalog, pgjobs, pg_temp
 AS $$
+    WITH gone AS (
     DELETE FROM pgjobs.group_cursors AS c
      WHERE c.queue = _forget_group.queue AND c.group_key = _forget_group.group_key
        -- a cursor another claimer holds is being served: not ours to drop
@@ -190,7 +245,13 @@ AS $$
                           AND j.group_key = _forget_group.group_key)
        AND NOT EXISTS (SELECT 1 FROM pgjobs.jobs AS j
                         WHERE j.state = 'active' AND j.queue = _forget_group.queue
-                          AND j.group_key = _forget_group.group_key);
+                          AND j.group_key = _forget_group.group_key)
+    RETURNING c.queue, c.group_key
+    )
+    -- with its fair_groups row, in the same statement (a row without its cursor would keep
+    -- _discover_fresh from registering the group again)
+    DELETE FROM pgjobs.fair_groups AS g USING gone
+     WHERE g.queue = gone.queue AND g.group_key = gone.group_key;
 $$;
 
 -- The pieces of the fair pick, called from _claim_fair (at the end of this part). Each one is a rule or
@@ -1162,7 +1223,10 @@ AS $$
 #variable_conflict use_column
 DECLARE
     c_discover_steps CONSTANT int := 16;   -- groups the skip scan registers per claim
+    c_fresh_ids CONSTANT int := 256;       -- new job ids _discover_fresh reads, at most
     v_q       text := _claim_fair.queue;
+    v_fresh   boolean;                     -- the jobs inserted since the previous claim were read by id
+    u_fresh   boolean := false;            -- one of them is ungrouped
     v_cfg     queues;
     v_open    text[] := kinds;             -- kinds claimable in this call (NULL: any)
     v_quota   int[] := quotas;
@@ -1237,9 +1301,21 @@ BEGIN
     -- or when this claim comes up short (see the end of the loop). What else makes such work
     -- (a retry, a fail or release back to pending, a commit of a long transaction's old ids) is
     -- thus found within 8 claims, or at once when the queue has nothing else to give.
-    v_quiet := v_maxid IS NOT DISTINCT FROM v_fq.seen_max_id AND v_fq.quiet_claims % 8 <> 7;
-    u_out := v_quiet AND v_fq.ungrouped_empty;
-    IF NOT v_quiet AND v_fq.ungrouped_empty AND v_maxid IS NOT DISTINCT FROM v_fq.seen_max_id THEN
+    -- The jobs inserted since the previous claim (when not too many) are read by id instead: their
+    -- groups get a cursor at once, and whether one of them is ungrouped is known, so such a claim
+    -- counts as quiet too (the skip scan walks each group's claimed jobs and every version of its
+    -- cursor, which a held snapshot keeps: see the top of this file).
+    v_fresh := coalesce(v_maxid > v_fq.seen_max_id AND v_maxid - v_fq.seen_max_id <= c_fresh_ids, false);
+    IF v_fresh THEN
+        SELECT d.ungrouped INTO u_fresh FROM _discover_fresh(v_q, v_fq.seen_max_id, v_maxid) AS d;
+        IF u_fresh THEN
+            u_empty := false;   -- saved as such unless a look in this claim finds none after all
+        END IF;
+    END IF;
+    v_quiet := (v_maxid IS NOT DISTINCT FROM v_fq.seen_max_id OR v_fresh) AND v_fq.quiet_claims % 8 <> 7;
+    u_out := v_quiet AND v_fq.ungrouped_empty AND NOT u_fresh;
+    IF NOT v_quiet AND v_fq.ungrouped_empty AND NOT u_fresh
+       AND (v_maxid IS NOT DISTINCT FROM v_fq.seen_max_id OR v_fresh) THEN
         -- the 8th quiet claim looks for ungrouped work that came back without a new job, whether
         -- or not the ungrouped turn comes in this claim
         SELECT h.hp, h.hr, h.hi INTO u_hp, u_hr, u_hi FROM _fair_ungrouped_head(v_q, v_open, '{}') AS h;

@@ -1237,6 +1237,8 @@ DECLARE
     c_fresh_ids CONSTANT int := 64;        -- new job ids _discover_fresh reads, at most (more: the skip scan)
     v_q       text := _claim_fair.queue;
     v_fresh   boolean;                     -- the jobs inserted since the previous claim were read by id
+    v_expired boolean;                     -- an active job's lease has run out
+    v_promoted boolean := false;           -- _promote_due ran in this call
     u_fresh   boolean := false;            -- one of them is ungrouped
     v_cfg     queues;
     v_open    text[] := kinds;             -- kinds claimable in this call (NULL: any)
@@ -1272,25 +1274,37 @@ BEGIN
     -- One statement for everything a claim reads before the walk (each statement has a fixed
     -- cost to start, larger than what most of these reads cost): the queue's settings, its
     -- fair_queues state, its active jobs per group, as of now; the highest job id (see v_quiet
-    -- below).
-    SELECT c.max_active, c.max_active_per_group, c.noisy_share, c.noisy_min_active,
-           f.queue, f.ungrouped_seq, f.ungrouped_empty, f.ring_from, f.discover_after, f.discover_found,
-           f.discover_productive, f.seen_max_id, f.quiet_claims,
-           a.total, a.keys, a.cnts, a.top, (SELECT max(j.id) FROM jobs AS j)
-      INTO v_cfg.max_active, v_cfg.max_active_per_group, v_cfg.noisy_share, v_cfg.noisy_min_active,
-           v_fq.queue, v_fq.ungrouped_seq, v_fq.ungrouped_empty, v_fq.ring_from, v_fq.discover_after,
-           v_fq.discover_found, v_fq.discover_productive, v_fq.seen_max_id, v_fq.quiet_claims,
-           v_total, a_key, a_cnt, v_top, v_maxid
-      FROM queues AS c
-      LEFT JOIN fair_queues AS f ON f.queue = c.queue
-     CROSS JOIN (SELECT coalesce(sum(x.n), 0)::int AS total, array_agg(x.k) FILTER (WHERE x.k IS NOT NULL) AS keys,
-                        array_agg(x.n) FILTER (WHERE x.k IS NOT NULL) AS cnts,
-                        coalesce(max(x.n) FILTER (WHERE x.k IS NOT NULL), 0) AS top
-                   FROM (SELECT j.group_key AS k, count(*)::int AS n
-                           FROM jobs AS j
-                          WHERE j.state = 'active' AND j.queue = v_q
-                          GROUP BY j.group_key) AS x) AS a
-     WHERE c.queue = v_q;
+    -- below). The same pass over the active jobs tells whether one's lease has run out (the
+    -- caller leaves that probe to it: a second walk of jobs_active_idx, whose dead entries a held
+    -- snapshot keeps, see the top of this file): then the due jobs become pending first
+    -- (_promote_due), and the active jobs are counted again.
+    LOOP
+        SELECT c.max_active, c.max_active_per_group, c.noisy_share, c.noisy_min_active,
+               f.queue, f.ungrouped_seq, f.ungrouped_empty, f.ring_from, f.discover_after, f.discover_found,
+               f.discover_productive, f.seen_max_id, f.quiet_claims,
+               a.total, a.keys, a.cnts, a.top, a.expired, (SELECT max(j.id) FROM jobs AS j)
+          INTO v_cfg.max_active, v_cfg.max_active_per_group, v_cfg.noisy_share, v_cfg.noisy_min_active,
+               v_fq.queue, v_fq.ungrouped_seq, v_fq.ungrouped_empty, v_fq.ring_from, v_fq.discover_after,
+               v_fq.discover_found, v_fq.discover_productive, v_fq.seen_max_id, v_fq.quiet_claims,
+               v_total, a_key, a_cnt, v_top, v_expired, v_maxid
+          FROM queues AS c
+          LEFT JOIN fair_queues AS f ON f.queue = c.queue
+         CROSS JOIN (SELECT coalesce(sum(x.n), 0)::int AS total,
+                            array_agg(x.k) FILTER (WHERE x.k IS NOT NULL) AS keys,
+                            array_agg(x.n) FILTER (WHERE x.k IS NOT NULL) AS cnts,
+                            coalesce(max(x.n) FILTER (WHERE x.k IS NOT NULL), 0) AS top,
+                            coalesce(bool_or(x.e), false) AS expired
+                       FROM (SELECT j.group_key AS k, count(*)::int AS n,
+                                    bool_or(j.lease_expires_at < now() AND j.attempt < j.max_attempts
+                                            AND NOT j.cancel_requested) AS e
+                               FROM jobs AS j
+                              WHERE j.state = 'active' AND j.queue = v_q
+                              GROUP BY j.group_key) AS x) AS a
+         WHERE c.queue = v_q;
+        EXIT WHEN NOT v_expired OR v_promoted;
+        PERFORM _promote_due(v_q);
+        v_promoted := true;
+    END LOOP;
     IF v_cfg.max_active IS NOT NULL THEN
         room := least(room, v_cfg.max_active - v_total);
     END IF;
@@ -1549,12 +1563,15 @@ BEGIN
             v_fair := v_cfg.fair;
         END IF;
         -- Mostly there is nothing due: two index probes spare the call and its UPDATE, whose
-        -- executor start alone (the indexes of jobs to open) costs more than the probes.
+        -- executor start alone (the indexes of jobs to open) costs more than the probes. (A fair
+        -- queue's expired leases are found by _claim_fair's count of the active jobs, which reads
+        -- them anyway.)
         IF EXISTS (SELECT 1 FROM jobs AS j
                     WHERE j.state = 'scheduled' AND j.queue = v_cfg.queue AND j.run_at <= now())
-           OR EXISTS (SELECT 1 FROM jobs AS j
-                       WHERE j.state = 'active' AND j.queue = v_cfg.queue AND j.lease_expires_at < now()
-                         AND j.attempt < j.max_attempts AND NOT j.cancel_requested) THEN
+           OR (NOT v_fair
+               AND EXISTS (SELECT 1 FROM jobs AS j
+                            WHERE j.state = 'active' AND j.queue = v_cfg.queue AND j.lease_expires_at < now()
+                              AND j.attempt < j.max_attempts AND NOT j.cancel_requested)) THEN
             PERFORM _promote_due(v_cfg.queue);
         END IF;
         IF v_fair THEN

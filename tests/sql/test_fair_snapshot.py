@@ -20,7 +20,7 @@ import pytest
 from conftest import ConnectFactory
 
 from pgjobs.ops import migrate as m
-from tests.helpers.foundation import call
+from tests.helpers.foundation import call, expire
 
 Conn = psycopg.Connection[Any]
 
@@ -196,3 +196,21 @@ def test_fair_groups_upgrade_in_place_gets_the_existing_cursors(blank_dsn: str) 
         assert rows == [(f"g{i}",) for i in range(1, 6)]
     assert m.rollback(blank_dsn, to="event_log") == ["fair_groups"]
     assert m.migrate(blank_dsn).applied == ["fair_groups"]
+
+
+@pytest.mark.parametrize("caps", [{}, {"max_active": 1}], ids=["uncapped", "max_active=1"])
+def test_an_expired_lease_found_by_the_count_is_reclaimed_and_not_counted(conn: Conn, caps: dict[str, Any]) -> None:
+    """The fair path finds expired leases in its count of the active jobs (no probe of its own): the
+    expired job goes back to pending before the pick, so it is claimed again as a new attempt, and under
+    max_active = 1 it does not count against the cap (nor is the cap overshot: one active job after)."""
+    call(conn, "configure_queue", queue="q", fair=True, **caps)
+    call(conn, "enqueue", kind="k", queue="q", group_key="A")
+    first = call(conn, "claim", worker="w1", queues=["q"], max_jobs=1)
+    assert len(first) == 1
+    expire(conn, first[0]["id"])
+    again = call(conn, "claim", worker="w2", queues=["q"], max_jobs=1)
+    assert [(r["id"], r["attempt"]) for r in again] == [(first[0]["id"], 2)]
+    row = conn.execute(
+        "SELECT count(*) FILTER (WHERE state = 'active'), min(last_error) FROM pgjobs.jobs WHERE queue = 'q'"
+    ).fetchone()
+    assert row == (1, "lease expired")

@@ -165,23 +165,26 @@ BEGIN
          WHERE s.k IS NOT NULL AND s.n < steps
     ), found AS (
         SELECT s.k FROM s WHERE s.k IS NOT NULL
-    ), ins AS (
-        INSERT INTO group_cursors AS c (queue, group_key)
-        SELECT _discover_groups.queue, f.k
+    ), new AS (
+        SELECT f.k
           FROM found AS f
-          -- a probe of the primary key per group (LIMIT keeps it a nested loop: an anti-join would
-          -- read every cursor of the queue)
-          LEFT JOIN LATERAL (SELECT true AS known FROM group_cursors AS e
+          -- a probe of fair_groups' primary key per group (LIMIT keeps it a nested loop: an
+          -- anti-join would read every group of the queue). Not of group_cursors: its key has one
+          -- entry per version of the cursor, and a held snapshot keeps them all (see the top of this
+          -- file). fair_groups holds a row for every cursor: both are inserted here and in
+          -- _discover_fresh, and deleted in one statement by _forget_group.
+          LEFT JOIN LATERAL (SELECT true AS known FROM fair_groups AS e
                               WHERE e.queue = _discover_groups.queue AND e.group_key = f.k
                               LIMIT 1) AS e ON true
          WHERE e.known IS NULL
+    ), ins AS (
+        INSERT INTO group_cursors AS c (queue, group_key)
+        SELECT _discover_groups.queue, n.k FROM new AS n
         ON CONFLICT DO NOTHING
         RETURNING 1
     ), known AS (
-        -- (fair_groups: every group with a cursor, see _discover_fresh; a group found here whose row is
-        -- missing, an installation upgraded, gets it)
         INSERT INTO fair_groups AS g (queue, group_key)
-        SELECT _discover_groups.queue, f.k FROM found AS f
+        SELECT _discover_groups.queue, n.k FROM new AS n
         ON CONFLICT DO NOTHING
     )
     SELECT count(*)::int, max(f.k), (SELECT count(*)::int FROM ins) INTO met, last_key, added FROM found AS f;

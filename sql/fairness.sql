@@ -301,6 +301,28 @@ BEGIN
 END;
 $$;
 
+-- The queue state a claim keeps for the session's next claim on the queue (seen_max_id, quiet_claims,
+-- ring_from), in the session setting pgjobs.fair_hint (jsonb: queue -> [seen_max_id, quiet_claims,
+-- ring_from]); fair_queues gets them only when the claim writes the row anyway (see the top of this file,
+-- "Under a held snapshot": a row rewritten by every claim is a version chain every claim walks). Only
+-- hints: a session without one starts from the row, ring_from is a lower bound whichever is used (every
+-- served cursor's served_seq is at least the lowest one a claim met, and served_seq_seq only grows), and a
+-- stale seen_max_id costs a sweep. Set like SET, so a rolled-back claim leaves the hint as it was.
+CREATE OR REPLACE FUNCTION pgjobs._fair_save_hint(v_q text, v_seen bigint, v_quiet boolean, v_quiet_claims int,
+                                                  v_ring_from bigint)
+RETURNS void
+LANGUAGE sql
+SET search_path = pg_catalog, pgjobs, pg_temp
+AS $$
+    SELECT set_config('pgjobs.fair_hint',
+                      jsonb_set(coalesce(nullif(current_setting('pgjobs.fair_hint', true), '')::jsonb, '{}'),
+                                ARRAY[v_q],
+                                jsonb_build_array(coalesce(v_seen, 0),
+                                                  CASE WHEN v_quiet THEN v_quiet_claims + 1 ELSE 0 END,
+                                                  v_ring_from))::text,
+                      false);
+$$;
+
 -- The fast path (Cost, last point): a fair queue without caps, no noisy group, no never-served cursor
 -- and no kind quota that can run out (the caller checks all that). The picks are then the first `room`
 -- groups of the ring whose cursor no other claim holds, one head each, in ring order: what the walk
@@ -314,7 +336,7 @@ $$;
 CREATE OR REPLACE FUNCTION pgjobs._fair_fast(v_q text, room int, v_open text[], v_ring_from bigint, v_limit int,
                                              a_key text[], a_cnt int[], u_out boolean, u_seq bigint,
                                              v_pos text, v_found boolean, v_productive boolean, u_empty boolean,
-                                             v_maxid bigint, v_quiet boolean,
+                                             v_maxid bigint, v_quiet boolean, v_quiet_claims int,
                                              OUT ids bigint[], OUT tids tid[], OUT r_key text[], OUT r_ctid tid[],
                                              OUT r_seq bigint[], OUT r_act int[], OUT r_locked text[])
 LANGUAGE plpgsql
@@ -379,16 +401,21 @@ BEGIN
              WHERE c.ctid = s.tid AND c.ctid = ANY (f_ctids)
         )
         UPDATE fair_queues AS f
-           SET ring_from = greatest(f.ring_from, r_seq[1]),
+           SET ring_from = greatest(f.ring_from, v_ring_from, r_seq[1]),
                discover_after = v_pos,
                discover_found = v_found,
                discover_productive = v_productive,
                ungrouped_empty = coalesce(u_empty, f.ungrouped_empty),
                seen_max_id = coalesce(v_maxid, 0),
-               quiet_claims = CASE WHEN v_quiet THEN f.quiet_claims + 1 ELSE 0 END,
+               quiet_claims = CASE WHEN v_quiet THEN v_quiet_claims + 1 ELSE 0 END,
                updated_at = now()
          WHERE f.queue = v_q
+           -- only when a shared setting changes (a sweep ran, U's state moved): see _fair_save_hint
+           AND (NOT v_quiet OR f.discover_after IS DISTINCT FROM v_pos OR f.discover_found <> v_found
+                OR f.discover_productive <> v_productive
+                OR f.ungrouped_empty <> coalesce(u_empty, f.ungrouped_empty))
            AND f.ctid = (SELECT x.ctid FROM fair_queues AS x WHERE x.queue = v_q FOR UPDATE SKIP LOCKED);
+        PERFORM _fair_save_hint(v_q, v_maxid, v_quiet, v_quiet_claims, greatest(v_ring_from, r_seq[1]));
         ids := f_ids;
         tids := f_tids;
     END IF;
@@ -787,7 +814,8 @@ CREATE OR REPLACE FUNCTION pgjobs._fair_finish(v_q text, v_nstamped int, v_npick
                                                l2_seq bigint[], l2_pick boolean[], l2_wrote boolean[],
                                                u_seq bigint, u_served boolean, v_lwm bigint, v_pos text,
                                                v_found boolean, v_productive boolean, u_empty boolean,
-                                               v_maxid bigint, v_quiet boolean)
+                                               v_maxid bigint, v_quiet boolean, v_ring_from bigint,
+                                               v_quiet_claims int)
 RETURNS boolean   -- true: a value, so that the walk calls it as an expression, not as a query
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pgjobs, pg_temp
@@ -822,16 +850,21 @@ BEGIN
     UPDATE fair_queues AS f
        SET ungrouped_seq = u_seq,
            ungrouped_served_at = CASE WHEN u_served THEN now() ELSE f.ungrouped_served_at END,
-           ring_from = greatest(f.ring_from, coalesce(v_lwm, f.ring_from)),
+           ring_from = greatest(f.ring_from, v_ring_from, coalesce(v_lwm, f.ring_from)),
            discover_after = v_pos,
            discover_found = v_found,
            discover_productive = v_productive,
            ungrouped_empty = coalesce(u_empty, f.ungrouped_empty),
            seen_max_id = coalesce(v_maxid, 0),
-           quiet_claims = CASE WHEN v_quiet THEN f.quiet_claims + 1 ELSE 0 END,
+           quiet_claims = CASE WHEN v_quiet THEN v_quiet_claims + 1 ELSE 0 END,
            updated_at = now()
      WHERE f.queue = v_q
+       -- only when a shared setting changes (a sweep ran, U's place or state moved): see _fair_save_hint
+       AND (NOT v_quiet OR u_served OR f.ungrouped_seq <> u_seq OR f.discover_after IS DISTINCT FROM v_pos
+            OR f.discover_found <> v_found OR f.discover_productive <> v_productive
+            OR f.ungrouped_empty <> coalesce(u_empty, f.ungrouped_empty))
        AND f.ctid = (SELECT x.ctid FROM fair_queues AS x WHERE x.queue = v_q FOR UPDATE SKIP LOCKED);
+    PERFORM _fair_save_hint(v_q, v_maxid, v_quiet, v_quiet_claims, greatest(v_ring_from, v_lwm));
     RETURN true;
 END;
 $$;
@@ -977,7 +1010,7 @@ CREATE OR REPLACE FUNCTION pgjobs._fair_walk(v_q text, room int, kinds text[], q
                                              v_cap_group int, v_noisy_min int, v_noisy_share real,
                                              v_ring_from bigint, v_ungrouped_seq bigint, v_total int,
                                              a_key text[], a_cnt int[], v_maxid bigint, v_quiet boolean,
-                                             v_pos text, v_found boolean,
+                                             v_pos text, v_found boolean, v_quiet_claims int,
                                              v_productive boolean, u_out boolean, u_probed boolean,
                                              u_empty boolean, u_hp int, u_hr timestamptz, u_hi bigint,
                                              v_unserved boolean, v_chunk int, v_limit int, l_key text[],
@@ -1218,7 +1251,7 @@ BEGIN
 
     v_win := _fair_finish(v_q, cardinality(v_stamped), v_npicked1, l1_key, l1_seq, l1_oldat, l1_nseq, l1_picked,
                          v_unstamped, l2_key, l2_seq, l2_pick, l2_wrote, u_seq, u_served, v_lwm, v_pos, v_found,
-                         v_productive, u_empty, v_maxid, v_quiet);
+                         v_productive, u_empty, v_maxid, v_quiet, v_ring_from, v_quiet_claims);
     ids := v_ids;
     tids := v_tids;
 END;
@@ -1246,6 +1279,7 @@ DECLARE
     v_fresh   boolean;                     -- the jobs inserted since the previous claim were read by id
     v_expired boolean;                     -- an active job's lease has run out
     v_promoted boolean := false;           -- _promote_due ran in this call
+    v_hint    jsonb;                       -- this session's [seen_max_id, quiet_claims, ring_from]
     u_fresh   boolean := false;            -- one of them is ungrouped
     v_cfg     queues;
     v_open    text[] := kinds;             -- kinds claimable in this call (NULL: any)
@@ -1326,6 +1360,13 @@ BEGIN
         SELECT * INTO v_fq FROM fair_queues AS f WHERE f.queue = v_q;
     END IF;
     u_seq := v_fq.ungrouped_seq;
+    -- this session's own state of the queue, newer than the row's (see _fair_save_hint)
+    v_hint := nullif(current_setting('pgjobs.fair_hint', true), '')::jsonb -> v_q;
+    IF v_hint IS NOT NULL THEN
+        v_fq.seen_max_id := (v_hint ->> 0)::bigint;
+        v_fq.quiet_claims := (v_hint ->> 1)::int;
+        v_fq.ring_from := greatest(v_fq.ring_from, (v_hint ->> 2)::bigint);
+    END IF;
 
     -- Work of a group without a cursor, or ungrouped work, mostly comes with new jobs. While no
     -- job was inserted since the previous claim (the highest id is the same: a backlog being
@@ -1392,7 +1433,7 @@ BEGIN
         -- (calls as expressions, here and below: a SELECT ... FROM f() costs a query's start and a
         -- materialised result, twice what the call does)
         v_f := _fair_fast(v_q, room, v_open, v_fq.ring_from, v_limit, a_key, a_cnt, u_out, u_seq, v_pos, v_found,
-                          v_productive, u_empty, v_maxid, v_quiet);
+                          v_productive, u_empty, v_maxid, v_quiet, v_fq.quiet_claims);
         IF v_f.ids IS NOT NULL THEN
             ids := v_f.ids;
             tids := v_f.tids;
@@ -1402,8 +1443,8 @@ BEGIN
     END IF;
     v_f := _fair_walk(v_q, room, kinds, quotas, serialized, v_cfg.max_active_per_group, v_cfg.noisy_min_active,
                       v_cfg.noisy_share, v_fq.ring_from, v_fq.ungrouped_seq, v_total, a_key, a_cnt, v_maxid, v_quiet,
-                      v_pos, v_found, v_productive, u_out, u_probed, u_empty, u_hp, u_hr, u_hi, v_unserved,
-                      v_chunk, v_limit, l_key, l_ctid, l_seq, l_act, l_dead);
+                      v_pos, v_found, v_fq.quiet_claims, v_productive, u_out, u_probed, u_empty, u_hp, u_hr, u_hi,
+                      v_unserved, v_chunk, v_limit, l_key, l_ctid, l_seq, l_act, l_dead);
     ids := v_f.ids;
     tids := v_f.tids;
 END;

@@ -28,8 +28,9 @@
 --
 -- Cost. A claim never enumerates the groups or their jobs:
 --   * the ring is read in served_seq order on group_cursors_seq_idx, a chunk at a time, from
---     fair_queues.ring_from (every live cursor's served_seq is at least that, so the index entries
---     that earlier stamps left behind below it are skipped); a group's head is one probe of
+--     ring_from (fair_queues', or the session's hint when higher: every live cursor's served_seq is
+--     at least that, so the index entries that earlier stamps left behind below it are skipped); a
+--     group's head is one probe of
 --     jobs_group_idx, and the heads of a run of groups are locked, and their cursors stamped, in
 --     one statement;
 --   * a group arriving with a new job gets its cursor at the next claim: the jobs inserted since
@@ -64,7 +65,9 @@
 --     group_cursors_pkey, whose uniqueness check visits every earlier version of that group's cursor;
 --     _fair_finish's updates by key and _forget_group walk them too);
 --   * 204: the head probe of jobs_group_idx (the dead entries of the group's claimed jobs);
---   * about 80: the fair_queues row, rewritten by every claim (its version chain).
+--   * about 80: the fair_queues row, rewritten by every claim (its version chain). Now written only
+--     when a sweep ran or the ungrouped jobs' state moved; what changes every claim (seen_max_id,
+--     quiet_claims, ring_from) is the session's hint (_fair_save_hint).
 -- Built: the skip scan and its cursor probes no longer run on every claim that sees a new job (they
 -- cost 5,373 of the 8,562 buffers a fair claim read after 20,000 jobs under a held snapshot when new
 -- jobs kept coming, the soak's case; the look for ungrouped work on an all-grouped queue 498 more):
@@ -77,9 +80,9 @@
 -- (what is left is the skip scan passing each group's claimed jobs on jobs_group_idx).
 -- What would bound the rest (not built): served order from served_seq_seq plus an insert-only stamp log
 -- (queue, group_key, seq) in a partition ring rotated by TRUNCATE under stream.sql's maintenance lock,
--- the latest stamp per group carried forward at rotation, so cursors are never updated; the sweep
--- position, seen_max_id and quiet_claims as session-level hints (only hints: a stale one costs a sweep)
--- and ring_from and U's place written only when they move; a per-group floor on jobs_group_idx; and an
+-- the latest stamp per group carried forward at rotation, so cursors are never updated; a per-group
+-- floor on jobs_group_idx (for the head probes and the sweep; new jobs below it are seen by
+-- _discover_fresh, but a job released or promoted back to pending keeps its old run_at); and an
 -- active count that does not pass completed jobs (a lease floor on jobs_active_idx is not safe: a later
 -- claim with a shorter lease, or a lease moved back, lands below it; an insert-only lease log needs the
 -- completion paths in lifecycle.sql to take part). tests/sql/test_fair_snapshot.py holds the bar.

@@ -30,9 +30,8 @@
 --   * the ring is read in served_seq order on group_cursors_seq_idx, a chunk at a time, from
 --     ring_from (fair_queues', or the session's hint when higher: every live cursor's served_seq is
 --     at least that, so the index entries that earlier stamps left behind below it are skipped); a
---     group's head is one probe of
---     jobs_group_idx, and the heads of a run of groups are locked, and their cursors stamped, in
---     one statement;
+--     group's head is one probe of jobs_group_idx, and the heads of a run of groups are locked, and
+--     their cursors stamped, in one statement;
 --   * a group arriving with a new job gets its cursor at the next claim: the jobs inserted since
 --     the previous claim (ids above fair_queues.seen_max_id, up to 64 of them) are read by id
 --     (_discover_fresh), and their groups without a row in fair_groups (one row per group with a
@@ -53,7 +52,7 @@
 -- Cursors of groups without live work are deleted when the walk meets them (they drift to the
 -- front of the ring as live groups are served), so the table stays the size of the live groups.
 --
--- Under a held snapshot (issue 10 item 1; open). A foreign session idle in a transaction keeps every
+-- Under a held snapshot (issue 10 item 1; partly done). A foreign session idle in a transaction keeps every
 -- version newer than its snapshot: no pruning, no VACUUM, and no dead index entry can be marked killed by
 -- the scans that pass it. Measured (README, "Under a held snapshot"): one claim of one job after 20,000
 -- jobs were claimed and completed under the snapshot read 2,301 buffers instead of 83 (this file's part
@@ -230,13 +229,16 @@ BEGIN
                               LIMIT 1) AS g ON true
          WHERE g.known IS NULL
     ), ins AS (
+        -- Race: claims register the groups of the same new jobs side by side (no discovery lock
+        -- here); in key order, so one that waits for another's insert of a key never holds a key
+        -- that one waits for (no deadlock), and ON CONFLICT keeps one row per group
         INSERT INTO group_cursors AS c (queue, group_key)
-        SELECT _discover_fresh.queue, n.k FROM new AS n
+        SELECT _discover_fresh.queue, n.k FROM new AS n ORDER BY n.k
         ON CONFLICT DO NOTHING
         RETURNING 1
     ), known AS (
         INSERT INTO fair_groups AS g (queue, group_key)
-        SELECT _discover_fresh.queue, n.k FROM new AS n
+        SELECT _discover_fresh.queue, n.k FROM new AS n ORDER BY n.k
         ON CONFLICT DO NOTHING
     )
     SELECT (SELECT count(*)::int FROM ins), coalesce(bool_or(f.k IS NULL), false) INTO added, ungrouped

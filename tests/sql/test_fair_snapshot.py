@@ -20,7 +20,7 @@ import pytest
 from conftest import ConnectFactory
 
 from pgjobs.ops import migrate as m
-from tests.helpers.foundation import call, expire
+from tests.helpers.foundation import call, expire, run_threads
 
 Conn = psycopg.Connection[Any]
 
@@ -267,3 +267,36 @@ def test_sessions_taking_turns_serve_every_group_once_a_round(connect: ConnectFa
         call(c, "complete_many", ids=[rows[0]["id"]], lease_tokens=[rows[0]["lease_token"]])
     for r in range(3):
         assert sorted(served[r * n : (r + 1) * n]) == [f"g{i:02}" for i in range(n)], (r, served)
+
+
+def test_claimers_registering_the_same_new_groups_side_by_side(connect: ConnectFactory) -> None:
+    """Race: four sessions claim while new groups keep arriving, each registering the groups of the new
+    jobs it reads (no discovery lock): no deadlock, no error, every group ends with exactly one cursor and
+    one fair_groups row, and every job is claimed once."""
+    setup = connect()
+    call(setup, "configure_queue", queue="q", fair=True)
+    rounds, per_round = 30, 8
+
+    def claimer(i: int) -> list[int]:
+        c = connect()
+        got: list[int] = []
+        for r in range(rounds):
+            if i == 0:  # one producer among them: new groups every round, in reverse key order
+                jobs = [{"kind": "k", "queue": "q", "group_key": f"n{r:02}-{k}"} for k in reversed(range(per_round))]
+                call(c, "enqueue_many", jobs=jobs)
+            rows = call(c, "claim", worker=f"w{i}", queues=["q"], max_jobs=3)
+            got.extend(r_["id"] for r_ in rows)
+        return got
+
+    claimed = [j for ids in run_threads(4, claimer) for j in ids]
+    while rows := call(setup, "claim", worker="w", queues=["q"], max_jobs=100):
+        claimed.extend(r["id"] for r in rows)
+    assert len(claimed) == len(set(claimed)) == rounds * per_round
+    counts = setup.execute(
+        "SELECT (SELECT count(*) FROM pgjobs.group_cursors WHERE queue = 'q'),"
+        " (SELECT count(DISTINCT group_key) FROM pgjobs.group_cursors WHERE queue = 'q'),"
+        " (SELECT count(*) FROM pgjobs.fair_groups WHERE queue = 'q'),"
+        " (SELECT count(*) FROM pgjobs.fair_groups AS g LEFT JOIN pgjobs.group_cursors AS c"
+        "   USING (queue, group_key) WHERE g.queue = 'q' AND c.queue IS NULL)"
+    ).fetchone()
+    assert counts is not None and counts[0] == counts[1] == counts[2] and counts[3] == 0, counts

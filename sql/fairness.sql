@@ -328,6 +328,24 @@ AS $$
                       false);
 $$;
 
+-- The ring_from a claim writes to fair_queues (when it writes the row: see _fair_save_hint): the lowest
+-- served_seq of a served cursor, read from the row's own ring_from on. Not the session's hint, nor what a
+-- walk from it met: any session can SET pgjobs.fair_hint, and a ring_from too high in the shared row
+-- would make every claim pass over the cursors below it. The row is written every 8th claim or so, so
+-- this reads past the stamps of about that many claims.
+CREATE OR REPLACE FUNCTION pgjobs._fair_ring_floor(v_q text, v_from bigint)
+RETURNS bigint
+LANGUAGE sql
+STABLE
+SET search_path = pg_catalog, pgjobs, pg_temp
+AS $$
+    SELECT greatest(v_from, coalesce((SELECT c.served_seq FROM pgjobs.group_cursors AS c
+                                       WHERE c.queue = v_q AND c.served_seq > 0
+                                         AND (c.served_seq, c.group_key) > (v_from - 1, '')
+                                       ORDER BY c.served_seq, c.group_key
+                                       LIMIT 1), v_from));
+$$;
+
 -- The fast path (Cost, last point): a fair queue without caps, no noisy group, no never-served cursor
 -- and no kind quota that can run out (the caller checks all that). The picks are then the first `room`
 -- groups of the ring whose cursor no other claim holds, one head each, in ring order: what the walk
@@ -406,7 +424,7 @@ BEGIN
              WHERE c.ctid = s.tid AND c.ctid = ANY (f_ctids)
         )
         UPDATE fair_queues AS f
-           SET ring_from = greatest(f.ring_from, v_ring_from, r_seq[1]),
+           SET ring_from = _fair_ring_floor(v_q, f.ring_from),
                discover_after = v_pos,
                discover_found = v_found,
                discover_productive = v_productive,
@@ -855,7 +873,7 @@ BEGIN
     UPDATE fair_queues AS f
        SET ungrouped_seq = u_seq,
            ungrouped_served_at = CASE WHEN u_served THEN now() ELSE f.ungrouped_served_at END,
-           ring_from = greatest(f.ring_from, v_ring_from, coalesce(v_lwm, f.ring_from)),
+           ring_from = _fair_ring_floor(v_q, f.ring_from),
            discover_after = v_pos,
            discover_found = v_found,
            discover_productive = v_productive,

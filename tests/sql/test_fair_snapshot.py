@@ -300,3 +300,34 @@ def test_claimers_registering_the_same_new_groups_side_by_side(connect: ConnectF
         "   USING (queue, group_key) WHERE g.queue = 'q' AND c.queue IS NULL)"
     ).fetchone()
     assert counts is not None and counts[0] == counts[1] == counts[2] and counts[3] == 0, counts
+
+
+def test_a_forged_hint_stays_in_its_session(connect: ConnectFactory) -> None:
+    """pgjobs.fair_hint is a session setting anyone can SET: a ring_from far ahead in it changes only that
+    session's own picks; the fair_queues row keeps a ring_from read from the cursors, and another session
+    still serves every group once a round."""
+    a, b = connect(), connect()
+    call(a, "configure_queue", queue="q", fair=True)
+    n = 12
+    call(
+        a,
+        "enqueue_many",
+        jobs=[{"kind": "k", "queue": "q", "group_key": f"g{i:02}"} for i in range(n) for _ in range(6)],
+    )
+    _work(a, 2)  # the ring is served
+    b.execute("""SELECT set_config('pgjobs.fair_hint', '{"q": [0, 6, 9000000000]}', false)""")
+    for _ in range(12):  # among them the sweeps that write the row
+        rows = call(b, "claim", worker="b", queues=["q"], max_jobs=1)
+        call(b, "complete_many", ids=[r["id"] for r in rows], lease_tokens=[r["lease_token"] for r in rows])
+    row = a.execute(
+        "SELECT f.ring_from <= (SELECT min(c.served_seq) FROM pgjobs.group_cursors AS c"
+        "                        WHERE c.queue = 'q' AND c.served_seq > 0)"
+        "  FROM pgjobs.fair_queues AS f WHERE f.queue = 'q'"
+    ).fetchone()
+    assert row == (True,)
+    served = []
+    for _ in range(n):
+        rows = call(a, "claim", worker="a", queues=["q"], max_jobs=1)
+        served.append(rows[0]["group_key"])
+        call(a, "complete_many", ids=[rows[0]["id"]], lease_tokens=[rows[0]["lease_token"]])
+    assert sorted(served) == [f"g{i:02}" for i in range(n)], served

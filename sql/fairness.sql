@@ -66,7 +66,8 @@
 --   * 204: the head probe of jobs_group_idx (the dead entries of the group's claimed jobs);
 --   * about 80: the fair_queues row, rewritten by every claim (its version chain). Now written only
 --     when a sweep ran or the ungrouped jobs' state moved; what changes every claim (seen_max_id,
---     quiet_claims, ring_from) is the session's hint (_fair_save_hint).
+--     quiet_claims, ring_from) is the session's hint (_fair_save_hint), and the row's ring_from is read
+--     from the cursors when it is written (_fair_ring_floor), never taken from a hint.
 -- Built: the skip scan and its cursor probes no longer run on every claim that sees a new job (they
 -- cost 5,373 of the 8,562 buffers a fair claim read after 20,000 jobs under a held snapshot when new
 -- jobs kept coming, the soak's case; the look for ungrouped work on an all-grouped queue 498 more):

@@ -33,14 +33,17 @@
 --     group's head is one probe of jobs_group_idx, and the heads of a run of groups are locked, and
 --     their cursors stamped, in one statement;
 --   * a group arriving with a new job gets its cursor at the next claim: the jobs inserted since
---     the previous claim (ids above fair_queues.seen_max_id, up to 64 of them) are read by id
+--     the session's previous claim on the queue (ids above its seen_max_id: the session's hint, see
+--     _fair_save_hint, else fair_queues'; up to 64 of them) are read by id
 --     (_discover_fresh), and their groups without a row in fair_groups (one row per group with a
 --     cursor, never updated) are registered; that also tells whether ungrouped work arrived;
 --   * other groups get their cursor from an incremental skip scan over jobs_group_idx (16 distinct
 --     groups per sweep, resuming where the previous sweep stopped), for work that became pending
 --     without a new job (a due scheduled job, a retry, a dependency met, an insert that committed
---     after a claim read past its id) or when more than 64 jobs came in between two claims: such
---     a claim sweeps, and otherwise a claim sweeps only while the sweeps keep finding groups,
+--     after a claim read past its id) or when more than 64 jobs came in since the session's previous
+--     claim (a session that claims seldom on a busy server: as before, every such claim sweeps; the
+--     soak's probe, one claim per 200 ms at 2,000 jobs/s, is one), and otherwise a claim sweeps only
+--     while the sweeps keep finding groups,
 --     every 8th claim, or when it comes up short (then 256 groups at once): such a group is found
 --     within 8 * (groups / 16) claims, or at once when the queue has nothing else to give. A claim
 --     looks for ungrouped work on the same terms once none was found;
@@ -78,6 +81,9 @@
 -- read 4,552 buffers where main read 12,783 (claim()'s own probe 1,974 of them: claim.sql). The sweep
 -- of every 8th claim looks a found group's cursor up in fair_groups too: 3,319 buffers instead of 5,403
 -- (what is left is the skip scan passing each group's claimed jobs on jobs_group_idx).
+-- fair_groups is not free of versions either: a group that runs out of work loses its cursor and its
+-- row, and gets both again with its next job (in the soak, about 80 such cycles a second over 100
+-- groups); a lookup passes one entry per cycle of that group since the snapshot, not one per serve.
 -- What would bound the rest (not built): served order from served_seq_seq plus an insert-only stamp log
 -- (queue, group_key, seq) in a partition ring rotated by TRUNCATE under stream.sql's maintenance lock,
 -- the latest stamp per group carried forward at rotation, so cursors are never updated; a per-group

@@ -34,16 +34,15 @@
 --     their cursors stamped, in one statement;
 --   * a group arriving with a new job gets its cursor at the next claim: the jobs inserted since
 --     the session's previous claim on the queue (ids above its seen_max_id: the session's hint, see
---     _fair_save_hint, else fair_queues'; up to 64 of them) are read by id
+--     _fair_save_hint, else fair_queues'; up to 2,048 of them) are read by id
 --     (_discover_fresh), and their groups without a row in fair_groups (one row per group with a
 --     cursor, never updated) are registered; that also tells whether ungrouped work arrived;
 --   * other groups get their cursor from an incremental skip scan over jobs_group_idx (16 distinct
 --     groups per sweep, resuming where the previous sweep stopped), for work that became pending
 --     without a new job (a due scheduled job, a retry, a dependency met, an insert that committed
---     after a claim read past its id) or when more than 64 jobs came in since the session's previous
---     claim (a session that claims seldom on a busy server: as before, every such claim sweeps; the
---     soak's probe, one claim per 200 ms at 2,000 jobs/s, is one), and otherwise a claim sweeps only
---     while the sweeps keep finding groups,
+--     after a claim read past its id) or when more than 2,048 jobs came in since the session's
+--     previous claim (a session that claims seldom on a busy server: as before, every such claim
+--     sweeps), and otherwise a claim sweeps only while the sweeps keep finding groups,
 --     every 8th claim, or when it comes up short (then 256 groups at once): such a group is found
 --     within 8 * (groups / 16) claims, or at once when the queue has nothing else to give. A claim
 --     looks for ungrouped work on the same terms once none was found;
@@ -218,14 +217,16 @@ AS $$
 #variable_conflict use_column
 BEGIN
     WITH fresh AS (
-        -- one probe of jobs_pkey per id (LIMIT keeps it a nested loop: as a join, or as a range on
-        -- id, the generic plan walks the queue's whole pending index, claimed jobs included; so the
-        -- state and queue are tested on the row found, not in the probe, which a partial index matches)
+        -- the new ids, a range of jobs_pkey in id order (new rows lie together in the heap too: a
+        -- few pages however many). ORDER BY and LIMIT keep it on jobs_pkey, and the state and queue
+        -- are tested on the rows found, not in the scan: a partial index matching them (the queue's
+        -- pending work, claimed jobs included) would be planned instead
         SELECT j.k
-          FROM generate_series(lo + 1, hi) AS n(id)
-         CROSS JOIN LATERAL (SELECT x.group_key AS k, x.queue AS q, x.state AS st FROM jobs AS x
-                              WHERE x.id = n.id
-                              LIMIT 1) AS j
+          FROM (SELECT x.group_key AS k, x.queue AS q, x.state AS st
+                  FROM jobs AS x
+                 WHERE x.id > lo AND x.id <= hi
+                 ORDER BY x.id
+                 LIMIT hi - lo) AS j
          WHERE j.q = _discover_fresh.queue AND j.st = 'pending'
     ), new AS (
         SELECT d.k
@@ -1304,7 +1305,7 @@ AS $$
 #variable_conflict use_column
 DECLARE
     c_discover_steps CONSTANT int := 16;   -- groups the skip scan registers per claim
-    c_fresh_ids CONSTANT int := 64;        -- new job ids _discover_fresh reads, at most (more: the skip scan)
+    c_fresh_ids CONSTANT int := 2048;      -- new job ids _discover_fresh reads, at most (more: the skip scan)
     v_q       text := _claim_fair.queue;
     v_fresh   boolean;                     -- the jobs inserted since the previous claim were read by id
     v_expired boolean;                     -- an active job's lease has run out

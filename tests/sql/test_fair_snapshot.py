@@ -331,3 +331,25 @@ def test_a_forged_hint_stays_in_its_session(connect: ConnectFactory) -> None:
         served.append(rows[0]["group_key"])
         call(a, "complete_many", ids=[rows[0]["id"]], lease_tokens=[rows[0]["lease_token"]])
     assert sorted(served) == [f"g{i:02}" for i in range(n)], served
+
+
+def test_a_claim_after_a_burst_reads_the_new_ids_on_the_primary_key(conn: Conn) -> None:
+    """1,500 jobs of 150 new groups inserted since the previous claim: the claim registers all 150 groups
+    at once from the new ids, a range of jobs_pkey (a skip scan registers 16 a claim), without walking
+    the queue's pending index; the new groups go first (never served: the best head)."""
+    _setup(conn)
+    jobs = [{"kind": "k", "queue": "q", "group_key": f"new{i % 150:03}"} for i in range(1500)]
+    call(conn, "enqueue_many", jobs=jobs)
+    rel = """SELECT c.relname, pg_stat_get_xact_tuples_returned(c.oid) FROM pg_class AS c
+              WHERE c.relname IN ('jobs_pending_idx', 'jobs_pkey')
+                AND c.relnamespace = 'pgjobs'::regnamespace"""
+    with conn.transaction():
+        before = dict(conn.execute(rel).fetchall())
+        got = call(conn, "claim", worker="w", queues=["q"], max_jobs=1)
+        after = dict(conn.execute(rel).fetchall())
+        known = conn.execute("SELECT count(*) FROM pgjobs.fair_groups WHERE group_key LIKE 'new%'").fetchone()
+    read = {k: v - before[k] for k, v in after.items()}
+    assert [r["group_key"] for r in got] == ["new000"]
+    assert known == (150,)
+    assert read["jobs_pending_idx"] == 0, read
+    assert read["jobs_pkey"] >= 1500, read  # the burst, read on the primary key

@@ -116,7 +116,7 @@ class Completer:
                 # the compare-and-set). Taken for an outage, it closed the connection, and a stopping worker
                 # gave up on the batch after five: jobs that had run were left to run again.
                 raced += 1
-                await w.lost_race(f"complete_many of {len(batch)} job(s)", exc, raced)
+                await w.lost_race(f"complete_many of {len(batch)} job(s)", exc, raced, give_up=False)
             except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
                 self.failures += 1
                 w._cut_off_at = anyio.current_time()

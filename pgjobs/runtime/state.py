@@ -300,15 +300,18 @@ class WorkerState:
             except psycopg.Error as exc:
                 raise translate(exc) from exc
 
-    async def lost_race(self, what: str, exc: psycopg.Error, failures: int) -> None:
+    async def lost_race(self, what: str, exc: psycopg.Error, failures: int, *, give_up: bool = True) -> None:
         """After a lost race (:data:`TRANSIENT_ERRORS`): counted, logged, and a short pause before the retry;
-        raised (translated) when the statement lost ``TRANSIENT_TRIES`` times in a row."""
-        if failures >= TRANSIENT_TRIES:
+        raised (translated) when the statement lost ``TRANSIENT_TRIES`` times in a row, unless ``give_up`` is
+        False: the completer's batch holds outcomes of attempts that ran, and raising would end the worker and
+        leave those jobs to run again (a connection error there is retried for as long, too)."""
+        if failures >= TRANSIENT_TRIES and give_up:
             raise translate(exc) from exc
         self.transient_retries += 1
-        log.info("%s lost a race (%s %s); running it again", what, getattr(exc, "sqlstate", None),
-                 str(exc).splitlines()[0] if str(exc) else type(exc).__name__)  # fmt: skip
-        await anyio.sleep(transient_delay(failures))
+        level = logging.INFO if failures < TRANSIENT_TRIES else logging.WARNING
+        log.log(level, "%s lost a race (%s %s); running it again", what, getattr(exc, "sqlstate", None),
+                str(exc).splitlines()[0] if str(exc) else type(exc).__name__)  # fmt: skip
+        await anyio.sleep(transient_delay(min(failures, TRANSIENT_TRIES)))
 
     async def _check_pool(self) -> None:
         """After a connection error: drop every broken idle connection of the pool at once. A server restart

@@ -375,3 +375,50 @@ def test_cancelling_a_batch_while_its_members_complete_never_deadlocks(conn: Con
             conn.execute("SELECT state::text, count(*) FROM pgjobs.jobs WHERE batch_id = %s GROUP BY 1", [batch])
         )
         assert sum(states.values()) == per_round and set(states) <= {"succeeded", "cancelled"}, states
+
+
+def test_a_completion_that_keeps_losing_races_is_retried_not_raised(dsn: str, conn: Conn) -> None:
+    """complete_many losing more races in a row than TRANSIENT_TRIES (a deadlock storm): the completer keeps
+    running the batch again, as it does through an outage, instead of raising out of the worker (which ended the
+    worker and left jobs that had run to run a second time)."""
+    from pgjobs.runtime.state import TRANSIENT_TRIES
+
+    fails = TRANSIENT_TRIES + 3
+    conn.execute(
+        f"""
+        CREATE SEQUENCE public.fault_complete;
+        CREATE FUNCTION public.lost_race() RETURNS trigger LANGUAGE plpgsql AS $$
+        BEGIN
+            IF OLD.state = 'active' AND NEW.state = 'succeeded' AND nextval('public.fault_complete') <= {fails} THEN
+                RAISE EXCEPTION USING ERRCODE = '40P01', MESSAGE = 'injected deadlock in complete of job ' || NEW.id;
+            END IF;
+            RETURN NEW;
+        END;
+        $$;
+        CREATE TRIGGER lost_race BEFORE UPDATE ON pgjobs.jobs FOR EACH ROW EXECUTE FUNCTION public.lost_race();
+        """
+    )
+    app = pgjobs.App()
+
+    @app.job("ok")
+    async def ok(payload: Any, ctx: pgjobs.JobContext) -> str:
+        return "ok"
+
+    conn.execute("SELECT count(*) FROM pgjobs.enqueue_many(%s)", [Jsonb([{"kind": "ok", "max_attempts": 1}] * 5)])
+    worker = pgjobs.Worker(app, dsn, {"default": 10}, lease=30, scheduler=False, poll_interval=0.5)
+
+    async def main() -> None:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(worker.run)
+            with anyio.fail_after(60):
+                while conn.execute("SELECT count(*) FROM pgjobs.jobs WHERE state <> 'succeeded'").fetchone() != (0,):
+                    await anyio.sleep(0.05)
+            worker.stop()
+
+    anyio.run(main)  # raised the 40P01 (DeadlockDetected) out of worker.run before the fix
+    assert conn.execute("SELECT state::text, attempt, count(*) FROM pgjobs.jobs GROUP BY 1, 2").fetchall() == [
+        ("succeeded", 1, 5)
+    ]
+    used = conn.execute("SELECT last_value FROM public.fault_complete").fetchone()
+    assert used is not None and used[0] > fails
+    assert worker.transient_retries >= fails

@@ -213,9 +213,24 @@ class Hub:
         self._hinted.clear()
 
     async def _follow_log(self) -> None:
-        if self.listen_dsn is not None:
-            self._hinted = asyncio.Event()
-            self._listen_task = asyncio.get_running_loop().create_task(self._listen(), name="pgjobs-web-listen")
+        if self.listen_dsn is None:
+            await self._read_log()
+            return
+        self._hinted = asyncio.Event()
+        task = asyncio.get_running_loop().create_task(self._listen(), name="pgjobs-web-listen")
+        self._listen_task = task
+        try:
+            await self._read_log()
+        finally:
+            # The LISTEN connection goes with the reader: a reader that ended (cancelled, or an error out of
+            # the loop) is started again by the next subscribe(), with a listener of its own.
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+            if self._listen_task is task:
+                self._listen_task = None
+
+    async def _read_log(self) -> None:
         after: int | None = None
         failures = 0
         while True:

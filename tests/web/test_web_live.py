@@ -4,6 +4,7 @@ hold a bounded number of database connections and all get the events."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 from collections.abc import Callable
@@ -203,3 +204,41 @@ def test_the_shared_reader_is_woken_by_hints_and_forged_hints_show_nothing(
     got = asyncio.run(run())
     assert [(m["kind"], m["state"]) for m in got] == [("woken", "pending")]
     assert hub.events_seen == 1
+
+
+def test_a_restarted_reader_keeps_one_listen_connection(dsn: str) -> None:
+    """The shared reader ended (cancelled here; an error out of its loop does the same) and is started again by
+    the next subscriber: its LISTEN connection went with it, so the process still holds one, not one more per
+    restart."""
+    from psycopg_pool import AsyncConnectionPool
+
+    from pgjobs.client.dashboard import AsyncDashboard
+    from pgjobs.web.live import Hub
+
+    async def run() -> list[int]:
+        async with AsyncConnectionPool(dsn, min_size=1, max_size=2, kwargs={"autocommit": True}, open=False) as pool:
+            hub = Hub(AsyncDashboard(pool), 0.2, listen_dsn=dsn, application_name="pgjobs-web-test-listen")
+            seen = []
+            try:
+                for _ in range(3):
+                    before = hub._task
+                    sub = hub.subscribe(None, None, None)
+                    assert hub._task is not before  # a new reader
+                    deadline = time.monotonic() + 10
+                    while hub.hints == 0 and _backends(dsn) == 0:  # its listener connected
+                        assert time.monotonic() < deadline, "the reader's listener did not connect"
+                        await asyncio.sleep(0.05)
+                    await asyncio.sleep(1.0)  # any listener of an earlier reader has had time to connect too
+                    seen.append(_backends(dsn))
+                    hub.unsubscribe(sub)
+                    assert hub._task is not None
+                    hub._task.cancel()  # the reader ends
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await hub._task
+                    await asyncio.sleep(0.2)
+                seen.append(_backends(dsn))
+            finally:
+                await hub.stop()
+            return seen
+
+    assert asyncio.run(run()) == [1, 1, 1, 0]

@@ -32,8 +32,13 @@ from pgjobs.runtime.state import RUNNING, TRANSIENT_ERRORS, WorkerState
 
 log = logging.getLogger("pgjobs.worker")
 
-# How soon the renewer asks again for jobs that were busy (renew_leases answered cancel_requested NULL).
+# How soon the renewer asks again for jobs that were busy (renew_leases answered cancel_requested NULL), and
+# the most it backs off to while they stay busy. Capped low, not at lease/3: the renewal no longer waits for the
+# row, so the retry after the row is freed is what renews it, and a transaction that held the row for most of
+# a lease left the lease to run out a whole backoff after it let go (another claimer then took the job while it
+# ran here). 2 calls a second at most, and only while some row stays busy.
 BUSY_RETRY = 0.1
+BUSY_RETRY_CAP = 0.5
 
 
 async def renewer(w: WorkerState) -> None:
@@ -48,7 +53,7 @@ async def renewer(w: WorkerState) -> None:
             # Some held jobs were busy (not renewed): ask again soon, so a row that stays busy for a while (a
             # transaction that holds it) is still renewed in time; backing off while it stays busy.
             busy += 1
-            await w._backoff(min(interval, BUSY_RETRY * 2 ** min(busy - 1, 8)))
+            await w._backoff(min(interval, BUSY_RETRY_CAP, BUSY_RETRY * 2 ** min(busy - 1, 8)))
         else:
             busy = 0
             # every lease/3, or at once when a pgjobs_cancel hint names a job we hold (listener.on_notify)

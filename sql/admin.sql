@@ -62,7 +62,8 @@ DECLARE
     v_edge record;
     v_waits int;
 BEGIN
-    SELECT j.id, j.state, j.queue INTO v_job FROM jobs AS j WHERE j.id = retry.id FOR UPDATE;
+    SELECT j.id, j.state, j.queue, j.kind, j.unique_key, j.unique_live_only INTO v_job
+      FROM jobs AS j WHERE j.id = retry.id FOR UPDATE;
     IF NOT FOUND THEN
         PERFORM _not_found('job', retry.id);
     END IF;
@@ -89,6 +90,16 @@ BEGIN
     -- The job becomes live again, so it takes a slot of a bounded queue like an enqueue
     -- (PJ001 when the queue is full): max_length bounds the live jobs, however they got there.
     PERFORM _reserve_capacity(v_job.queue, 1);
+    -- A unique_live_only key was given back when the job ended: the retried job takes it again, through
+    -- job_keys' primary key (a live job that took it meanwhile keeps it, and the retry is refused).
+    IF v_job.unique_live_only AND v_job.unique_key IS NOT NULL THEN
+        INSERT INTO job_keys AS k (kind, unique_key, job_id) VALUES (v_job.kind, v_job.unique_key, v_job.id)
+        ON CONFLICT (kind, unique_key) DO NOTHING;
+        IF NOT FOUND THEN
+            RAISE EXCEPTION USING ERRCODE = 'PJ004',
+                MESSAGE = format('job %s cannot be retried: another live job holds its unique key', retry.id);
+        END IF;
+    END IF;
     BEGIN
         UPDATE jobs AS j
            SET state = CASE WHEN v_waits > 0 THEN 'waiting'::job_state ELSE 'pending' END,
@@ -133,6 +144,8 @@ BEGIN
             MESSAGE = format('job %s is %s; only terminal jobs can be deleted (cancel it first)', delete.id, v_state);
     END IF;
     DELETE FROM jobs AS j WHERE j.id = delete.id;
+    -- Its edges (either end), continuation holds and unique key (no foreign keys to jobs: history.sql).
+    PERFORM _forget_jobs(ARRAY[delete.id]);
     IF v_batch IS NOT NULL THEN
         -- A batch's counters and state must keep equalling a recount of its members: a `failed` batch
         -- whose only failed member is deleted is `succeeded` now (or `cancelled`). What the batch's own
@@ -143,40 +156,10 @@ BEGIN
 END;
 $$;
 
--- Removes terminal jobs older than the given ages (NULL: keep that class). failed_before
--- covers 'failed' and 'cancelled'. Batch members go with their batch, once it is settled and
--- every member is past its age. Returns the number of jobs removed.
-CREATE OR REPLACE FUNCTION pgjobs.purge(succeeded_before interval DEFAULT NULL, failed_before interval DEFAULT NULL)
-RETURNS bigint
-LANGUAGE plpgsql
-SET search_path = pg_catalog, pgjobs, pg_temp
-AS $$
-#variable_conflict use_column
-DECLARE
-    v_jobs    bigint;
-    v_members bigint;
-BEGIN
-    IF succeeded_before < interval '0' OR failed_before < interval '0' THEN
-        RAISE EXCEPTION USING ERRCODE = 'PJ002',
-            MESSAGE = format('purge ages must not be negative, got succeeded_before=%s, failed_before=%s',
-                             succeeded_before, failed_before);
-    END IF;
-    -- (limits: checks.sql) now() minus 100 million years is out of timestamp range
-    PERFORM _check_interval('succeeded_before', succeeded_before, non_negative => true, nullable => true);
-    PERFORM _check_interval('failed_before', failed_before, non_negative => true, nullable => true);
-    WITH gone AS (
-        DELETE FROM jobs AS j
-         WHERE j.batch_id IS NULL
-           AND ((j.state = 'succeeded' AND j.completed_at < now() - succeeded_before)
-             OR (j.state IN ('failed', 'cancelled') AND j.completed_at < now() - failed_before))
-        RETURNING 1)
-    SELECT count(*) INTO v_jobs FROM gone;
-    v_members := _purge_batches(succeeded_before, failed_before);
-    RETURN v_jobs + v_members;
-END;
-$$;
+-- purge(): sql/history.sql (whole history slices, rows only in the boundary slice).
 
--- configure_queue: NULL leaves a setting as it is; 0 removes a limit. Returns the settings.
+-- configure_queue: NULL leaves a setting as it is; 0 removes a limit (retention '0': keep until purge).
+-- Returns the settings.
 CREATE OR REPLACE FUNCTION pgjobs.configure_queue(
     queue                text,
     max_length           int DEFAULT NULL,
@@ -186,7 +169,8 @@ CREATE OR REPLACE FUNCTION pgjobs.configure_queue(
     noisy_min_active     int DEFAULT NULL,
     max_active_per_group int DEFAULT NULL,
     max_active           int DEFAULT NULL,
-    status_events        text DEFAULT NULL)
+    status_events        text DEFAULT NULL,
+    retention            interval DEFAULT NULL)
 RETURNS pgjobs.queues
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pgjobs, pg_temp
@@ -208,6 +192,9 @@ BEGIN
         RAISE EXCEPTION USING ERRCODE = 'PJ002', MESSAGE = format('noisy_min_active must be >= 0, got %s', noisy_min_active);
     ELSIF noisy_share <= 0 OR noisy_share > 1 OR noisy_share = 'NaN'::real THEN
         RAISE EXCEPTION USING ERRCODE = 'PJ002', MESSAGE = format('noisy_share must be in (0, 1], got %s', noisy_share);
+    ELSIF retention < interval '0' THEN
+        RAISE EXCEPTION USING ERRCODE = 'PJ002',
+            MESSAGE = format('retention must be >= 0 (0 removes it: keep until purge), got %s', retention);
     ELSIF status_events NOT IN ('all', 'terminal', 'none') THEN
         RAISE EXCEPTION USING ERRCODE = 'PJ002',
             MESSAGE = format('status_events must be ''all'', ''terminal'' or ''none'', got %s', _shown(status_events));
@@ -227,6 +214,9 @@ BEGIN
            max_active           = CASE WHEN configure_queue.max_active IS NULL THEN q.max_active
                                        ELSE nullif(configure_queue.max_active, 0) END,
            status_events        = coalesce(configure_queue.status_events, q.status_events),
+           -- finished jobs of the queue are dropped by maintenance this long after they ended (history.sql)
+           retention            = CASE WHEN configure_queue.retention IS NULL THEN q.retention
+                                       ELSE nullif(configure_queue.retention, interval '0') END,
            updated_at           = now()
      WHERE q.queue = configure_queue.queue
     RETURNING q.* INTO v_row;

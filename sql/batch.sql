@@ -267,6 +267,7 @@ AS $$
 DECLARE
     v_state   batch_state;
     v_removed bigint;
+    v_ids     bigint[];
 BEGIN
     SELECT b.state INTO v_state FROM batches AS b WHERE b.id = delete_batch.batch_id FOR UPDATE;
     IF NOT FOUND THEN
@@ -277,8 +278,10 @@ BEGIN
             MESSAGE = format('batch %s is executing; only settled batches can be deleted (cancel it first)',
                              delete_batch.batch_id);
     END IF;
-    WITH gone AS (DELETE FROM jobs AS j WHERE j.batch_id = delete_batch.batch_id RETURNING 1)
-    SELECT count(*) INTO v_removed FROM gone;
+    -- (no foreign keys to jobs since job_history: _forget_jobs removes the members' edges, holds and keys)
+    WITH gone AS (DELETE FROM jobs AS j WHERE j.batch_id = delete_batch.batch_id RETURNING j.id)
+    SELECT count(*), array_agg(gone.id) INTO v_removed, v_ids FROM gone;
+    PERFORM _forget_jobs(v_ids);
     DELETE FROM batches AS b WHERE b.id = delete_batch.batch_id;
     RETURN v_removed;
 END;
@@ -293,6 +296,7 @@ SET search_path = pg_catalog, pgjobs, pg_temp
 AS $$
 DECLARE
     v_ids     bigint[];
+    v_members bigint[];
     v_removed bigint;
 BEGIN
     IF succeeded_before IS NULL AND failed_before IS NULL THEN
@@ -310,8 +314,9 @@ BEGIN
     IF v_ids IS NULL THEN
         RETURN 0;
     END IF;
-    WITH gone AS (DELETE FROM jobs AS j WHERE j.batch_id = ANY (v_ids) RETURNING 1)
-    SELECT count(*) INTO v_removed FROM gone;
+    WITH gone AS (DELETE FROM jobs AS j WHERE j.batch_id = ANY (v_ids) RETURNING j.id)
+    SELECT count(*), array_agg(gone.id) INTO v_removed, v_members FROM gone;
+    PERFORM _forget_jobs(v_members);
     DELETE FROM batches AS b WHERE b.id = ANY (v_ids);
     RETURN v_removed;
 END;

@@ -132,34 +132,40 @@ BEGIN
     ELSE
         FOR i IN 1..10 LOOP
             -- Idempotency first, capacity second: an existing key answers even on a full queue.
-            SELECT j.id, j.state INTO v_id, v_found
-              FROM jobs AS j
-             WHERE j.kind = enqueue.kind AND j.unique_key = enqueue.unique_key
-               AND (NOT j.unique_live_only OR j.state IN ('waiting', 'scheduled', 'pending', 'active'));
+            -- The key's holder is in job_keys (history.sql): a unique_live_only key leaves it when
+            -- its job ends, any other key when its job is deleted or purged.
+            SELECT k.job_id INTO v_id FROM job_keys AS k
+             WHERE k.kind = enqueue.kind AND k.unique_key = enqueue.unique_key;
             IF FOUND THEN
-                id := v_id;
-                created := false;
-                state := v_found;
-                RETURN NEXT;
-                RETURN;
+                SELECT j.state INTO v_found FROM jobs AS j WHERE j.id = v_id;
+                IF FOUND THEN
+                    id := v_id;
+                    created := false;
+                    state := v_found;
+                    RETURN NEXT;
+                    RETURN;
+                END IF;
             END IF;
 
             IF i = 1 AND v_max IS NOT NULL THEN
                 PERFORM _reserve_capacity(enqueue.queue, 1);
             END IF;
 
-            -- The unique index, not the check above, decides a race between two enqueuers.
-            INSERT INTO jobs AS j (kind, queue, payload, meta, state, priority, run_at, max_attempts,
-                                   unique_key, unique_live_only, group_key)
-            VALUES (enqueue.kind, enqueue.queue, enqueue.payload, coalesce(enqueue.meta, '{}'), v_state,
-                    coalesce(enqueue.priority, 0), coalesce(enqueue.run_at, now()), enqueue.max_attempts,
-                    enqueue.unique_key, coalesce(enqueue.unique_live_only, false), enqueue.group_key)
-            ON CONFLICT (kind, unique_key)
-                WHERE unique_key IS NOT NULL
-                  AND (NOT unique_live_only OR state IN ('waiting', 'scheduled', 'pending', 'active'))
-                DO NOTHING
-            RETURNING j.id INTO v_id;
-            EXIT WHEN v_id IS NOT NULL;
+            -- The key table's primary key, not the check above, decides a race between two enqueuers:
+            -- the loser waits on the winner's uncommitted key, then inserts nothing.
+            v_id := nextval('pgjobs.jobs_id_seq');
+            INSERT INTO job_keys AS k (kind, unique_key, job_id)
+            VALUES (enqueue.kind, enqueue.unique_key, v_id)
+            ON CONFLICT (kind, unique_key) DO NOTHING;
+            IF FOUND THEN
+                INSERT INTO jobs AS j (id, kind, queue, payload, meta, state, priority, run_at, max_attempts,
+                                       unique_key, unique_live_only, group_key)
+                VALUES (v_id, enqueue.kind, enqueue.queue, enqueue.payload, coalesce(enqueue.meta, '{}'), v_state,
+                        coalesce(enqueue.priority, 0), coalesce(enqueue.run_at, now()), enqueue.max_attempts,
+                        enqueue.unique_key, coalesce(enqueue.unique_live_only, false), enqueue.group_key);
+                EXIT;
+            END IF;
+            v_id := NULL;
             -- Lost the race to a holder that committed after our snapshot: read it on the next turn
             -- (each statement takes a fresh snapshot under READ COMMITTED).
         END LOOP;
@@ -529,6 +535,7 @@ DECLARE
     v_batches bigint[];
     v_wake    text[];
     v_bounded record;
+    v_keyed   bigint[];
 BEGIN
     IF v_count = 0 THEN
         RETURN;
@@ -550,10 +557,9 @@ BEGIN
                           FILTER (WHERE s.spec ->> 'unique_key' IS NOT NULL))::int AS adding
               FROM jsonb_array_elements(jobs) AS s(spec)
               JOIN queues AS q ON q.queue = coalesce(s.spec ->> 'queue', 'default') AND q.max_length IS NOT NULL
-             WHERE NOT EXISTS (SELECT 1 FROM jobs AS h
+             WHERE NOT EXISTS (SELECT 1 FROM job_keys AS h
                                 WHERE s.spec ? 'unique_key' AND h.kind = s.spec ->> 'kind'
-                                  AND h.unique_key = s.spec ->> 'unique_key'
-                                  AND (NOT h.unique_live_only OR h.state IN ('waiting', 'scheduled', 'pending', 'active')))
+                                  AND h.unique_key = s.spec ->> 'unique_key')
              GROUP BY 1
              ORDER BY 1
         LOOP
@@ -564,9 +570,21 @@ BEGIN
     -- jsonb_to_recordset reads every key of a spec in one pass (a ->> per column costs a
     -- lookup each). Numbers go through numeric: JSON 5.0 is a valid integer (_check_specs),
     -- '5.0'::smallint is not. Without any unique key no row can conflict, and the insert skips
-    -- ON CONFLICT, which costs a speculative insertion (and its WAL record) per row; the two
-    -- statements differ only by that clause.
+    -- job_keys (a speculative insertion and its WAL record per key); the two job inserts differ
+    -- only by the filter on the keys won.
     IF jsonb_path_exists(jobs, 'lax $[*].unique_key ? (@.type() == "string")') THEN
+        -- The keys first, in the specs' order: job_keys' primary key decides which spec (or which racing
+        -- transaction) makes the job of a key; the specs that lost insert no job.
+        WITH k AS (
+            INSERT INTO job_keys AS k (kind, unique_key, job_id)
+            SELECT r.kind, r.unique_key, v_ids[r.n]
+              FROM ROWS FROM (jsonb_to_recordset(jobs) AS (kind text, unique_key text))
+                   WITH ORDINALITY AS r(kind, unique_key, n)
+             WHERE r.unique_key IS NOT NULL
+             ORDER BY r.n
+            ON CONFLICT (kind, unique_key) DO NOTHING
+            RETURNING k.job_id)
+        SELECT coalesce(array_agg(k.job_id), '{}') INTO v_keyed FROM k;
         WITH ins AS (
             INSERT INTO jobs AS j (id, kind, queue, payload, meta, state, priority, run_at, max_attempts,
                                    unique_key, unique_live_only, group_key, batch_id, has_dependents)
@@ -583,10 +601,7 @@ BEGIN
                            max_attempts numeric, unique_key text, unique_live_only boolean, group_key text))
                    WITH ORDINALITY AS r(kind, queue, payload, meta, run_at, priority, max_attempts, unique_key,
                                         unique_live_only, group_key, n)
-            ON CONFLICT (kind, unique_key)
-                WHERE unique_key IS NOT NULL
-                  AND (NOT unique_live_only OR state IN ('waiting', 'scheduled', 'pending', 'active'))
-                DO NOTHING
+             WHERE r.unique_key IS NULL OR v_ids[r.n] = ANY (v_keyed)
             RETURNING j.id, j.state, j.queue, j.kind, j.batch_id
         )
         SELECT array_agg(ins.id), array_agg(ins.state), array_agg(ins.queue), array_agg(ins.kind),
@@ -645,21 +660,17 @@ BEGIN
       FROM jsonb_array_elements(jobs) WITH ORDINALITY AS s(spec, n)
       LEFT JOIN unnest(v_created) AS c(id) ON c.id = v_ids[s.n]
       LEFT JOIN LATERAL (
-            SELECT hj.id, hj.batch_id, hj.state FROM jobs AS hj
+            SELECT hj.id, hj.batch_id, hj.state FROM job_keys AS hk JOIN jobs AS hj ON hj.id = hk.job_id
              WHERE c.id IS NULL
-               AND hj.kind = s.spec ->> 'kind' AND hj.unique_key = s.spec ->> 'unique_key'
-               AND (NOT hj.unique_live_only OR hj.state IN ('waiting', 'scheduled', 'pending', 'active'))
+               AND hk.kind = s.spec ->> 'kind' AND hk.unique_key = s.spec ->> 'unique_key'
              LIMIT 1) AS h ON true
      ORDER BY s.n;
     IF coalesce(cardinality(v_created), 0) < v_count AND EXISTS (
            SELECT 1 FROM jsonb_array_elements(jobs) WITH ORDINALITY AS s(spec, n)
              LEFT JOIN unnest(v_created) AS c(id) ON c.id = v_ids[s.n]
             WHERE c.id IS NULL
-              -- The unique index's own predicate, so the probe can use it (no scan of jobs).
-              AND NOT EXISTS (SELECT 1 FROM jobs AS hj
-                               WHERE hj.kind = s.spec ->> 'kind' AND hj.unique_key = s.spec ->> 'unique_key'
-                                 AND (NOT hj.unique_live_only
-                                      OR hj.state IN ('waiting', 'scheduled', 'pending', 'active')))) THEN
+              AND NOT EXISTS (SELECT 1 FROM job_keys AS hk JOIN jobs AS hj ON hj.id = hk.job_id
+                               WHERE hk.kind = s.spec ->> 'kind' AND hk.unique_key = s.spec ->> 'unique_key')) THEN
         RAISE EXCEPTION USING ERRCODE = '40001',
             MESSAGE = 'a unique key conflicted with a job this transaction cannot see; retry the transaction';
     END IF;

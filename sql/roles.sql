@@ -8,7 +8,7 @@
 --                    and pruned, due ones materialised)
 --   pgjobs_reader    status, stats, lists, events
 --   pgjobs_admin     everything public (the three sets above included): cancel, retry, delete, purge,
---                    configure_queue, schedules
+--                    configure_queue, schedules, maintain_history
 -- Internal functions (name starting with `_`) are granted to nobody: they run only inside the public
 -- functions, which are SECURITY DEFINER (they run as the owner of the schema, so no role needs any table
 -- privilege; a caller can change rows only through the checks of a public function).

@@ -617,6 +617,8 @@ BEGIN
             END;
         END IF;
     END IF;
+    -- 4b. Job history: slices ahead, queue retention (history.sql; never fails this pass).
+    RETURN QUERY SELECT * FROM _maintain_history();
     -- 5. Forget what nobody needs (few rows: one per follower renewal, per rotation, per pass).
     DELETE FROM stream_followers AS f WHERE f.until < clock_timestamp() - interval '1 minute';
     GET DIAGNOSTICS v_n = ROW_COUNT;

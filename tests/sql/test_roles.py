@@ -39,7 +39,7 @@ READER = {
 }  # fmt: skip
 ADMIN_ONLY = {
     "cancel", "cancel_batch", "retry", "delete", "delete_batch", "purge", "configure_queue", "pause_schedule",
-    "resume_schedule", "remove_schedule", "configure_stream", "maintain",
+    "resume_schedule", "remove_schedule", "configure_stream", "maintain", "maintain_history",
     # the dashboard's actions (sql/dashboard.sql)
     "dashboard_bulk", "trigger_schedule",
 }  # fmt: skip

@@ -22,28 +22,39 @@ AS $$
 DECLARE
     v_job record;
 BEGIN
-    -- Lock first: the state read and the transition must see the same row version.
-    SELECT j.id, j.state, j.queue, j.kind, j.attempt, j.batch_id, j.has_dependents INTO v_job
-      FROM jobs AS j WHERE j.id = cancel.id FOR UPDATE;
-    IF NOT FOUND THEN
-        PERFORM _not_found('job', cancel.id);
-    END IF;
-    IF v_job.state IN ('succeeded', 'failed', 'cancelled') THEN
-        RETURN false;
-    ELSIF v_job.state = 'active' THEN
-        UPDATE jobs AS j SET cancel_requested = true WHERE j.id = cancel.id;
-        PERFORM pg_notify('pgjobs_cancel', cancel.id::text);
-        RETURN true;
-    END IF;
-    UPDATE jobs AS j SET state = 'cancelled', completed_at = now(), cancel_requested = true
-     WHERE j.id = cancel.id;
-    PERFORM _notify_status(jsonb_build_array(jsonb_build_object(
-        'id', v_job.id, 'state', 'cancelled', 'queue', v_job.queue, 'kind', v_job.kind,
-        'attempt', v_job.attempt, 'batch_id', v_job.batch_id)));
-    IF v_job.batch_id IS NOT NULL OR v_job.has_dependents THEN
-        PERFORM _propagate(ARRAY[v_job.id]);
-    END IF;
-    RETURN true;
+    -- Locking the job waits for whoever holds it: a worker completing it, a cascade cancelling it.
+    -- In READ COMMITTED that wait ends in 40001 ("tuple to be locked was already moved to another
+    -- partition") when the holder moved the row (history.sql): the whole call again, in a new snapshot.
+    FOR i IN 1..20 LOOP
+        BEGIN
+            -- Lock first: the state read and the transition must see the same row version.
+            SELECT j.id, j.state, j.queue, j.kind, j.attempt, j.batch_id, j.has_dependents INTO v_job
+              FROM jobs AS j WHERE j.id = cancel.id FOR UPDATE;
+            IF NOT FOUND THEN
+                PERFORM _not_found('job', cancel.id);
+            END IF;
+            IF v_job.state IN ('succeeded', 'failed', 'cancelled') THEN
+                RETURN false;
+            ELSIF v_job.state = 'active' THEN
+                UPDATE jobs AS j SET cancel_requested = true WHERE j.id = cancel.id;
+                PERFORM pg_notify('pgjobs_cancel', cancel.id::text);
+                RETURN true;
+            END IF;
+            UPDATE jobs AS j SET state = 'cancelled', completed_at = now(), cancel_requested = true
+             WHERE j.id = cancel.id;
+            PERFORM _notify_status(jsonb_build_array(jsonb_build_object(
+                'id', v_job.id, 'state', 'cancelled', 'queue', v_job.queue, 'kind', v_job.kind,
+                'attempt', v_job.attempt, 'batch_id', v_job.batch_id)));
+            IF v_job.batch_id IS NOT NULL OR v_job.has_dependents THEN
+                PERFORM _propagate(ARRAY[v_job.id]);
+            END IF;
+            RETURN true;
+        EXCEPTION WHEN serialization_failure THEN
+            IF i = 20 OR current_setting('transaction_isolation') <> 'read committed' THEN
+                RAISE;
+            END IF;
+        END;
+    END LOOP;
 END;
 $$;
 
@@ -62,65 +73,76 @@ DECLARE
     v_edge record;
     v_waits int;
 BEGIN
-    SELECT j.id, j.state, j.queue, j.kind, j.unique_key, j.unique_live_only INTO v_job
-      FROM jobs AS j WHERE j.id = retry.id FOR UPDATE;
-    IF NOT FOUND THEN
-        PERFORM _not_found('job', retry.id);
-    END IF;
-    IF v_job.state NOT IN ('failed', 'cancelled') THEN
-        RAISE EXCEPTION USING ERRCODE = 'PJ004',
-            MESSAGE = format('job %s is %s; only failed or cancelled jobs can be retried', retry.id, v_job.state);
-    END IF;
-    -- A child cancelled because a dependency settled the wrong way would run with that edge unmet:
-    -- refused; retrying the parent reopens it (the edge waits for the parent again).
-    SELECT e.parent_job_id, e.parent_batch_id, e.trigger INTO v_edge
-      FROM edges AS e WHERE e.child_id = retry.id AND NOT e.satisfied
-     ORDER BY e.parent_job_id NULLS LAST, e.parent_batch_id
-     LIMIT 1;
-    IF FOUND THEN
-        RAISE EXCEPTION USING ERRCODE = 'PJ004',
-            MESSAGE = format('job %s cannot be retried: its dependency on %s (on %s) can no longer be met; retry that %s instead',
-                             retry.id, coalesce('job ' || v_edge.parent_job_id, 'batch ' || v_edge.parent_batch_id),
-                             v_edge.trigger, CASE WHEN v_edge.parent_job_id IS NULL THEN 'batch''s members' ELSE 'job' END);
-    END IF;
-    -- A job cancelled while it waited still has unsettled edges: it waits again (read under the job's
-    -- lock: a parent settling concurrently updates this row after us, as waiting, or settled its edge
-    -- before this statement's snapshot).
-    SELECT count(*) INTO v_waits FROM edges AS e WHERE e.child_id = retry.id AND e.satisfied IS NULL;
-    -- The job becomes live again, so it takes a slot of a bounded queue like an enqueue
-    -- (PJ001 when the queue is full): max_length bounds the live jobs, however they got there.
-    PERFORM _reserve_capacity(v_job.queue, 1);
-    -- A unique_live_only key was given back when the job ended: the retried job takes it again, through
-    -- job_keys' primary key (a live job that took it meanwhile keeps it, and the retry is refused).
-    IF v_job.unique_live_only AND v_job.unique_key IS NOT NULL THEN
-        INSERT INTO job_keys AS k (kind, unique_key, job_id) VALUES (v_job.kind, v_job.unique_key, v_job.id)
-        ON CONFLICT (kind, unique_key) DO NOTHING;
-        IF NOT FOUND THEN
-            RAISE EXCEPTION USING ERRCODE = 'PJ004',
-                MESSAGE = format('job %s cannot be retried: another live job holds its unique key', retry.id);
-        END IF;
-    END IF;
-    BEGIN
-        UPDATE jobs AS j
-           SET state = CASE WHEN v_waits > 0 THEN 'waiting'::job_state ELSE 'pending' END,
-               remaining_deps = v_waits, failed_deps = 0,
-               run_at = now(), completed_at = NULL, cancel_requested = false,
-               max_attempts = greatest(j.max_attempts, j.attempt + 1),
-               lease_token = NULL, lease_expires_at = NULL
-         WHERE j.id = retry.id
-        RETURNING j.id, j.state, j.queue, j.kind, j.attempt, j.batch_id INTO v_job;
-    EXCEPTION WHEN unique_violation THEN
-        RAISE EXCEPTION USING ERRCODE = 'PJ004',
-            MESSAGE = format('job %s cannot be retried: another live job holds its unique key', retry.id);
-    END;
-    PERFORM _reopen(ARRAY[v_job.id]);
-    IF v_job.state = 'pending' THEN
-        PERFORM pg_notify('pgjobs_wake', v_job.queue);
-    END IF;
-    PERFORM _notify_status(jsonb_build_array(jsonb_build_object(
-        'id', v_job.id, 'state', v_job.state, 'queue', v_job.queue, 'kind', v_job.kind,
-        'attempt', v_job.attempt, 'batch_id', v_job.batch_id)));
-    RETURN true;
+    -- Locking the job waits for whoever holds it (another retry or delete).
+    -- In READ COMMITTED that wait ends in 40001 ("tuple to be locked was already moved to another
+    -- partition") when the holder moved the row (history.sql): the whole call again, in a new snapshot.
+    FOR i IN 1..20 LOOP
+        BEGIN
+            SELECT j.id, j.state, j.queue, j.kind, j.unique_key, j.unique_live_only INTO v_job
+              FROM jobs AS j WHERE j.id = retry.id FOR UPDATE;
+            IF NOT FOUND THEN
+                PERFORM _not_found('job', retry.id);
+            END IF;
+            IF v_job.state NOT IN ('failed', 'cancelled') THEN
+                RAISE EXCEPTION USING ERRCODE = 'PJ004',
+                    MESSAGE = format('job %s is %s; only failed or cancelled jobs can be retried', retry.id, v_job.state);
+            END IF;
+            -- A child cancelled because a dependency settled the wrong way would run with that edge unmet:
+            -- refused; retrying the parent reopens it (the edge waits for the parent again).
+            SELECT e.parent_job_id, e.parent_batch_id, e.trigger INTO v_edge
+              FROM edges AS e WHERE e.child_id = retry.id AND NOT e.satisfied
+             ORDER BY e.parent_job_id NULLS LAST, e.parent_batch_id
+             LIMIT 1;
+            IF FOUND THEN
+                RAISE EXCEPTION USING ERRCODE = 'PJ004',
+                    MESSAGE = format('job %s cannot be retried: its dependency on %s (on %s) can no longer be met; retry that %s instead',
+                                     retry.id, coalesce('job ' || v_edge.parent_job_id, 'batch ' || v_edge.parent_batch_id),
+                                     v_edge.trigger, CASE WHEN v_edge.parent_job_id IS NULL THEN 'batch''s members' ELSE 'job' END);
+            END IF;
+            -- A job cancelled while it waited still has unsettled edges: it waits again (read under the job's
+            -- lock: a parent settling concurrently updates this row after us, as waiting, or settled its edge
+            -- before this statement's snapshot).
+            SELECT count(*) INTO v_waits FROM edges AS e WHERE e.child_id = retry.id AND e.satisfied IS NULL;
+            -- The job becomes live again, so it takes a slot of a bounded queue like an enqueue
+            -- (PJ001 when the queue is full): max_length bounds the live jobs, however they got there.
+            PERFORM _reserve_capacity(v_job.queue, 1);
+            -- A unique_live_only key was given back when the job ended: the retried job takes it again, through
+            -- job_keys' primary key (a live job that took it meanwhile keeps it, and the retry is refused).
+            IF v_job.unique_live_only AND v_job.unique_key IS NOT NULL THEN
+                INSERT INTO job_keys AS k (kind, unique_key, job_id) VALUES (v_job.kind, v_job.unique_key, v_job.id)
+                ON CONFLICT (kind, unique_key) DO NOTHING;
+                IF NOT FOUND THEN
+                    RAISE EXCEPTION USING ERRCODE = 'PJ004',
+                        MESSAGE = format('job %s cannot be retried: another live job holds its unique key', retry.id);
+                END IF;
+            END IF;
+            BEGIN
+                UPDATE jobs AS j
+                   SET state = CASE WHEN v_waits > 0 THEN 'waiting'::job_state ELSE 'pending' END,
+                       remaining_deps = v_waits, failed_deps = 0,
+                       run_at = now(), completed_at = NULL, cancel_requested = false,
+                       max_attempts = greatest(j.max_attempts, j.attempt + 1),
+                       lease_token = NULL, lease_expires_at = NULL
+                 WHERE j.id = retry.id
+                RETURNING j.id, j.state, j.queue, j.kind, j.attempt, j.batch_id INTO v_job;
+            EXCEPTION WHEN unique_violation THEN
+                RAISE EXCEPTION USING ERRCODE = 'PJ004',
+                    MESSAGE = format('job %s cannot be retried: another live job holds its unique key', retry.id);
+            END;
+            PERFORM _reopen(ARRAY[v_job.id]);
+            IF v_job.state = 'pending' THEN
+                PERFORM pg_notify('pgjobs_wake', v_job.queue);
+            END IF;
+            PERFORM _notify_status(jsonb_build_array(jsonb_build_object(
+                'id', v_job.id, 'state', v_job.state, 'queue', v_job.queue, 'kind', v_job.kind,
+                'attempt', v_job.attempt, 'batch_id', v_job.batch_id)));
+            RETURN true;
+        EXCEPTION WHEN serialization_failure THEN
+            IF i = 20 OR current_setting('transaction_isolation') <> 'read committed' THEN
+                RAISE;
+            END IF;
+        END;
+    END LOOP;
 END;
 $$;
 
@@ -135,24 +157,35 @@ DECLARE
     v_state job_state;
     v_batch bigint;
 BEGIN
-    SELECT j.state, j.batch_id INTO v_state, v_batch FROM jobs AS j WHERE j.id = delete.id FOR UPDATE;
-    IF NOT FOUND THEN
-        PERFORM _not_found('job', delete.id);
-    END IF;
-    IF v_state NOT IN ('succeeded', 'failed', 'cancelled') THEN
-        RAISE EXCEPTION USING ERRCODE = 'PJ004',
-            MESSAGE = format('job %s is %s; only terminal jobs can be deleted (cancel it first)', delete.id, v_state);
-    END IF;
-    DELETE FROM jobs AS j WHERE j.id = delete.id;
-    -- Its edges (either end), continuation holds and unique key (no foreign keys to jobs: history.sql).
-    PERFORM _forget_jobs(ARRAY[delete.id]);
-    IF v_batch IS NOT NULL THEN
-        -- A batch's counters and state must keep equalling a recount of its members: a `failed` batch
-        -- whose only failed member is deleted is `succeeded` now (or `cancelled`). What the batch's own
-        -- continuations did when it settled stays done.
-        PERFORM _recount_batches(ARRAY[v_batch]);
-    END IF;
-    RETURN true;
+    -- Locking the job waits for whoever holds it (a retry moving it back to jobs_live).
+    -- In READ COMMITTED that wait ends in 40001 ("tuple to be locked was already moved to another
+    -- partition") when the holder moved the row (history.sql): the whole call again, in a new snapshot.
+    FOR i IN 1..20 LOOP
+        BEGIN
+            SELECT j.state, j.batch_id INTO v_state, v_batch FROM jobs AS j WHERE j.id = delete.id FOR UPDATE;
+            IF NOT FOUND THEN
+                PERFORM _not_found('job', delete.id);
+            END IF;
+            IF v_state NOT IN ('succeeded', 'failed', 'cancelled') THEN
+                RAISE EXCEPTION USING ERRCODE = 'PJ004',
+                    MESSAGE = format('job %s is %s; only terminal jobs can be deleted (cancel it first)', delete.id, v_state);
+            END IF;
+            DELETE FROM jobs AS j WHERE j.id = delete.id;
+            -- Its edges (either end), continuation holds and unique key (no foreign keys to jobs: history.sql).
+            PERFORM _forget_jobs(ARRAY[delete.id]);
+            IF v_batch IS NOT NULL THEN
+                -- A batch's counters and state must keep equalling a recount of its members: a `failed` batch
+                -- whose only failed member is deleted is `succeeded` now (or `cancelled`). What the batch's own
+                -- continuations did when it settled stays done.
+                PERFORM _recount_batches(ARRAY[v_batch]);
+            END IF;
+            RETURN true;
+        EXCEPTION WHEN serialization_failure THEN
+            IF i = 20 OR current_setting('transaction_isolation') <> 'read committed' THEN
+                RAISE;
+            END IF;
+        END;
+    END LOOP;
 END;
 $$;
 

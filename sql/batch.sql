@@ -128,56 +128,67 @@ DECLARE
     v_events  jsonb;
     v_active  int;
 BEGIN
-    PERFORM 1 FROM batches AS b WHERE b.id = cancel_batch.batch_id;
-    IF NOT FOUND THEN
-        PERFORM _not_found('batch', cancel_batch.batch_id);
-    END IF;
-    -- Running members first: a worker completing one holds its row and then wants the batch row and
-    -- the member's waiting children, so we must not hold those children while we wait for it.
-    WITH a AS (
-        UPDATE jobs AS j SET cancel_requested = true
-          FROM (SELECT l.id FROM jobs AS l
-                 WHERE l.batch_id = cancel_batch.batch_id AND l.state = 'active' AND NOT l.cancel_requested
-                 ORDER BY l.id
-                   FOR NO KEY UPDATE) AS l
-         WHERE j.id = l.id AND j.state = 'active'
-        RETURNING j.id
-    )
-    SELECT count(pg_notify('pgjobs_cancel', a.id::text))::int INTO v_active FROM a;
-    -- Then the idle ones, locked in id order (a claimer skips locked rows; a settler waits on them).
-    -- cancel_requested marks a cancellation by a person: _reopen never revives these.
-    WITH u AS (
-        UPDATE jobs AS j SET state = 'cancelled', completed_at = now(), cancel_requested = true
-          FROM (SELECT l.id FROM jobs AS l
-                 WHERE l.batch_id = cancel_batch.batch_id AND l.state IN ('waiting', 'scheduled', 'pending')
-                 ORDER BY l.id
-                   FOR NO KEY UPDATE) AS l
-         WHERE j.id = l.id AND j.state IN ('waiting', 'scheduled', 'pending')
-        RETURNING j.id, j.queue, j.kind, j.attempt, j.batch_id
-    )
-    SELECT array_agg(u.id ORDER BY u.id),
-           jsonb_agg(jsonb_build_object('id', u.id, 'state', 'cancelled', 'queue', u.queue, 'kind', u.kind,
-                                        'attempt', u.attempt, 'batch_id', u.batch_id) ORDER BY u.id)
-      INTO v_ids, v_events
-      FROM u;
-    -- Members claimed between the two statements are running now. SKIP LOCKED: one locked at
-    -- this instant is being ended by its worker (or renewed), and waiting for it while we hold
-    -- the idle members could deadlock with its propagation.
-    WITH a AS (
-        UPDATE jobs AS j SET cancel_requested = true
-          FROM (SELECT l.id FROM jobs AS l
-                 WHERE l.batch_id = cancel_batch.batch_id AND l.state = 'active' AND NOT l.cancel_requested
-                 ORDER BY l.id
-                   FOR NO KEY UPDATE SKIP LOCKED) AS l
-         WHERE j.id = l.id
-        RETURNING j.id
-    )
-    SELECT v_active + count(pg_notify('pgjobs_cancel', a.id::text))::int INTO v_active FROM a;
-    PERFORM _notify_status(v_events);
-    IF v_ids IS NOT NULL THEN
-        PERFORM _propagate(v_ids);
-    END IF;
-    RETURN coalesce(cardinality(v_ids), 0) + v_active;
+    -- Locking running members waits for the workers ending them.
+    -- In READ COMMITTED that wait ends in 40001 ("tuple to be locked was already moved to another
+    -- partition") when the holder moved the row (history.sql): the whole call again, in a new snapshot.
+    FOR i IN 1..20 LOOP
+        BEGIN
+            PERFORM 1 FROM batches AS b WHERE b.id = cancel_batch.batch_id;
+            IF NOT FOUND THEN
+                PERFORM _not_found('batch', cancel_batch.batch_id);
+            END IF;
+            -- Running members first: a worker completing one holds its row and then wants the batch row and
+            -- the member's waiting children, so we must not hold those children while we wait for it.
+            WITH a AS (
+                UPDATE jobs AS j SET cancel_requested = true
+                  FROM (SELECT l.id FROM jobs AS l
+                         WHERE l.batch_id = cancel_batch.batch_id AND l.state = 'active' AND NOT l.cancel_requested
+                         ORDER BY l.id
+                           FOR NO KEY UPDATE) AS l
+                 WHERE j.id = l.id AND j.state = 'active'
+                RETURNING j.id
+            )
+            SELECT count(pg_notify('pgjobs_cancel', a.id::text))::int INTO v_active FROM a;
+            -- Then the idle ones, locked in id order (a claimer skips locked rows; a settler waits on them).
+            -- cancel_requested marks a cancellation by a person: _reopen never revives these.
+            WITH u AS (
+                UPDATE jobs AS j SET state = 'cancelled', completed_at = now(), cancel_requested = true
+                  FROM (SELECT l.id FROM jobs AS l
+                         WHERE l.batch_id = cancel_batch.batch_id AND l.state IN ('waiting', 'scheduled', 'pending')
+                         ORDER BY l.id
+                           FOR NO KEY UPDATE) AS l
+                 WHERE j.id = l.id AND j.state IN ('waiting', 'scheduled', 'pending')
+                RETURNING j.id, j.queue, j.kind, j.attempt, j.batch_id
+            )
+            SELECT array_agg(u.id ORDER BY u.id),
+                   jsonb_agg(jsonb_build_object('id', u.id, 'state', 'cancelled', 'queue', u.queue, 'kind', u.kind,
+                                                'attempt', u.attempt, 'batch_id', u.batch_id) ORDER BY u.id)
+              INTO v_ids, v_events
+              FROM u;
+            -- Members claimed between the two statements are running now. SKIP LOCKED: one locked at
+            -- this instant is being ended by its worker (or renewed), and waiting for it while we hold
+            -- the idle members could deadlock with its propagation.
+            WITH a AS (
+                UPDATE jobs AS j SET cancel_requested = true
+                  FROM (SELECT l.id FROM jobs AS l
+                         WHERE l.batch_id = cancel_batch.batch_id AND l.state = 'active' AND NOT l.cancel_requested
+                         ORDER BY l.id
+                           FOR NO KEY UPDATE SKIP LOCKED) AS l
+                 WHERE j.id = l.id
+                RETURNING j.id
+            )
+            SELECT v_active + count(pg_notify('pgjobs_cancel', a.id::text))::int INTO v_active FROM a;
+            PERFORM _notify_status(v_events);
+            IF v_ids IS NOT NULL THEN
+                PERFORM _propagate(v_ids);
+            END IF;
+            RETURN coalesce(cardinality(v_ids), 0) + v_active;
+        EXCEPTION WHEN serialization_failure THEN
+            IF i = 20 OR current_setting('transaction_isolation') <> 'read committed' THEN
+                RAISE;
+            END IF;
+        END;
+    END LOOP;
 END;
 $$;
 
@@ -212,9 +223,17 @@ BEGIN
         RETURN NULL;
     END IF;
     -- The caller's row lock keeps it active (so its batch cannot settle) until we commit.
-    SELECT j.batch_id, j.cancel_requested INTO v_batch, v_cancel FROM jobs AS j
-     WHERE j.id = add_to_batch.id AND j.lease_token = add_to_batch.lease_token AND j.state = 'active'
-       FOR NO KEY UPDATE;
+    BEGIN
+        SELECT j.batch_id, j.cancel_requested INTO v_batch, v_cancel FROM jobs AS j
+         WHERE j.id = add_to_batch.id AND j.lease_token = add_to_batch.lease_token AND j.state = 'active'
+           FOR NO KEY UPDATE;
+    EXCEPTION WHEN serialization_failure THEN
+        -- the caller's row moved to history while we waited on it (its attempt ended: history.sql)
+        IF current_setting('transaction_isolation') <> 'read committed' THEN
+            RAISE;
+        END IF;
+        RETURN NULL;
+    END;
     IF NOT FOUND THEN
         RETURN NULL;
     END IF;
@@ -250,7 +269,7 @@ BEGIN
         )
         INSERT INTO edges (child_id, parent_job_id, trigger)
         SELECT u.id, v_sib, 'complete' FROM u;
-        UPDATE jobs AS j SET has_dependents = true WHERE j.id = v_sib;
+        UPDATE jobs AS j SET has_dependents = true WHERE j.id = v_sib AND j.state = ANY ('{waiting,scheduled,pending,active}'::job_state[]);
     END IF;
     RETURN v_sib;
 END;

@@ -56,7 +56,8 @@ BEGIN
 END;
 $$;
 
-CREATE OR REPLACE FUNCTION pgjobs.claim(
+-- (called by claim(), history.sql: it retries this when a row it locks moved to another partition)
+CREATE OR REPLACE FUNCTION pgjobs._claim_once(
     worker      text,
     queues      text[] DEFAULT '{default}',
     max_jobs    int DEFAULT 1,
@@ -198,7 +199,7 @@ BEGIN
                    last_error = CASE WHEN j.state = 'active' THEN 'lease expired' ELSE j.last_error END
              -- By key, from the picked ids: a plan that joins instead may read the whole primary
              -- key (a generic plan cannot know that LIMIT max_jobs is small).
-             WHERE j.id = ANY (ARRAY(SELECT picked.id FROM picked))
+             WHERE j.id = ANY (ARRAY(SELECT picked.id FROM picked)) AND j.state = ANY ('{waiting,scheduled,pending,active}'::job_state[])  -- jobs_live only
             RETURNING j.id, j.kind, j.queue, j.payload, j.meta, j.attempt, j.max_attempts, j.lease_token,
                       j.lease_expires_at, j.checkpoint, j.group_key, j.batch_id, j.first_started_at,
                       j.priority, j.run_at
@@ -363,7 +364,7 @@ BEGIN
                    last_error = CASE WHEN j.state = 'active' THEN 'lease expired' ELSE j.last_error END
              -- By key, from the picked ids: a plan that joins instead may read the whole primary
              -- key (a generic plan cannot know that LIMIT max_jobs is small).
-             WHERE j.id = ANY (ARRAY(SELECT picked.id FROM picked))
+             WHERE j.id = ANY (ARRAY(SELECT picked.id FROM picked)) AND j.state = ANY ('{waiting,scheduled,pending,active}'::job_state[])  -- jobs_live only
             RETURNING j.id, j.kind, j.queue, j.payload, j.meta, j.attempt, j.max_attempts, j.lease_token,
                       j.lease_expires_at, j.checkpoint, j.group_key, j.batch_id, j.first_started_at,
                       j.priority, j.run_at
@@ -440,7 +441,7 @@ BEGIN
                              ELSE j.errors END,
                last_error = CASE WHEN j.state = 'active' THEN 'lease expired' ELSE j.last_error END
          -- By key, from the picked ids: a plan that joins instead may read the whole primary key.
-         WHERE j.id = ANY (ARRAY(SELECT picked.id FROM picked))
+         WHERE j.id = ANY (ARRAY(SELECT picked.id FROM picked)) AND j.state = ANY ('{waiting,scheduled,pending,active}'::job_state[])  -- jobs_live only
         RETURNING j.id, j.kind, j.queue, j.payload, j.meta, j.attempt, j.max_attempts, j.lease_token,
                   j.lease_expires_at, j.checkpoint, j.group_key, j.batch_id, j.first_started_at,
                   j.priority, j.run_at
@@ -485,7 +486,7 @@ BEGIN
                   FOR UPDATE SKIP LOCKED) AS d
     )
     UPDATE jobs AS j SET state = 'pending'
-     WHERE j.id = ANY (ARRAY(SELECT due.id FROM due));
+     WHERE j.id = ANY (ARRAY(SELECT due.id FROM due)) AND j.state = ANY ('{waiting,scheduled,pending,active}'::job_state[]);
 END;
 $$;
 
@@ -526,7 +527,7 @@ BEGIN
                              ELSE j.errors || jsonb_build_array(jsonb_build_object(
                                       'attempt', j.attempt, 'at', now(), 'worker', j.leased_by,
                                       'error', 'lease expired')) END
-         WHERE j.id = ANY (ARRAY(SELECT dead.id FROM dead))
+         WHERE j.id = ANY (ARRAY(SELECT dead.id FROM dead)) AND j.state = ANY ('{waiting,scheduled,pending,active}'::job_state[])
         RETURNING j.id, j.state, j.queue, j.kind, j.attempt, j.batch_id, j.has_dependents
     )
     SELECT jsonb_agg(jsonb_build_object('id', u.id, 'state', u.state, 'queue', u.queue, 'kind', u.kind,

@@ -299,7 +299,7 @@ BEGIN
       FROM pgjobs.enqueue(kind => v_s.kind, payload => v_s.payload, queue => v_s.queue, priority => v_s.priority,
                           max_attempts => v_s.max_attempts,
                           meta => jsonb_build_object('triggered_schedule', v_s.name)) AS e;
-    UPDATE jobs AS j SET schedule_name = v_s.name WHERE j.id = v_id;
+    UPDATE jobs AS j SET schedule_name = v_s.name WHERE j.id = v_id AND j.state = ANY ('{waiting,scheduled,pending,active}'::job_state[]);
     RETURN v_id;
 END;
 $$;

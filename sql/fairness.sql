@@ -130,7 +130,7 @@ BEGIN
                          ELSE j.errors END,
            last_error = CASE WHEN j.state = 'active' THEN 'lease expired' ELSE j.last_error END
       FROM (SELECT sched.id FROM sched UNION ALL SELECT expired.id FROM expired) AS due
-     WHERE j.id = due.id;
+     WHERE j.id = due.id AND j.state = ANY ('{waiting,scheduled,pending,active}'::job_state[]);
 END;
 $$;
 
@@ -1690,7 +1690,7 @@ BEGIN
                first_started_at = coalesce(j.first_started_at, now())
           FROM unnest(v_ids, v_tids) WITH ORDINALITY AS t(id, tid, ord)
          -- by ctid: every row was locked by this claim, so its version is the one read
-         WHERE j.ctid = t.tid AND j.id = t.id
+         WHERE j.ctid = t.tid AND j.id = t.id AND j.state = ANY ('{waiting,scheduled,pending,active}'::job_state[])
            AND j.ctid = ANY (v_tids)
         RETURNING j.id, j.kind, j.queue, j.payload, j.meta, j.attempt, j.max_attempts, j.lease_token,
                   j.lease_expires_at, j.checkpoint, j.group_key, j.batch_id, j.first_started_at, t.ord

@@ -198,16 +198,27 @@ DECLARE
 BEGIN
     -- 4. Existing parent jobs, with the siblings their continuations are held for
     --    (add_to_batch(..., before_continuations)), locked in id order: see the header.
-    WITH ext AS (
-        SELECT DISTINCT d.key::bigint AS pid FROM unnest(d_kind, d_key) AS d(kind, key) WHERE d.kind = 'job'
-    ), held AS (
-        SELECT DISTINCT h.sibling_id AS pid FROM continuation_holds AS h JOIN ext ON h.job_id = ext.pid
-    )
-    SELECT array_agg(l.id ORDER BY l.id), array_agg(l.state::text ORDER BY l.id) INTO x_ids, x_states
-      FROM (SELECT j.id, j.state FROM jobs AS j
-             WHERE j.id IN (SELECT ext.pid FROM ext UNION SELECT held.pid FROM held)
-             ORDER BY j.id
-               FOR NO KEY UPDATE) AS l;
+    -- A parent may be ending (a worker completing it). A row that moves to history while we wait
+    -- on its lock fails the statement with 40001 in READ COMMITTED (history.sql): again, in a new snapshot that sees it moved.
+    FOR i IN 1..20 LOOP
+        BEGIN
+            WITH ext AS (
+                SELECT DISTINCT d.key::bigint AS pid FROM unnest(d_kind, d_key) AS d(kind, key) WHERE d.kind = 'job'
+            ), held AS (
+                SELECT DISTINCT h.sibling_id AS pid FROM continuation_holds AS h JOIN ext ON h.job_id = ext.pid
+            )
+            SELECT array_agg(l.id ORDER BY l.id), array_agg(l.state::text ORDER BY l.id) INTO x_ids, x_states
+              FROM (SELECT j.id, j.state FROM jobs AS j
+                     WHERE j.id IN (SELECT ext.pid FROM ext UNION SELECT held.pid FROM held)
+                     ORDER BY j.id
+                       FOR NO KEY UPDATE) AS l;
+            EXIT;
+        EXCEPTION WHEN serialization_failure THEN
+            IF i = 20 OR current_setting('transaction_isolation') <> 'read committed' THEN
+                RAISE;
+            END IF;
+        END;
+    END LOOP;
     SELECT d.child, d.key INTO v_bad
       FROM unnest(d_child, d_kind, d_key) AS d(child, kind, key)
      WHERE d.kind = 'job' AND NOT (d.key::bigint = ANY (coalesce(x_ids, '{}')))
@@ -306,20 +317,31 @@ DECLARE
 BEGIN
     -- 7. A ref whose spec found an existing job by unique key points at that job: lock it too.
     IF NOT (true = ALL (r_created)) THEN
-        WITH holders AS (
-            SELECT j.id, j.state FROM jobs AS j
-             WHERE j.id IN (SELECT r_id[d.pidx] FROM unnest(d_kind, d_pidx) AS d(kind, pidx)
-                             WHERE d.kind = 'ref' AND NOT r_created[d.pidx])
-               AND NOT (j.id = ANY (coalesce(x_ids, '{}')))
-             ORDER BY j.id
-               FOR NO KEY UPDATE)
-        -- (No HAVING: a SELECT INTO that finds no row sets x_ids to NULL, and the edges of step 8 then
-        -- read every existing parent as unknown: a `complete` edge on a live parent was satisfied at
-        -- once, an edge on a finished parent was left unsettled forever. Issue 11.)
-        SELECT coalesce(x_ids, '{}') || coalesce(array_agg(h.id), '{}'),
-               coalesce(x_states, '{}') || coalesce(array_agg(h.state::text), '{}')
-          INTO x_ids, x_states
-          FROM holders AS h;
+        -- A holder may be ending (a worker completing it). A row that moves to history while we
+        -- wait on its lock fails the statement with 40001 in READ COMMITTED (history.sql): again, in a new snapshot that sees it moved.
+        FOR i IN 1..20 LOOP
+            BEGIN
+                WITH holders AS (
+                    SELECT j.id, j.state FROM jobs AS j
+                     WHERE j.id IN (SELECT r_id[d.pidx] FROM unnest(d_kind, d_pidx) AS d(kind, pidx)
+                                     WHERE d.kind = 'ref' AND NOT r_created[d.pidx])
+                       AND NOT (j.id = ANY (coalesce(x_ids, '{}')))
+                     ORDER BY j.id
+                       FOR NO KEY UPDATE)
+                -- (No HAVING: a SELECT INTO that finds no row sets x_ids to NULL, and the edges of step 8 then
+                -- read every existing parent as unknown: a `complete` edge on a live parent was satisfied at
+                -- once, an edge on a finished parent was left unsettled forever. Issue 11.)
+                SELECT coalesce(x_ids, '{}') || coalesce(array_agg(h.id), '{}'),
+                       coalesce(x_states, '{}') || coalesce(array_agg(h.state::text), '{}')
+                  INTO x_ids, x_states
+                  FROM holders AS h;
+                EXIT;
+            EXCEPTION WHEN serialization_failure THEN
+                IF i = 20 OR current_setting('transaction_isolation') <> 'read committed' THEN
+                    RAISE;
+                END IF;
+            END;
+        END LOOP;
     END IF;
 
     -- 8. Edges of the created jobs, settled at insert when the parent has already settled.
@@ -706,32 +728,43 @@ BEGIN
         -- release a child exactly once. An unsatisfiable edge cancels the child at once.
         v_jobs := NULL;
         IF c_ids IS NOT NULL THEN
-            IF cardinality(c_ids) > 1 THEN
-                PERFORM 1 FROM (SELECT j.id FROM jobs AS j WHERE j.id = ANY (c_ids) ORDER BY j.id
-                                   FOR NO KEY UPDATE) AS l;
-            END IF;
-            WITH u AS (
-                UPDATE jobs AS c
-                   SET remaining_deps = c.remaining_deps - t.n,
-                       failed_deps = c.failed_deps + t.k,
-                       state = CASE WHEN c.failed_deps + t.k > 0 THEN 'cancelled'::job_state
-                                    WHEN c.remaining_deps - t.n > 0 THEN 'waiting'
-                                    WHEN c.run_at > now() THEN 'scheduled'
-                                    ELSE 'pending' END,
-                       completed_at = CASE WHEN c.failed_deps + t.k > 0 THEN now() ELSE c.completed_at END
-                  FROM unnest(c_ids, c_n, c_k) AS t(id, n, k)
-                 WHERE c.id = t.id AND c.state = 'waiting'
-                RETURNING c.id, c.state, c.queue, c.kind, c.attempt, c.batch_id
-            )
-            SELECT jsonb_agg(jsonb_build_object('id', u.id, 'state', u.state, 'queue', u.queue, 'kind', u.kind,
-                                                'attempt', u.attempt, 'batch_id', u.batch_id))
-                       FILTER (WHERE u.state <> 'waiting'),
-                   array_agg(DISTINCT u.queue) FILTER (WHERE u.state = 'pending'),
-                   array_agg(u.id) FILTER (WHERE u.state = 'cancelled')
-              INTO v_ev, v_wk, v_jobs
-              FROM u;
-            v_events := v_events || coalesce(v_ev, '[]');
-            v_wake := v_wake || coalesce(v_wk, '{}');
+            -- A waiting child may be being cancelled (cancel, cancel_batch). A row that moves to history
+            -- while we wait on its lock fails the statement with 40001 in READ COMMITTED (history.sql): again, in a new snapshot that sees it moved.
+            FOR i IN 1..20 LOOP
+                BEGIN
+                    IF cardinality(c_ids) > 1 THEN
+                        PERFORM 1 FROM (SELECT j.id FROM jobs AS j WHERE j.id = ANY (c_ids) ORDER BY j.id
+                                           FOR NO KEY UPDATE) AS l;
+                    END IF;
+                    WITH u AS (
+                        UPDATE jobs AS c
+                           SET remaining_deps = c.remaining_deps - t.n,
+                               failed_deps = c.failed_deps + t.k,
+                               state = CASE WHEN c.failed_deps + t.k > 0 THEN 'cancelled'::job_state
+                                            WHEN c.remaining_deps - t.n > 0 THEN 'waiting'
+                                            WHEN c.run_at > now() THEN 'scheduled'
+                                            ELSE 'pending' END,
+                               completed_at = CASE WHEN c.failed_deps + t.k > 0 THEN now() ELSE c.completed_at END
+                          FROM unnest(c_ids, c_n, c_k) AS t(id, n, k)
+                         WHERE c.id = t.id AND c.state = 'waiting'
+                        RETURNING c.id, c.state, c.queue, c.kind, c.attempt, c.batch_id
+                    )
+                    SELECT jsonb_agg(jsonb_build_object('id', u.id, 'state', u.state, 'queue', u.queue, 'kind', u.kind,
+                                                        'attempt', u.attempt, 'batch_id', u.batch_id))
+                               FILTER (WHERE u.state <> 'waiting'),
+                           array_agg(DISTINCT u.queue) FILTER (WHERE u.state = 'pending'),
+                           array_agg(u.id) FILTER (WHERE u.state = 'cancelled')
+                      INTO v_ev, v_wk, v_jobs
+                      FROM u;
+                    v_events := v_events || coalesce(v_ev, '[]');
+                    v_wake := v_wake || coalesce(v_wk, '{}');
+                    EXIT;
+                EXCEPTION WHEN serialization_failure THEN
+                    IF i = 20 OR current_setting('transaction_isolation') <> 'read committed' THEN
+                        RAISE;
+                    END IF;
+                END;
+            END LOOP;
         END IF;
     END LOOP;
     IF cardinality(v_wake) > 0 THEN

@@ -18,6 +18,14 @@
 -- grows with every running job. Through text the partial index does not apply, so the plan
 -- stays on jobs_pkey.
 --
+-- Partitions (sql/history.sql): each of those statements also says `state = ANY
+-- ('{waiting,scheduled,pending,active}')`, a constant that prunes it to jobs_live at plan time (a
+-- generic plan, so not from a parameter), and that no partial index's predicate is implied by. A call that
+-- waited on a row which the lock holder then moved to history (completed it, or settled its expired
+-- lease) gets SQLSTATE 40001 "tuple to be locked was already moved to another partition": the job left
+-- jobs_live, so the token no longer holds it, and the call answers so (false/NULL, or the statement again
+-- for the calls on many jobs). _moved() tells that error from other serialization failures.
+--
 -- Plans: the hot functions here run with plan_cache_mode = force_generic_plan (their statements'
 -- shapes are fixed by index order and keys, and planning each call cost more than running it)
 -- and jit = off (a generic plan cannot see that LIMIT max_jobs is small, so on a big table its
@@ -65,9 +73,28 @@ AS $$
 #variable_conflict use_column
 BEGIN
     PERFORM _check_lease(lease);
-    UPDATE jobs SET lease_expires_at = now() + renew_lease.lease
-     WHERE id = renew_lease.id AND lease_token = renew_lease.lease_token AND state::text = 'active';
-    RETURN FOUND;
+    -- SKIP LOCKED (see renew_leases): a row someone holds is not waited for, it is reported held when
+    -- its last committed version still is.
+    BEGIN
+        UPDATE jobs AS j SET lease_expires_at = now() + renew_lease.lease
+         WHERE j.id = (SELECT l.id FROM jobs AS l
+                        WHERE l.id = renew_lease.id AND l.lease_token = renew_lease.lease_token
+                          AND l.state::text = 'active' AND l.state = ANY ('{waiting,scheduled,pending,active}'::job_state[])
+                          FOR NO KEY UPDATE SKIP LOCKED)
+           AND j.state = ANY ('{waiting,scheduled,pending,active}'::job_state[]);
+        IF FOUND THEN
+            RETURN true;
+        END IF;
+    EXCEPTION WHEN serialization_failure THEN
+        -- moved to history after our snapshot (ended): not held any more
+        IF current_setting('transaction_isolation') <> 'read committed' THEN
+            RAISE;
+        END IF;
+        RETURN false;
+    END;
+    RETURN EXISTS (SELECT 1 FROM jobs AS j
+                    WHERE j.id = renew_lease.id AND j.lease_token = renew_lease.lease_token
+                      AND j.state::text = 'active' AND j.state = ANY ('{waiting,scheduled,pending,active}'::job_state[]));
 END;
 $$;
 
@@ -102,25 +129,40 @@ BEGIN
     PERFORM _check_lease(lease);
     PERFORM _check_pairs(ids, lease_tokens);
     -- Locked in id order (under SKIP LOCKED no order can deadlock; it keeps the rule simple: every
-    -- multi-row lock in pgjobs is taken in id order).
-    WITH mine AS (
-        SELECT j.id FROM unnest(ids, lease_tokens) AS t(id, tok) JOIN jobs AS j ON j.id = t.id
-         WHERE j.lease_token = t.tok AND j.state::text = 'active'
-         ORDER BY j.id
-           FOR NO KEY UPDATE OF j SKIP LOCKED
-    ), upd AS (
-        UPDATE jobs AS j SET lease_expires_at = now() + renew_leases.lease
-         WHERE j.id = ANY (ARRAY(SELECT mine.id FROM mine))
-        RETURNING j.id, j.cancel_requested
-    )
-    SELECT array_agg(u.id), array_agg(u.cancel_requested) INTO v_ids, v_cancel FROM upd AS u;
+    -- multi-row lock in pgjobs is taken in id order). A row moved to history after this statement's
+    -- snapshot is not locked but still raises 40001 when locked (sql/history.sql): the statement again
+    -- (its rows go to arrays first, so a failed turn returned nothing), where that job is left out.
+    FOR i IN 1..20 LOOP
+        BEGIN
+            WITH mine AS (
+                SELECT j.id FROM unnest(ids, lease_tokens) AS t(id, tok) JOIN jobs AS j ON j.id = t.id
+                 WHERE j.lease_token = t.tok AND j.state::text = 'active'
+                   AND j.state = ANY ('{waiting,scheduled,pending,active}'::job_state[])
+                 ORDER BY j.id
+                   FOR NO KEY UPDATE OF j SKIP LOCKED
+            ), upd AS (
+                UPDATE jobs AS j SET lease_expires_at = now() + renew_leases.lease
+                 WHERE j.id = ANY (ARRAY(SELECT mine.id FROM mine))
+                   AND j.state = ANY ('{waiting,scheduled,pending,active}'::job_state[])
+                RETURNING j.id, j.cancel_requested
+            )
+            SELECT array_agg(u.id), array_agg(u.cancel_requested) INTO v_ids, v_cancel FROM upd AS u;
+            EXIT;
+        EXCEPTION WHEN serialization_failure THEN
+            IF i = 20 OR current_setting('transaction_isolation') <> 'read committed' THEN
+                RAISE;
+            END IF;
+        END;
+    END LOOP;
     RETURN QUERY SELECT r.id, r.c FROM unnest(v_ids, v_cancel) AS r(id, c);
     -- The busy ones (see above), read only when something was not renewed: usually all was.
     IF coalesce(cardinality(v_ids), 0) < cardinality(ids) THEN
         RETURN QUERY
         SELECT DISTINCT j.id, NULL::boolean
           FROM unnest(ids, lease_tokens) AS t(id, tok) JOIN jobs AS j ON j.id = t.id
-         WHERE j.lease_token = t.tok AND j.state::text = 'active' AND j.id <> ALL (coalesce(v_ids, '{}'));
+         WHERE j.lease_token = t.tok AND j.state::text = 'active'
+           AND j.state = ANY ('{waiting,scheduled,pending,active}'::job_state[])
+           AND j.id <> ALL (coalesce(v_ids, '{}'));
     END IF;
 END;
 $$;
@@ -154,8 +196,16 @@ SET jit = off
 AS $$
 #variable_conflict use_column
 BEGIN
-    UPDATE jobs SET checkpoint = checkpoint.checkpoint
-     WHERE id = checkpoint.id AND lease_token = checkpoint.lease_token AND state::text = 'active';
+    BEGIN
+        UPDATE jobs SET checkpoint = checkpoint.checkpoint
+         WHERE id = checkpoint.id AND lease_token = checkpoint.lease_token AND state::text = 'active' AND state = ANY ('{waiting,scheduled,pending,active}'::job_state[]);
+    EXCEPTION WHEN serialization_failure THEN
+        -- the row moved to history while we waited on it (see the header): not held any more
+        IF current_setting('transaction_isolation') <> 'read committed' THEN
+            RAISE;
+        END IF;
+        RETURN false;
+    END;
     RETURN FOUND;
 END;
 $$;
@@ -172,9 +222,17 @@ AS $$
 DECLARE
     v_job record;
 BEGIN
-    UPDATE jobs AS j SET progress = progress.progress
-     WHERE j.id = progress.id AND j.lease_token = progress.lease_token AND j.state::text = 'active'
-    RETURNING j.id, j.state, j.queue, j.kind, j.attempt, j.batch_id INTO v_job;
+    BEGIN
+        UPDATE jobs AS j SET progress = progress.progress
+         WHERE j.id = progress.id AND j.lease_token = progress.lease_token AND j.state::text = 'active' AND j.state = ANY ('{waiting,scheduled,pending,active}'::job_state[])
+        RETURNING j.id, j.state, j.queue, j.kind, j.attempt, j.batch_id INTO v_job;
+    EXCEPTION WHEN serialization_failure THEN
+        -- the row moved to history while we waited on it (see the header): not held any more
+        IF current_setting('transaction_isolation') <> 'read committed' THEN
+            RAISE;
+        END IF;
+        RETURN false;
+    END;
     IF NOT FOUND THEN
         RETURN false;
     END IF;
@@ -196,12 +254,20 @@ AS $$
 DECLARE
     v_job record;
 BEGIN
-    UPDATE jobs AS j
-       SET state = CASE WHEN j.cancel_requested THEN 'cancelled'::job_state ELSE 'succeeded' END,
-           completed_at = now(), result = complete.result,
-           lease_token = NULL, lease_expires_at = NULL
-     WHERE j.id = complete.id AND j.lease_token = complete.lease_token AND j.state::text = 'active'
-    RETURNING j.id, j.state, j.queue, j.kind, j.attempt, j.batch_id, j.has_dependents INTO v_job;
+    BEGIN
+        UPDATE jobs AS j
+           SET state = CASE WHEN j.cancel_requested THEN 'cancelled'::job_state ELSE 'succeeded' END,
+               completed_at = now(), result = complete.result,
+               lease_token = NULL, lease_expires_at = NULL
+         WHERE j.id = complete.id AND j.lease_token = complete.lease_token AND j.state::text = 'active' AND j.state = ANY ('{waiting,scheduled,pending,active}'::job_state[])
+        RETURNING j.id, j.state, j.queue, j.kind, j.attempt, j.batch_id, j.has_dependents INTO v_job;
+    EXCEPTION WHEN serialization_failure THEN
+        -- the row moved to history while we waited on it (see the header): not held any more
+        IF current_setting('transaction_isolation') <> 'read committed' THEN
+            RAISE;
+        END IF;
+        RETURN false;
+    END;
     IF NOT FOUND THEN
         RETURN false;
     END IF;
@@ -248,26 +314,37 @@ BEGIN
         RAISE EXCEPTION USING ERRCODE = 'PJ002',
             MESSAGE = format('results must parallel ids: got %s results for %s ids', cardinality(results), cardinality(ids));
     END IF;
-    WITH upd AS (
-        UPDATE jobs AS j
-           SET state = CASE WHEN j.cancel_requested THEN 'cancelled'::job_state ELSE 'succeeded' END,
-               completed_at = now(), result = t.res,
-               lease_token = NULL, lease_expires_at = NULL
-          -- In id order: the plan is a nested loop driven by this list (one jobs_pkey probe per
-          -- pair, tests/sql/test_claim_plan.py), so it locks the rows in the list's order. The
-          -- worker's batch is in finishing order; another statement locking some of the same jobs
-          -- in another order (cancel_batch, a client's own complete_many) waited for our rows
-          -- while we waited for theirs: a deadlock. In id order, one waits for the other. (A
-          -- separate locking SELECT ... ORDER BY id FOR UPDATE would guarantee the order whatever
-          -- the plan, for a lock WAL record and ~5 buffer hits more per job: +40 % buffers.)
-          FROM (SELECT * FROM unnest(ids, lease_tokens, results) AS u(id, tok, res) ORDER BY u.id) AS t
-         WHERE j.id = t.id AND j.lease_token = t.tok AND j.state::text = 'active'
-        RETURNING j.id, j.state, j.queue, j.kind, j.attempt, j.batch_id, j.has_dependents
-    )
-    SELECT array_agg(u.id), array_agg(u.state), array_agg(u.queue), array_agg(u.kind), array_agg(u.attempt),
-           array_agg(u.batch_id), array_agg(u.id) FILTER (WHERE u.batch_id IS NOT NULL OR u.has_dependents)
-      INTO v_ids, v_states, v_queues, v_kinds, v_attempts, v_batches, v_follow
-      FROM upd AS u;
+    -- A row that moved to history while we waited on it (see the header) fails the statement: again, and
+    -- that row is not active any more (at most a few turns: each is another job ended under our feet).
+    FOR i IN 1..20 LOOP
+        BEGIN
+            WITH upd AS (
+                UPDATE jobs AS j
+                   SET state = CASE WHEN j.cancel_requested THEN 'cancelled'::job_state ELSE 'succeeded' END,
+                       completed_at = now(), result = t.res,
+                       lease_token = NULL, lease_expires_at = NULL
+                  -- In id order: the plan is a nested loop driven by this list (one jobs_pkey probe per
+                  -- pair, tests/sql/test_claim_plan.py), so it locks the rows in the list's order. The
+                  -- worker's batch is in finishing order; another statement locking some of the same jobs
+                  -- in another order (cancel_batch, a client's own complete_many) waited for our rows
+                  -- while we waited for theirs: a deadlock. In id order, one waits for the other. (A
+                  -- separate locking SELECT ... ORDER BY id FOR UPDATE would guarantee the order whatever
+                  -- the plan, for a lock WAL record and ~5 buffer hits more per job: +40 % buffers.)
+                  FROM (SELECT * FROM unnest(ids, lease_tokens, results) AS u(id, tok, res) ORDER BY u.id) AS t
+                 WHERE j.id = t.id AND j.lease_token = t.tok AND j.state::text = 'active' AND j.state = ANY ('{waiting,scheduled,pending,active}'::job_state[])
+                RETURNING j.id, j.state, j.queue, j.kind, j.attempt, j.batch_id, j.has_dependents
+            )
+            SELECT array_agg(u.id), array_agg(u.state), array_agg(u.queue), array_agg(u.kind), array_agg(u.attempt),
+                   array_agg(u.batch_id), array_agg(u.id) FILTER (WHERE u.batch_id IS NOT NULL OR u.has_dependents)
+              INTO v_ids, v_states, v_queues, v_kinds, v_attempts, v_batches, v_follow
+              FROM upd AS u;
+            EXIT;
+        EXCEPTION WHEN serialization_failure THEN
+            IF i = 20 OR current_setting('transaction_isolation') <> 'read committed' THEN
+                RAISE;
+            END IF;
+        END;
+    END LOOP;
     IF v_ids IS NULL THEN
         RETURN 0;
     END IF;
@@ -328,23 +405,31 @@ DECLARE
     v_job record;
 BEGIN
     -- The next run time is drawn once (the backoff is random) in a subquery on the same row.
-    UPDATE jobs AS j
-       SET state = CASE WHEN j.cancel_requested THEN 'cancelled'::job_state
-                        WHEN final OR j.attempt >= j.max_attempts THEN 'failed'
-                        WHEN n.next_at <= now() THEN 'pending'
-                        ELSE 'scheduled' END,
-           run_at = CASE WHEN j.cancel_requested OR final OR j.attempt >= j.max_attempts THEN j.run_at
-                         ELSE greatest(n.next_at, now()) END,
-           completed_at = CASE WHEN j.cancel_requested OR final OR j.attempt >= j.max_attempts THEN now() END,
-           last_error = coalesce(_end_attempt.error, 'unknown error'),
-           errors = j.errors || jsonb_build_array(jsonb_build_object(
-                        'attempt', j.attempt, 'at', now(), 'worker', j.leased_by,
-                        'error', coalesce(_end_attempt.error, 'unknown error'))),
-           lease_token = NULL, lease_expires_at = NULL
-      FROM (SELECT coalesce(_end_attempt.retry_at, now() + retry_backoff(c.attempt)) AS next_at
-              FROM jobs AS c WHERE c.id = _end_attempt.id) AS n
-     WHERE j.id = _end_attempt.id AND j.lease_token = _end_attempt.lease_token AND j.state::text = 'active'
-    RETURNING j.id, j.state, j.queue, j.kind, j.attempt, j.batch_id, j.has_dependents INTO v_job;
+    BEGIN
+        UPDATE jobs AS j
+           SET state = CASE WHEN j.cancel_requested THEN 'cancelled'::job_state
+                            WHEN final OR j.attempt >= j.max_attempts THEN 'failed'
+                            WHEN n.next_at <= now() THEN 'pending'
+                            ELSE 'scheduled' END,
+               run_at = CASE WHEN j.cancel_requested OR final OR j.attempt >= j.max_attempts THEN j.run_at
+                             ELSE greatest(n.next_at, now()) END,
+               completed_at = CASE WHEN j.cancel_requested OR final OR j.attempt >= j.max_attempts THEN now() END,
+               last_error = coalesce(_end_attempt.error, 'unknown error'),
+               errors = j.errors || jsonb_build_array(jsonb_build_object(
+                            'attempt', j.attempt, 'at', now(), 'worker', j.leased_by,
+                            'error', coalesce(_end_attempt.error, 'unknown error'))),
+               lease_token = NULL, lease_expires_at = NULL
+          FROM (SELECT coalesce(_end_attempt.retry_at, now() + retry_backoff(c.attempt)) AS next_at
+                  FROM jobs AS c WHERE c.id = _end_attempt.id AND c.state = ANY ('{waiting,scheduled,pending,active}'::job_state[])) AS n
+         WHERE j.id = _end_attempt.id AND j.lease_token = _end_attempt.lease_token AND j.state::text = 'active' AND j.state = ANY ('{waiting,scheduled,pending,active}'::job_state[])
+        RETURNING j.id, j.state, j.queue, j.kind, j.attempt, j.batch_id, j.has_dependents INTO v_job;
+    EXCEPTION WHEN serialization_failure THEN
+        -- the row moved to history while we waited on it (see the header): not held any more
+        IF current_setting('transaction_isolation') <> 'read committed' THEN
+            RAISE;
+        END IF;
+        RETURN NULL;
+    END;
     IF NOT FOUND THEN
         RETURN NULL;
     END IF;
@@ -375,16 +460,24 @@ BEGIN
     IF release.run_at IS NOT NULL THEN
         PERFORM _check_time('run_at', release.run_at);
     END IF;
-    UPDATE jobs AS j
-       SET state = CASE WHEN j.cancel_requested THEN 'cancelled'::job_state
-                        WHEN release.run_at > now() THEN 'scheduled'
-                        ELSE 'pending' END,
-           run_at = CASE WHEN j.cancel_requested THEN j.run_at ELSE greatest(coalesce(release.run_at, now()), now()) END,
-           completed_at = CASE WHEN j.cancel_requested THEN now() END,
-           attempt = greatest(j.attempt - 1, 0),
-           lease_token = NULL, lease_expires_at = NULL
-     WHERE j.id = release.id AND j.lease_token = release.lease_token AND j.state::text = 'active'
-    RETURNING j.id, j.state, j.queue, j.kind, j.attempt, j.batch_id, j.has_dependents INTO v_job;
+    BEGIN
+        UPDATE jobs AS j
+           SET state = CASE WHEN j.cancel_requested THEN 'cancelled'::job_state
+                            WHEN release.run_at > now() THEN 'scheduled'
+                            ELSE 'pending' END,
+               run_at = CASE WHEN j.cancel_requested THEN j.run_at ELSE greatest(coalesce(release.run_at, now()), now()) END,
+               completed_at = CASE WHEN j.cancel_requested THEN now() END,
+               attempt = greatest(j.attempt - 1, 0),
+               lease_token = NULL, lease_expires_at = NULL
+         WHERE j.id = release.id AND j.lease_token = release.lease_token AND j.state::text = 'active' AND j.state = ANY ('{waiting,scheduled,pending,active}'::job_state[])
+        RETURNING j.id, j.state, j.queue, j.kind, j.attempt, j.batch_id, j.has_dependents INTO v_job;
+    EXCEPTION WHEN serialization_failure THEN
+        -- the row moved to history while we waited on it (see the header): not held any more
+        IF current_setting('transaction_isolation') <> 'read committed' THEN
+            RAISE;
+        END IF;
+        RETURN false;
+    END;
     IF NOT FOUND THEN
         RETURN false;
     END IF;
@@ -413,12 +506,20 @@ AS $$
 DECLARE
     v_job record;
 BEGIN
-    UPDATE jobs AS j
-       SET state = 'cancelled', completed_at = now(), lease_token = NULL, lease_expires_at = NULL,
-           cancel_requested = true
-     WHERE j.id = ack_cancel.id AND j.lease_token = ack_cancel.lease_token AND j.state::text = 'active'
-       AND j.cancel_requested  -- only a requested cancellation: a forged pgjobs_cancel must end nothing
-    RETURNING j.id, j.queue, j.kind, j.attempt, j.batch_id, j.has_dependents INTO v_job;
+    BEGIN
+        UPDATE jobs AS j
+           SET state = 'cancelled', completed_at = now(), lease_token = NULL, lease_expires_at = NULL,
+               cancel_requested = true
+         WHERE j.id = ack_cancel.id AND j.lease_token = ack_cancel.lease_token AND j.state::text = 'active' AND j.state = ANY ('{waiting,scheduled,pending,active}'::job_state[])
+           AND j.cancel_requested  -- only a requested cancellation: a forged pgjobs_cancel must end nothing
+        RETURNING j.id, j.queue, j.kind, j.attempt, j.batch_id, j.has_dependents INTO v_job;
+    EXCEPTION WHEN serialization_failure THEN
+        -- the row moved to history while we waited on it (see the header): not held any more
+        IF current_setting('transaction_isolation') <> 'read committed' THEN
+            RAISE;
+        END IF;
+        RETURN false;
+    END;
     IF NOT FOUND THEN
         RETURN false;
     END IF;

@@ -394,7 +394,7 @@ BEGIN
     -- A separate statement: its snapshot sees the rows _insert_specs just inserted.
     UPDATE jobs AS j SET schedule_name = v_names[r.n]
       FROM unnest(v_ns, v_out_ids, v_created) AS r(n, id, created)
-     WHERE r.created AND j.id = r.id;
+     WHERE r.created AND j.id = r.id AND j.state = ANY ('{waiting,scheduled,pending,active}'::job_state[]);
 
     RETURN QUERY SELECT v_names[r.n], v_runs[r.n], r.id, r.created
                    FROM unnest(v_ns, v_out_ids, v_created) AS r(n, id, created) ORDER BY r.n;

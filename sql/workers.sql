@@ -30,37 +30,49 @@ DECLARE
     v_gone text[];
     v_queues text[];
 BEGIN
-    -- 0 is allowed: every worker not seen in this very transaction is forgotten.
-    IF stale_after IS NULL OR stale_after < interval '0' THEN
-        RAISE EXCEPTION USING ERRCODE = 'PJ002',
-            MESSAGE = format('stale_after must not be negative, got %s', coalesce(stale_after::text, 'NULL'));
-    END IF;
-    PERFORM _check_interval('stale_after', stale_after, non_negative => true);  -- limits: checks.sql
-    -- Rows locked in id order and SKIP LOCKED, workers and jobs alike: reap_workers runs in every
-    -- worker's heartbeat loop, concurrently with other reapers and with the completions and renewals
-    -- of the very jobs it frees. A plain multi-row UPDATE locked them in scan order and deadlocked
-    -- with a complete_many over the same jobs in its own order (tests/runtime/test_lease_races.py).
-    -- A worker row held by another transaction is its heartbeat (alive: not reaped) or another
-    -- reaper's delete (that one counts it); a job row held elsewhere is ending, being renewed by its
-    -- live worker or claimed: none needs its lease cut short (the lease still ends on time).
-    WITH gone AS (
-        DELETE FROM workers AS w
-         WHERE w.id = ANY (ARRAY(SELECT s.id FROM workers AS s WHERE s.last_seen < now() - stale_after
-                                  ORDER BY s.id FOR UPDATE SKIP LOCKED))
-        RETURNING w.id)
-    SELECT array_agg(gone.id) INTO v_gone FROM gone;
-    IF v_gone IS NULL THEN
-        RETURN 0;
-    END IF;
-    -- The gone workers' jobs, found among the active ones (jobs_active_idx holds exactly those).
-    WITH freed AS (
-        UPDATE jobs AS j SET lease_expires_at = least(j.lease_expires_at, now() - interval '1 microsecond')
-         WHERE j.id = ANY (ARRAY(SELECT a.id FROM jobs AS a WHERE a.state = 'active' AND a.leased_by = ANY (v_gone)
-                                  ORDER BY a.id FOR NO KEY UPDATE SKIP LOCKED))
-        RETURNING j.queue)
-    SELECT array_agg(DISTINCT freed.queue) INTO v_queues FROM freed;
-    PERFORM _wake(v_queues);
-    RETURN cardinality(v_gone);
+    -- SKIP LOCKED does not cover a job row moved to history after the statement's snapshot: locking it
+    -- raises 40001 ("tuple to be locked was already moved to another partition", history.sql) in READ
+    -- COMMITTED: the whole call again, in a new snapshot that sees the job gone from jobs_live.
+    FOR i IN 1..20 LOOP
+        BEGIN
+            -- 0 is allowed: every worker not seen in this very transaction is forgotten.
+            IF stale_after IS NULL OR stale_after < interval '0' THEN
+                RAISE EXCEPTION USING ERRCODE = 'PJ002',
+                    MESSAGE = format('stale_after must not be negative, got %s', coalesce(stale_after::text, 'NULL'));
+            END IF;
+            PERFORM _check_interval('stale_after', stale_after, non_negative => true);  -- limits: checks.sql
+            -- Rows locked in id order and SKIP LOCKED, workers and jobs alike: reap_workers runs in every
+            -- worker's heartbeat loop, concurrently with other reapers and with the completions and renewals
+            -- of the very jobs it frees. A plain multi-row UPDATE locked them in scan order and deadlocked
+            -- with a complete_many over the same jobs in its own order (tests/runtime/test_lease_races.py).
+            -- A worker row held by another transaction is its heartbeat (alive: not reaped) or another
+            -- reaper's delete (that one counts it); a job row held elsewhere is ending, being renewed by its
+            -- live worker or claimed: none needs its lease cut short (the lease still ends on time).
+            WITH gone AS (
+                DELETE FROM workers AS w
+                 WHERE w.id = ANY (ARRAY(SELECT s.id FROM workers AS s WHERE s.last_seen < now() - stale_after
+                                          ORDER BY s.id FOR UPDATE SKIP LOCKED))
+                RETURNING w.id)
+            SELECT array_agg(gone.id) INTO v_gone FROM gone;
+            IF v_gone IS NULL THEN
+                RETURN 0;
+            END IF;
+            -- The gone workers' jobs, found among the active ones (jobs_active_idx holds exactly those).
+            WITH freed AS (
+                UPDATE jobs AS j SET lease_expires_at = least(j.lease_expires_at, now() - interval '1 microsecond')
+                 WHERE j.id = ANY (ARRAY(SELECT a.id FROM jobs AS a WHERE a.state = 'active' AND a.leased_by = ANY (v_gone)
+                                          ORDER BY a.id FOR NO KEY UPDATE SKIP LOCKED))
+                   AND j.state = ANY ('{waiting,scheduled,pending,active}'::job_state[])
+                RETURNING j.queue)
+            SELECT array_agg(DISTINCT freed.queue) INTO v_queues FROM freed;
+            PERFORM _wake(v_queues);
+            RETURN cardinality(v_gone);
+        EXCEPTION WHEN serialization_failure THEN
+            IF i = 20 OR current_setting('transaction_isolation') <> 'read committed' THEN
+                RAISE;
+            END IF;
+        END;
+    END LOOP;
 END;
 $$;
 
@@ -120,20 +132,32 @@ AS $$
 DECLARE
     v_queues text[];
 BEGIN
-    PERFORM _check_name('worker', worker);  -- limits: checks.sql
-    DELETE FROM workers AS w WHERE w.id = deregister_worker.worker;
-    IF NOT FOUND THEN
-        RETURN false;
-    END IF;
-    -- (locked in id order, SKIP LOCKED: see reap_workers)
-    WITH freed AS (
-        UPDATE jobs AS j SET lease_expires_at = least(j.lease_expires_at, now() - interval '1 microsecond')
-         WHERE j.id = ANY (ARRAY(SELECT a.id FROM jobs AS a
-                                  WHERE a.state = 'active' AND a.leased_by = deregister_worker.worker
-                                  ORDER BY a.id FOR NO KEY UPDATE SKIP LOCKED))
-        RETURNING j.queue)
-    SELECT array_agg(DISTINCT freed.queue) INTO v_queues FROM freed;
-    PERFORM _wake(v_queues);
-    RETURN true;
+    -- SKIP LOCKED does not cover a job row moved to history after the statement's snapshot: locking it
+    -- raises 40001 ("tuple to be locked was already moved to another partition", history.sql) in READ
+    -- COMMITTED: the whole call again, in a new snapshot that sees the job gone from jobs_live.
+    FOR i IN 1..20 LOOP
+        BEGIN
+            PERFORM _check_name('worker', worker);  -- limits: checks.sql
+            DELETE FROM workers AS w WHERE w.id = deregister_worker.worker;
+            IF NOT FOUND THEN
+                RETURN false;
+            END IF;
+            -- (locked in id order, SKIP LOCKED: see reap_workers)
+            WITH freed AS (
+                UPDATE jobs AS j SET lease_expires_at = least(j.lease_expires_at, now() - interval '1 microsecond')
+                 WHERE j.id = ANY (ARRAY(SELECT a.id FROM jobs AS a
+                                          WHERE a.state = 'active' AND a.leased_by = deregister_worker.worker
+                                          ORDER BY a.id FOR NO KEY UPDATE SKIP LOCKED))
+                   AND j.state = ANY ('{waiting,scheduled,pending,active}'::job_state[])
+                RETURNING j.queue)
+            SELECT array_agg(DISTINCT freed.queue) INTO v_queues FROM freed;
+            PERFORM _wake(v_queues);
+            RETURN true;
+        EXCEPTION WHEN serialization_failure THEN
+            IF i = 20 OR current_setting('transaction_isolation') <> 'read committed' THEN
+                RAISE;
+            END IF;
+        END;
+    END LOOP;
 END;
 $$;

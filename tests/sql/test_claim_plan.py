@@ -84,8 +84,17 @@ class Plans:
         return [
             " ".join(p["Query Text"].split())[:200]
             for p in self.plans
-            if p.get("JIT") and any(n.get("Relation Name") == "jobs" for n in _nodes(p["Plan"]))
+            if p.get("JIT") and any(_is_jobs(n) for n in _nodes(p["Plan"]))
         ]
+
+
+def _is_jobs(node: dict[str, Any]) -> bool:
+    """A scan of jobs or of one of its partitions (jobs_live, the history slices)."""
+    return str(node.get("Relation Name", "")) in ("jobs", "jobs_live") or _is_history(node)
+
+
+def _is_history(node: dict[str, Any]) -> bool:
+    return str(node.get("Relation Name", "")).startswith(("jobs_succeeded", "jobs_failed"))
 
 
 def _nodes(plan: dict[str, Any]) -> Iterator[dict[str, Any]]:
@@ -99,12 +108,21 @@ def _assert_indexed(plans: Plans) -> set[str]:
     scan filtered row by row), no JIT. Returns the names of the jobs indexes used."""
     assert plans.jitted() == [], plans.jitted()
     used: set[str] = set()
+    # A history slice the statistics call empty is scanned whole by any plan (there is nothing to read);
+    # one that holds rows must be read by index like jobs_live.
+    empty = {
+        r[0]
+        for r in plans.conn.execute(
+            "SELECT c.relname::text FROM pg_class AS c WHERE c.relnamespace = 'pgjobs'::regnamespace"
+            " AND c.relispartition AND c.reltuples <= 0"
+        ).fetchall()
+    }
     for query, plan in plans.statements():
         for node in _nodes(plan):
-            if node.get("Relation Name") != "jobs":
+            if not _is_jobs(node) or (_is_history(node) and node["Relation Name"] in empty):
                 continue
             kind = node["Node Type"]
-            assert kind != "Seq Scan", f"sequential scan of jobs in: {query[:300]}"
+            assert kind != "Seq Scan", f"sequential scan of {node['Relation Name']} in: {query[:1500]}"
             if kind in ("Index Scan", "Index Only Scan"):
                 used.add(node["Index Name"])
                 assert node.get("Index Cond"), (
@@ -138,6 +156,18 @@ def test_claim_and_complete_stay_on_their_indexes(conn: psycopg.Connection[Any],
     used = _assert_indexed(plans)
     assert "jobs_pending_idx" in used  # the claim reads pending jobs in claim order from their index
     assert "jobs_pkey" in used  # leases and completions find their rows by key
+    _assert_live_only(plans)
+
+
+def _assert_live_only(plans: Plans) -> None:
+    """The hot statements are pruned to jobs_live at plan time (generic plans: from constants): none of
+    them reads a history slice (DONE succeeded rows are there), nor even lists one as pruned at run time."""
+    for query, plan in plans.statements():
+        if "FROM jobs" not in query and "UPDATE jobs" not in query:
+            continue
+        history = [n["Relation Name"] for n in _nodes(plan) if _is_history(n)]
+        assert history == [], f"{query[:300]} reads history partitions {history}"
+        assert all(n.get("Subplans Removed", 0) == 0 for n in _nodes(plan)), f"pruned at run time only: {query[:300]}"
 
 
 def test_claim_plans_with_many_jobs_running(conn: psycopg.Connection[Any], plans: Plans) -> None:
@@ -159,6 +189,7 @@ def test_claim_plans_with_many_jobs_running(conn: psycopg.Connection[Any], plans
     conn.execute("SELECT pgjobs.complete(%s, %s)", (job, token))
     used = _assert_indexed(plans)
     assert "jobs_pkey" in used
+    _assert_live_only(plans)
 
 
 def test_enqueue_paths_stay_on_their_indexes(conn: psycopg.Connection[Any], plans: Plans) -> None:

@@ -316,3 +316,138 @@ def test_event_log_upgrades_in_place_under_load(blank_dsn: str) -> None:
         )
         logged = conn.execute("SELECT count(*) FROM pgjobs.read_events(max_rows => 100000)").fetchone()
         assert logged is not None and logged[0] > 0
+
+
+def test_job_history_upgrades_a_database_with_jobs_in_every_state(blank_dsn: str) -> None:
+    """job_history converts an installed jobs table in place: every job keeps its row and state, the finished
+    ones move to history, the unique keys move to job_keys (a key still blocks after the upgrade, a
+    unique_live_only key of a finished job does not), edges survive, and ids continue."""
+    m.migrate(blank_dsn)
+    m.rollback(blank_dsn, to=PLAN[PLAN.index("job_history") - 1])  # the revision before job_history
+    states = ["waiting", "scheduled", "pending", "active", "succeeded", "failed", "cancelled"]
+    with psycopg.connect(blank_dsn, autocommit=True) as conn:
+        for s in states:
+            conn.execute(
+                "INSERT INTO pgjobs.jobs (kind, state, lease_token, completed_at, run_at, unique_key, unique_live_only)"
+                " SELECT 'k', %s::pgjobs.job_state, CASE WHEN %s = 'active' THEN gen_random_uuid() END,"
+                "        CASE WHEN %s IN ('succeeded', 'failed', 'cancelled') THEN now() - n * interval '1 day' END,"
+                "        now() + CASE WHEN %s = 'scheduled' THEN interval '1 hour' ELSE interval '0' END,"
+                "        CASE WHEN n = 1 THEN %s || '-key' WHEN n = 2 THEN %s || '-live' END, n = 2"
+                "   FROM generate_series(1, 5) AS n",
+                (s, s, s, s, s, s),
+            )
+        parent, child = (
+            conn.execute("SELECT min(id) FROM pgjobs.jobs WHERE state = %s", (s,)).fetchone()[0]  # type: ignore[index]
+            for s in ("succeeded", "waiting")
+        )
+        conn.execute("UPDATE pgjobs.jobs SET has_dependents = true WHERE id = %s", (parent,))
+        conn.execute("INSERT INTO pgjobs.edges (child_id, parent_job_id, satisfied) VALUES (%s, %s, true)", (child, parent))
+        before = conn.execute("SELECT id, state::text, unique_key FROM pgjobs.jobs ORDER BY id").fetchall()
+    assert m.migrate(blank_dsn).applied == ["job_history"]
+    assert m.verify(blank_dsn) == PLAN
+    with psycopg.connect(blank_dsn, autocommit=True) as conn:
+        assert conn.execute("SELECT id, state::text, unique_key FROM pgjobs.jobs ORDER BY id").fetchall() == before
+        where = dict(
+            conn.execute(
+                "SELECT state::text, string_agg(DISTINCT tableoid::regclass::text, ',') FROM pgjobs.jobs GROUP BY 1"
+            ).fetchall()
+        )
+        assert {s: where[s] for s in states[:4]} == dict.fromkeys(states[:4], "pgjobs.jobs_live")
+        assert all(where[s].startswith(("pgjobs.jobs_succeeded_", "pgjobs.jobs_failed_")) for s in states[4:])
+        # every key that blocked before blocks now; a live-only key of a finished job was given back
+        keys = {r[0] for r in conn.execute("SELECT unique_key FROM pgjobs.job_keys").fetchall()}
+        assert keys == {f"{s}-key" for s in states} | {f"{s}-live" for s in states[:4]}
+        for s in states:
+            row = conn.execute("SELECT created FROM pgjobs.enqueue('k', unique_key => %s)", (f"{s}-key",)).fetchone()
+            assert row == (False,)
+        for s in states[4:]:
+            assert conn.execute(
+                "SELECT created FROM pgjobs.enqueue('k', unique_key => %s, unique_live_only => true)", (f"{s}-live",)
+            ).fetchone() == (True,)
+        assert conn.execute("SELECT count(*) FROM pgjobs.edges").fetchone() == (1,)
+        new_id = conn.execute("SELECT id FROM pgjobs.enqueue('after')").fetchone()
+        assert new_id is not None and new_id[0] > max(r[0] for r in before)
+        # purge removes the history, with the edge of the purged parent (no foreign key cascades any more)
+        removed = conn.execute("SELECT pgjobs.purge(interval '0', interval '0')").fetchone()
+        assert removed is not None and removed[0] == 3 * 5  # every finished job (the new ones are pending)
+        assert conn.execute("SELECT count(*) FROM pgjobs.edges").fetchone() == (0,)
+        assert conn.execute("SELECT count(*) FROM pgjobs.job_keys WHERE unique_key = 'succeeded-key'").fetchone() == (
+            0,
+        )
+
+
+def test_job_history_upgrades_in_place_under_load(blank_dsn: str) -> None:
+    """job_history deployed while producers enqueue (enqueue and enqueue_many, which draws its ids before it
+    inserts) and workers claim and complete: no job lost, none run twice, ids unique."""
+    m.migrate(blank_dsn)
+    m.rollback(blank_dsn, to=PLAN[PLAN.index("job_history") - 1])  # the revision before job_history
+    with psycopg.connect(blank_dsn, autocommit=True) as conn:
+        conn.execute("INSERT INTO pgjobs.jobs (kind) SELECT 'k' FROM generate_series(1, 2000)")
+    stop = threading.Event()
+    done: list[int] = []
+    made: list[int] = []
+    errors: list[str] = []
+
+    def work() -> None:
+        with psycopg.connect(blank_dsn, autocommit=True) as c:
+            while not stop.is_set():
+                try:
+                    rows = c.execute("SELECT id, lease_token FROM pgjobs.claim('w', '{default}', 20)").fetchall()
+                    if rows:
+                        n = c.execute(
+                            "SELECT pgjobs.complete_many(%s::bigint[], %s::uuid[])",
+                            [[r[0] for r in rows], [r[1] for r in rows]],
+                        ).fetchone()
+                        assert n is not None and n[0] == len(rows)
+                        done.extend(r[0] for r in rows)
+                    else:
+                        time.sleep(0.005)
+                except psycopg.errors.UndefinedTable as exc:  # between the change and the functions' install
+                    errors.append(str(exc))
+                    time.sleep(0.01)
+
+    def produce(many: bool) -> None:
+        with psycopg.connect(blank_dsn, autocommit=True) as c:
+            while not stop.is_set():
+                try:
+                    if many:
+                        rows = c.execute(
+                            "SELECT id FROM pgjobs.enqueue_many('[{\"kind\": \"k\"}, {\"kind\": \"k\"}, {\"kind\": \"k\"}]')"
+                        ).fetchall()
+                        made.extend(r[0] for r in rows)
+                    else:
+                        row = c.execute("SELECT id FROM pgjobs.enqueue('k')").fetchone()
+                        assert row is not None
+                        made.append(row[0])
+                except psycopg.errors.UndefinedTable as exc:
+                    errors.append(str(exc))
+                time.sleep(0.002)
+
+    threads = [threading.Thread(target=work) for _ in range(3)]
+    threads += [threading.Thread(target=produce, args=(many,)) for many in (False, True)]
+    for t in threads:
+        t.start()
+    time.sleep(0.3)
+    assert m.migrate(blank_dsn).applied == ["job_history"]
+    time.sleep(0.3)
+    stop.set()
+    for t in threads[3:]:
+        t.join(30)
+    expected = set(range(1, 2001)) | set(made)
+    assert len(made) == len(set(made))  # ids stay unique across the identity's move
+    stop.clear()
+    workers = [threading.Thread(target=work) for _ in range(3)]
+    for t in workers:
+        t.start()
+    deadline = time.monotonic() + 60
+    while set(done) != expected and time.monotonic() < deadline:
+        time.sleep(0.05)
+    stop.set()
+    for t in threads[:3] + workers:
+        t.join(30)
+    assert sorted(done) == sorted(expected)  # every job once
+    with psycopg.connect(blank_dsn, autocommit=True) as conn:
+        assert conn.execute(
+            "SELECT count(*), max(attempt) FROM pgjobs.jobs WHERE state = 'succeeded'"
+        ).fetchone() == (len(expected), 1)
+        assert conn.execute("SELECT count(*) FROM pgjobs.jobs_live").fetchone() == (0,)

@@ -145,6 +145,10 @@ BEGIN
                     RETURN NEXT;
                     RETURN;
                 END IF;
+                -- A key whose job is gone (its row deleted by hand: pgjobs' own deletes take the key
+                -- along) is free: a key and its job commit together, so this snapshot would see both.
+                DELETE FROM job_keys AS k
+                 WHERE k.kind = enqueue.kind AND k.unique_key = enqueue.unique_key AND k.job_id = v_id;
             END IF;
 
             IF i = 1 AND v_max IS NOT NULL THEN
@@ -536,6 +540,7 @@ DECLARE
     v_wake    text[];
     v_bounded record;
     v_keyed   bigint[];
+    v_gone    bigint;
 BEGIN
     IF v_count = 0 THEN
         RETURN;
@@ -575,16 +580,31 @@ BEGIN
     IF jsonb_path_exists(jobs, 'lax $[*].unique_key ? (@.type() == "string")') THEN
         -- The keys first, in the specs' order: job_keys' primary key decides which spec (or which racing
         -- transaction) makes the job of a key; the specs that lost insert no job.
-        WITH k AS (
-            INSERT INTO job_keys AS k (kind, unique_key, job_id)
-            SELECT r.kind, r.unique_key, v_ids[r.n]
-              FROM ROWS FROM (jsonb_to_recordset(jobs) AS (kind text, unique_key text))
-                   WITH ORDINALITY AS r(kind, unique_key, n)
-             WHERE r.unique_key IS NOT NULL
-             ORDER BY r.n
-            ON CONFLICT (kind, unique_key) DO NOTHING
-            RETURNING k.job_id)
-        SELECT coalesce(array_agg(k.job_id), '{}') INTO v_keyed FROM k;
+        v_keyed := '{}';
+        FOR i IN 1..2 LOOP
+            WITH k AS (
+                INSERT INTO job_keys AS k (kind, unique_key, job_id)
+                SELECT r.kind, r.unique_key, v_ids[r.n]
+                  FROM ROWS FROM (jsonb_to_recordset(jobs) AS (kind text, unique_key text))
+                       WITH ORDINALITY AS r(kind, unique_key, n)
+                 WHERE r.unique_key IS NOT NULL
+                 ORDER BY r.n
+                ON CONFLICT (kind, unique_key) DO NOTHING
+                RETURNING k.job_id)
+            SELECT v_keyed || coalesce(array_agg(k.job_id), '{}') INTO v_keyed FROM k;
+            -- Keys held by a job that is gone (its row deleted by hand: pgjobs' own deletes take the
+            -- key along) are free: released, then taken on the second turn. Only when a key was lost.
+            EXIT WHEN i = 2 OR cardinality(v_keyed) = (SELECT count(*) FROM jsonb_array_elements(jobs) AS e
+                                                         WHERE jsonb_typeof(e -> 'unique_key') = 'string');
+            WITH gone AS (
+                DELETE FROM job_keys AS k
+                 USING ROWS FROM (jsonb_to_recordset(jobs) AS (kind text, unique_key text)) AS r(kind, unique_key)
+                 WHERE k.kind = r.kind AND k.unique_key = r.unique_key AND NOT (k.job_id = ANY (v_keyed))
+                   AND NOT EXISTS (SELECT 1 FROM pgjobs.jobs AS j WHERE j.id = k.job_id)
+                RETURNING 1)
+            SELECT count(*) INTO v_gone FROM gone;
+            EXIT WHEN v_gone = 0;
+        END LOOP;
         WITH ins AS (
             INSERT INTO jobs AS j (id, kind, queue, payload, meta, state, priority, run_at, max_attempts,
                                    unique_key, unique_live_only, group_key, batch_id, has_dependents)

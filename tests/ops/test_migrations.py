@@ -341,7 +341,9 @@ def test_job_history_upgrades_a_database_with_jobs_in_every_state(blank_dsn: str
             for s in ("succeeded", "waiting")
         )
         conn.execute("UPDATE pgjobs.jobs SET has_dependents = true WHERE id = %s", (parent,))
-        conn.execute("INSERT INTO pgjobs.edges (child_id, parent_job_id, satisfied) VALUES (%s, %s, true)", (child, parent))
+        conn.execute(
+            "INSERT INTO pgjobs.edges (child_id, parent_job_id, satisfied) VALUES (%s, %s, true)", (child, parent)
+        )
         before = conn.execute("SELECT id, state::text, unique_key FROM pgjobs.jobs ORDER BY id").fetchall()
     assert m.migrate(blank_dsn).applied == ["job_history"]
     assert m.verify(blank_dsn) == PLAN
@@ -412,7 +414,7 @@ def test_job_history_upgrades_in_place_under_load(blank_dsn: str) -> None:
                 try:
                     if many:
                         rows = c.execute(
-                            "SELECT id FROM pgjobs.enqueue_many('[{\"kind\": \"k\"}, {\"kind\": \"k\"}, {\"kind\": \"k\"}]')"
+                            'SELECT id FROM pgjobs.enqueue_many(\'[{"kind": "k"}, {"kind": "k"}, {"kind": "k"}]\')'
                         ).fetchall()
                         made.extend(r[0] for r in rows)
                     else:
@@ -447,7 +449,8 @@ def test_job_history_upgrades_in_place_under_load(blank_dsn: str) -> None:
         t.join(30)
     assert sorted(done) == sorted(expected)  # every job once
     with psycopg.connect(blank_dsn, autocommit=True) as conn:
-        assert conn.execute(
-            "SELECT count(*), max(attempt) FROM pgjobs.jobs WHERE state = 'succeeded'"
-        ).fetchone() == (len(expected), 1)
+        assert conn.execute("SELECT count(*), max(attempt) FROM pgjobs.jobs WHERE state = 'succeeded'").fetchone() == (
+            len(expected),
+            1,
+        )
         assert conn.execute("SELECT count(*) FROM pgjobs.jobs_live").fetchone() == (0,)

@@ -28,7 +28,9 @@ def _claim(conn: Conn, queue: str = "default", n: int = 1) -> list[tuple[int, An
 
 def _enqueue(conn: Conn, kind: str = "k", **kw: Any) -> int:
     args = ", ".join(f"{k} => %({k})s" for k in kw)
-    row = conn.execute(f"SELECT id FROM pgjobs.enqueue(kind => %(kind)s{', ' + args if args else ''})", {"kind": kind, **kw}).fetchone()
+    row = conn.execute(
+        f"SELECT id FROM pgjobs.enqueue(kind => %(kind)s{', ' + args if args else ''})", {"kind": kind, **kw}
+    ).fetchone()
     assert row is not None
     return int(row[0])
 
@@ -74,14 +76,14 @@ def _race(connect: ConnectFactory, holder_sql: str, holder_args: tuple[Any, ...]
 def test_live_jobs_stay_in_jobs_live_and_finished_ones_move_to_their_slice(conn: Conn) -> None:
     job = _enqueue(conn)
     assert _where(conn, job) == "pgjobs.jobs_live"
-    (jid, tok), = _claim(conn)
+    ((jid, tok),) = _claim(conn)
     assert conn.execute("SELECT pgjobs.complete(%s, %s)", (jid, tok)).fetchone() == (True,)
     today = conn.execute(
         "SELECT name FROM pgjobs.history_partitions WHERE tree = 'succeeded' AND lower <= now() AND upper > now()"
     ).fetchone()
     assert today is not None and _where(conn, job) == f"pgjobs.{today[0]}"
     failed = _enqueue(conn, max_attempts=1)
-    (fid, ftok), = _claim(conn)
+    ((fid, ftok),) = _claim(conn)
     assert conn.execute("SELECT pgjobs.fail(%s, %s, 'x')", (fid, ftok)).fetchone() == ("failed",)
     assert _where(conn, failed).startswith("pgjobs.jobs_failed_2")
     # the table outside readers know still shows every job, and stays updatable
@@ -120,13 +122,18 @@ def test_concurrent_enqueues_of_one_key_make_one_job(connect: ConnectFactory) ->
     assert sorted(r[1] for r in results) == [False] * 7 + [True]
 
 
-def test_a_key_blocks_across_finished_jobs_and_a_live_only_key_is_given_back(conn: Conn, connect: ConnectFactory) -> None:
+def test_a_key_blocks_across_finished_jobs_and_a_live_only_key_is_given_back(
+    conn: Conn, connect: ConnectFactory
+) -> None:
     held = _enqueue(conn, unique_key="forever")
     single = _enqueue(conn, unique_key="flight", unique_live_only=True)
     for jid, tok in _claim(conn, n=2):
         conn.execute("SELECT pgjobs.complete(%s, %s)", (jid, tok))
     assert _where(conn, held).startswith("pgjobs.jobs_succeeded_")
-    assert conn.execute("SELECT id, created FROM pgjobs.enqueue('k', unique_key => 'forever')").fetchone() == (held, False)
+    assert conn.execute("SELECT id, created FROM pgjobs.enqueue('k', unique_key => 'forever')").fetchone() == (
+        held,
+        False,
+    )
     # the live-only key left job_keys when its job ended: racing enqueuers make exactly one new job
     assert conn.execute("SELECT count(*) FROM pgjobs.job_keys WHERE unique_key = 'flight'").fetchone() == (0,)
     made: list[tuple[int, bool]] = []
@@ -157,7 +164,7 @@ def test_a_key_blocks_across_finished_jobs_and_a_live_only_key_is_given_back(con
 
 def test_enqueue_many_keys_decide_within_a_call_and_against_history(conn: Conn) -> None:
     first = _enqueue(conn, unique_key="a")
-    (jid, tok), = _claim(conn)
+    ((jid, tok),) = _claim(conn)
     conn.execute("SELECT pgjobs.complete(%s, %s)", (jid, tok))
     rows = conn.execute(
         "SELECT ref, id, created FROM pgjobs.enqueue_many(%s)",
@@ -199,11 +206,14 @@ def test_purge_drops_whole_slices_and_deletes_rows_only_at_the_boundary(conn: Co
         " WHERE id = ANY (%s)",
         (old,),
     )
-    recent = _old(conn, 5, age="2 minutes") if conn.execute(
-        "SELECT now() - interval '2 minutes' >= date_bin('1 day', now(), '2000-01-01')"
-    ).fetchone() == (True,) else []
+    recent = (
+        _old(conn, 5, age="2 minutes")
+        if conn.execute("SELECT now() - interval '2 minutes' >= date_bin('1 day', now(), '2000-01-01')").fetchone()
+        == (True,)
+        else []
+    )
     fresh = _enqueue(conn)
-    (jid, tok), = _claim(conn)
+    ((jid, tok),) = _claim(conn)
     conn.execute("SELECT pgjobs.complete(%s, %s)", (jid, tok))
     before = conn.execute("SELECT pg_stat_get_tuples_deleted('pgjobs.jobs_succeeded_upto'::regclass)").fetchone()
     assert before == (0,)
@@ -238,7 +248,9 @@ def test_queue_retention_drops_a_slice_once_every_queue_in_it_is_past_its_retent
     left = {r[0] for r in conn.execute("SELECT id FROM pgjobs.jobs").fetchall()}
     assert left == set(keep) and not left & set(short)
     # a second pass does not read the slice again: nothing changed
-    assert [a for a in conn.execute("SELECT action FROM pgjobs.maintain_history()").fetchall() if a[0] != "create"] == []
+    assert [
+        a for a in conn.execute("SELECT action FROM pgjobs.maintain_history()").fetchall() if a[0] != "create"
+    ] == []
     conn.execute("SELECT pgjobs.configure_queue('keep', retention => interval '2 seconds')")
     actions = conn.execute("SELECT action, target, rows FROM pgjobs.maintain_history()").fetchall()
     assert ("drop", "jobs_succeeded_upto", 5) in actions
@@ -261,7 +273,8 @@ def test_maintenance_makes_the_slices_ahead(conn: Conn) -> None:
     # the new slices are children of their tree, with its indexes and the key trigger
     n = conn.execute(
         "SELECT count(*) FROM pg_inherits AS i JOIN pg_class AS c ON c.oid = i.inhrelid"
-        " WHERE c.relname = ANY (%s) AND i.inhparent IN ('pgjobs.jobs_succeeded'::regclass, 'pgjobs.jobs_failed'::regclass)",
+        " WHERE c.relname = ANY (%s)"
+        " AND i.inhparent IN ('pgjobs.jobs_succeeded'::regclass, 'pgjobs.jobs_failed'::regclass)",
         (list(made),),
     ).fetchone()
     assert n == (4,)
@@ -279,18 +292,22 @@ def test_renew_leases_does_not_wait_on_a_job_being_completed(conn: Conn, connect
     holder.autocommit = False
     holder.execute("SELECT pgjobs.complete(%s, %s)", (a, ta))
     # a's row is locked and moved (uncommitted): renewal skips it and reports it held, renews b
-    renewed = conn.execute("SELECT id FROM pgjobs.renew_leases(%s::bigint[], %s::uuid[])", ([a, b], [ta, tb])).fetchall()
+    renewed = conn.execute(
+        "SELECT id FROM pgjobs.renew_leases(%s::bigint[], %s::uuid[])", ([a, b], [ta, tb])
+    ).fetchall()
     assert sorted(r[0] for r in renewed) == sorted([a, b])
     assert conn.execute("SELECT pgjobs.renew_lease(%s, %s)", (a, ta)).fetchone() == (True,)
     holder.commit()
-    renewed = conn.execute("SELECT id FROM pgjobs.renew_leases(%s::bigint[], %s::uuid[])", ([a, b], [ta, tb])).fetchall()
+    renewed = conn.execute(
+        "SELECT id FROM pgjobs.renew_leases(%s::bigint[], %s::uuid[])", ([a, b], [ta, tb])
+    ).fetchall()
     assert renewed == [(b,)]
     assert conn.execute("SELECT pgjobs.renew_lease(%s, %s)", (a, ta)).fetchone() == (False,)
 
 
 def test_cancel_waiting_on_a_completion_answers_false(conn: Conn, connect: ConnectFactory) -> None:
     job = _enqueue(conn)
-    (jid, tok), = _claim(conn)
+    ((jid, tok),) = _claim(conn)
     got = _race(connect, "SELECT pgjobs.complete(%s, %s)", (jid, tok),
                 lambda c: c.execute("SELECT pgjobs.cancel(%s)", (job,)).fetchone())  # fmt: skip
     assert got == (False,)
@@ -299,7 +316,7 @@ def test_cancel_waiting_on_a_completion_answers_false(conn: Conn, connect: Conne
 
 def test_release_at_stop_waiting_on_a_completion_answers_false(conn: Conn, connect: ConnectFactory) -> None:
     _enqueue(conn)
-    (jid, tok), = _claim(conn)
+    ((jid, tok),) = _claim(conn)
     got = _race(connect, "SELECT pgjobs.complete(%s, %s)", (jid, tok),
                 lambda c: c.execute("SELECT pgjobs.release(%s, %s)", (jid, tok)).fetchone())  # fmt: skip
     assert got == (False,)
@@ -321,10 +338,10 @@ def test_complete_many_waiting_on_a_job_that_ends_completes_the_others(conn: Con
 
 def test_cancel_batch_waiting_on_a_completing_member(conn: Conn, connect: ConnectFactory) -> None:
     rows = conn.execute(
-        "SELECT id, batch_id FROM pgjobs.enqueue_many('[{\"kind\": \"a\"}, {\"kind\": \"b\"}]', as_batch => true)"
+        'SELECT id, batch_id FROM pgjobs.enqueue_many(\'[{"kind": "a"}, {"kind": "b"}]\', as_batch => true)'
     ).fetchall()
     batch = rows[0][1]
-    (jid, tok), = _claim(conn)
+    ((jid, tok),) = _claim(conn)
     got = _race(connect, "SELECT pgjobs.complete(%s, %s)", (jid, tok),
                 lambda c: c.execute("SELECT pgjobs.cancel_batch(%s)", (batch,)).fetchone())  # fmt: skip
     assert got == (1,)  # the idle member; the completed one stays succeeded
@@ -338,7 +355,7 @@ def test_a_completion_cascading_onto_a_child_being_cancelled(conn: Conn, connect
         ('[{"kind": "p", "ref": "p"}, {"kind": "c", "ref": "c", "depends_on": [{"ref": "p"}]}]',),
     ).fetchall()
     ids = dict(rows)
-    (pid, ptok), = _claim(conn)
+    ((pid, ptok),) = _claim(conn)
     assert pid == ids["p"]
     got = _race(connect, "SELECT pgjobs.cancel(%s)", (ids["c"],),
                 lambda c: c.execute("SELECT pgjobs.complete(%s, %s)", (pid, ptok)).fetchone())  # fmt: skip
@@ -348,7 +365,7 @@ def test_a_completion_cascading_onto_a_child_being_cancelled(conn: Conn, connect
 
 def test_delete_waiting_on_a_retry_sees_the_job_live_again(conn: Conn, connect: ConnectFactory) -> None:
     job = _enqueue(conn, max_attempts=1)
-    (jid, tok), = _claim(conn)
+    ((jid, tok),) = _claim(conn)
     conn.execute("SELECT pgjobs.fail(%s, %s, 'e')", (jid, tok))
 
     def delete(c: Conn) -> str:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, fields
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any, Self
 from uuid import UUID
 
@@ -119,6 +119,7 @@ class QueueSettings(_Row):
     max_active: int | None
     status_events: str
     updated_at: datetime
+    retention: timedelta | None = None  # finished jobs are dropped this long after they ended (None: kept)
 
 
 @dataclass(frozen=True, slots=True)

@@ -26,12 +26,20 @@
 -- * jobs_pkey stays on jobs_live; history slices have a plain index on id. Ids stay unique: the
 --   identity sequence hands each out once.
 --
--- ROW MOVEMENT. In READ COMMITTED a statement that waits on a row lock which the other transaction
--- releases by MOVING the row to another partition gets SQLSTATE 40001 ("tuple to be locked was already
--- moved to another partition due to concurrent update") instead of re-checking the row. So every path
--- that can wait on a row that a terminal transition moves either skips locked rows (renew_leases: a
--- job being completed needs no renewal; claim already does) or retries the statement in a loop
--- (_retry_moved; admin paths cancel, retry, delete, cancel_batch).
+-- ROW MOVEMENT. In READ COMMITTED a statement that locks a row which another transaction MOVED to
+-- another partition (a terminal transition, or retry moving it back) gets SQLSTATE 40001 ("tuple to be
+-- locked was already moved to another partition due to concurrent update") instead of re-checking the
+-- row: when it waited on the mover's lock, and also under SKIP LOCKED when the move committed after its
+-- snapshot. Every such statement handles it, in READ COMMITTED only (under REPEATABLE READ a 40001 is the
+-- caller's to retry, as it always was), with an EXCEPTION WHEN serialization_failure block:
+--   * lease-token calls (complete, fail, dead_letter, release, ack_cancel, progress, checkpoint,
+--     renew_lease, add_to_batch): the row left jobs_live, so the token no longer holds it: false/NULL;
+--   * complete_many, renew_leases, claim (a wrapper here around claim.sql's _claim_once): the statement
+--     again (the moved job is not active any more). renew_leases also SKIPs LOCKED rows (a job being
+--     completed needs no renewal) and reports them held from their committed version;
+--   * admin paths and cascades (cancel, retry, delete, cancel_batch, reap_workers, deregister_worker,
+--     _propagate's children, _graph_lock_parents, _graph_link's holders): the call or statement again.
+-- Each block is a subtransaction (one per call, not per row); tests/sql/test_history.py races them.
 --
 -- PLANS. The hot statements by id (complete, complete_many, fail, renew, release, ...) carry
 -- `state = ANY ('{waiting,scheduled,pending,active}')`, a constant that prunes them to jobs_live at plan

@@ -1,4 +1,4 @@
-"""``pgjobs maintain``: one maintenance pass of the status stream, and what it did.
+"""``pgjobs maintain``: one maintenance pass of the status stream and the job history, and what it did.
 
 Workers run these passes by themselves (one at a time, from their heartbeat, at most every few seconds), so
 this is for operations: to see what the pass does, or to keep the event log rotated while no worker runs.
@@ -21,9 +21,10 @@ def register(subparsers: Any) -> None:
     """Adds ``maintain`` to the ``pgjobs`` command line."""
     p = subparsers.add_parser(
         "maintain",
-        help="one maintenance pass of the status stream (tick, truncate, rotate); prints what it did",
+        help="one maintenance pass of the status stream (tick, truncate, rotate) and the job history; prints it",
         description="One maintenance pass of the status stream's event log: gives ids to committed events, "
-        "TRUNCATEs the inbox partitions already copied to the log, rotates the log past its retention.",
+        "TRUNCATEs the inbox partitions already copied to the log, rotates the log past its retention; "
+        "makes the job history's partitions ahead and applies the queues' retention (drops whole partitions).",
     )
     p.add_argument("--json", action="store_true", help="print the actions as JSON")
     p.set_defaults(func=cmd_maintain, _needs="schema")

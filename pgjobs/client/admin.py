@@ -42,12 +42,13 @@ def configure_queue_call(
     max_active_per_group: int | None = None,
     max_active: int | None = None,
     status_events: str | None = None,
+    retention: timedelta | None = None,
 ) -> Call[QueueSettings]:
     return Call(
         "SELECT * FROM pgjobs.configure_queue(queue => %(queue)s, max_length => %(max_length)s,"
         " paused => %(paused)s, fair => %(fair)s, noisy_share => %(noisy_share)s::real,"
         " noisy_min_active => %(noisy_min_active)s, max_active_per_group => %(max_active_per_group)s,"
-        " max_active => %(max_active)s, status_events => %(status_events)s)",
+        " max_active => %(max_active)s, status_events => %(status_events)s, retention => %(retention)s::interval)",
         {
             "queue": queue,
             "max_length": max_length,
@@ -58,6 +59,7 @@ def configure_queue_call(
             "max_active_per_group": max_active_per_group,
             "max_active": max_active,
             "status_events": status_events,
+            "retention": retention,
         },
         lambda rows: QueueSettings.from_row(rows[0]),
     )
@@ -99,9 +101,11 @@ class AdminOps(SyncRunner):
         max_active_per_group: int | None = None,
         max_active: int | None = None,
         status_events: str | None = None,
+        retention: timedelta | None = None,
         conn: SyncConn | None = None,
     ) -> QueueSettings:
-        """Changes a queue's settings: None leaves a setting as it is, 0 removes a limit."""
+        """Changes a queue's settings: None leaves a setting as it is, 0 removes a limit (``retention``: how long
+        finished jobs are kept before maintenance drops them; ``timedelta(0)`` removes it)."""
         return self._run(
             configure_queue_call(
                 queue,
@@ -113,6 +117,7 @@ class AdminOps(SyncRunner):
                 max_active_per_group=max_active_per_group,
                 max_active=max_active,
                 status_events=status_events,
+                retention=retention,
             ),
             conn,
         )
@@ -152,6 +157,7 @@ class AsyncAdminOps(AsyncRunner):
         max_active_per_group: int | None = None,
         max_active: int | None = None,
         status_events: str | None = None,
+        retention: timedelta | None = None,
         conn: AsyncConn | None = None,
     ) -> QueueSettings:
         return await self._run(
@@ -165,6 +171,7 @@ class AsyncAdminOps(AsyncRunner):
                 max_active_per_group=max_active_per_group,
                 max_active=max_active,
                 status_events=status_events,
+                retention=retention,
             ),
             conn,
         )

@@ -137,7 +137,7 @@ $$;
 
 -- Drops one whole slice: forgets its jobs' edges, holds and keys, then DROP TABLE. Returns the rows it
 -- held, or NULL when the slice holds a batch member (a batch's members go with their batch) or, with
--- lock_wait, when the lock did not come in time (retried later).
+-- lock_wait, when the locks did not come in time.
 CREATE OR REPLACE FUNCTION pgjobs._drop_slice(slice text, lock_wait text DEFAULT NULL)
 RETURNS bigint
 LANGUAGE plpgsql
@@ -153,8 +153,10 @@ BEGIN
         IF lock_wait IS NOT NULL THEN
             PERFORM set_config('lock_timeout', lock_wait, true);
         END IF;
-        -- DROP locks the tree: taken first, so no completion lands in the slice after it was counted.
-        EXECUTE format('LOCK TABLE pgjobs.%I IN ACCESS EXCLUSIVE MODE', 'jobs_' || v_tree);
+        -- DROP locks the tree and the slice: both taken first, under the timeout (a completion routed into
+        -- the tree waits behind this lock request, so it must not wait long), and no completion lands in
+        -- the slice after it was counted.
+        EXECUTE format('LOCK TABLE pgjobs.%I, pgjobs.%I IN ACCESS EXCLUSIVE MODE', 'jobs_' || v_tree, slice);
         PERFORM set_config('lock_timeout', v_timeout, true);
     EXCEPTION WHEN lock_not_available THEN
         PERFORM set_config('lock_timeout', v_timeout, true);
@@ -207,7 +209,8 @@ BEGIN
              ORDER BY p.upper
         LOOP
             IF v_slice.upper <= v_cutoff THEN
-                v_n := v_n + coalesce(_drop_slice(v_slice.name), _purge_slice_rows(v_slice.name, v_cutoff));
+                -- (rows one by one only when the slice holds a batch member, or its lock did not come in 1 s)
+                v_n := v_n + coalesce(_drop_slice(v_slice.name, '1s'), _purge_slice_rows(v_slice.name, v_cutoff));
             ELSE
                 v_n := v_n + _purge_slice_rows(v_slice.name, v_cutoff);  -- the boundary slice
             END IF;

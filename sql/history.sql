@@ -209,8 +209,9 @@ BEGIN
              ORDER BY p.upper
         LOOP
             IF v_slice.upper <= v_cutoff THEN
-                -- (rows one by one only when the slice holds a batch member, or its lock did not come in 1 s)
-                v_n := v_n + coalesce(_drop_slice(v_slice.name, '1s'), _purge_slice_rows(v_slice.name, v_cutoff));
+                -- (rows one by one only when the slice holds a batch member, or its locks did not come in 2 s:
+                -- more than deadlock_timeout, after which an autovacuum of the slice gives way)
+                v_n := v_n + coalesce(_drop_slice(v_slice.name, '2s'), _purge_slice_rows(v_slice.name, v_cutoff));
             ELSE
                 v_n := v_n + _purge_slice_rows(v_slice.name, v_cutoff);  -- the boundary slice
             END IF;

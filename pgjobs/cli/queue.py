@@ -14,6 +14,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from pgjobs.cli.common import parse_duration
 from pgjobs.client import Client, reports
 from pgjobs.jsonable import to_jsonable
 from pgjobs.records import QueueSettings
@@ -68,6 +69,12 @@ def register(subparsers: Any) -> None:
         "--noisy-min-active", type=_non_negative_int, metavar="N", help="... and at least this many running jobs"
     )
     p.add_argument("--status-events", choices=STATUS_EVENTS, help="which pgjobs_status events the queue sends")
+    p.add_argument(
+        "--retention",
+        type=parse_duration,
+        metavar="AGE",
+        help="keep finished jobs this long, then maintenance drops them (7d; 0: keep until purge)",
+    )
     pause = p.add_mutually_exclusive_group()
     pause.add_argument("--pause", dest="paused", action="store_true", default=None, help="stop handing out jobs")
     pause.add_argument("--resume", dest="paused", action="store_false", help="hand out jobs again")
@@ -104,6 +111,7 @@ def cmd_configure(args: argparse.Namespace) -> int:
             max_active_per_group=args.max_active_per_group,
             max_active=args.max_active,
             status_events=args.status_events,
+            retention=args.retention,
         )
         live = _live(client, [settings.queue])
     if args.json:

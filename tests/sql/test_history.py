@@ -415,3 +415,16 @@ def test_claim_racing_completions_of_expired_leases(connect: ConnectFactory, con
     for jid, tok in taken:
         conn.execute("SELECT pgjobs.complete(%s, %s)", (jid, tok))
     assert conn.execute("SELECT count(*) FROM pgjobs.jobs WHERE state = 'succeeded'").fetchone() == (400,)
+
+
+def test_cli_queue_configure_sets_and_removes_retention(
+    dsn: str, conn: Conn, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from datetime import timedelta
+
+    from pgjobs.cli import main
+
+    assert main(["--dsn", dsn, "queue", "configure", "q", "--retention", "7d", "--json"]) == 0, capsys.readouterr().err
+    assert conn.execute("SELECT retention FROM pgjobs.queues WHERE queue = 'q'").fetchone() == (timedelta(days=7),)
+    assert main(["--dsn", dsn, "queue", "configure", "q", "--retention", "0"]) == 0, capsys.readouterr().err
+    assert conn.execute("SELECT retention FROM pgjobs.queues WHERE queue = 'q'").fetchone() == (None,)

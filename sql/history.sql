@@ -67,7 +67,11 @@
 --   history (jobs_succeeded, 539 k rows, 93 MB) had none. Dead tuples per job are not fewer (a move is a
 --   delete): what changes is that jobs_live holds no finished row, so once vacuumed it is as small as the
 --   backlog, and that history never needs a VACUUM nor a row-by-row DELETE.
--- * throughput: see README (Benchmarks).
+-- * throughput, alternating with main on fresh databases, 7 rounds: worker (1 process, concurrency 50,
+--   20,000 no-op jobs) median 15,420 vs 15,357 jobs/s (x1.00; rounds 0.73-1.65); claim 100 +
+--   complete_many on one connection, 60,000 jobs, median 14,010 vs 11,268 jobs/s (x1.24; rounds
+--   0.83-2.76); afterwards jobs_live is 24 MB against main's jobs 34 MB. The row moves, the prune
+--   constants and the subtransactions of the 40001 handlers cost no measurable throughput here.
 --
 -- MAINTENANCE needs no scheduler: _maintain_history runs inside the status stream's maintenance pass
 -- (stream.sql _maintain: from the workers' heartbeats, one pass at a time under its advisory lock, at most

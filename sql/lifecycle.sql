@@ -195,18 +195,29 @@ SET plan_cache_mode = force_generic_plan
 SET jit = off
 AS $$
 #variable_conflict use_column
+DECLARE
+    v_done boolean;
 BEGIN
-    BEGIN
-        UPDATE jobs SET checkpoint = checkpoint.checkpoint
-         WHERE id = checkpoint.id AND lease_token = checkpoint.lease_token AND state::text = 'active' AND state = ANY ('{waiting,scheduled,pending,active}'::job_state[]);
-    EXCEPTION WHEN serialization_failure THEN
-        -- the row moved to history while we waited on it (see the header): not held any more
-        IF current_setting('transaction_isolation') <> 'read committed' THEN
-            RAISE;
-        END IF;
-        RETURN false;
-    END;
-    RETURN FOUND;
+    FOR i IN 1..20 LOOP
+        BEGIN
+            UPDATE jobs SET checkpoint = checkpoint.checkpoint
+             WHERE id = checkpoint.id AND lease_token = checkpoint.lease_token AND state::text = 'active' AND state = ANY ('{waiting,scheduled,pending,active}'::job_state[]);
+            v_done := FOUND;
+            EXIT;
+        EXCEPTION WHEN serialization_failure THEN
+            -- A lost race (see the header): when the row moved to history while we waited on it, the
+            -- token no longer holds the job; when it is still held (another cause), the statement again.
+            IF i = 20 OR current_setting('transaction_isolation') <> 'read committed' THEN
+                RAISE;
+            END IF;
+            IF NOT EXISTS (SELECT 1 FROM jobs AS h
+                            WHERE h.id = checkpoint.id AND h.lease_token = checkpoint.lease_token
+                              AND h.state::text = 'active' AND h.state = ANY ('{waiting,scheduled,pending,active}'::job_state[])) THEN
+                RETURN false;
+            END IF;
+        END;
+    END LOOP;
+    RETURN v_done;  -- (not FOUND: the loop sets that)
 END;
 $$;
 
@@ -222,18 +233,26 @@ AS $$
 DECLARE
     v_job record;
 BEGIN
-    BEGIN
-        UPDATE jobs AS j SET progress = progress.progress
-         WHERE j.id = progress.id AND j.lease_token = progress.lease_token AND j.state::text = 'active' AND j.state = ANY ('{waiting,scheduled,pending,active}'::job_state[])
-        RETURNING j.id, j.state, j.queue, j.kind, j.attempt, j.batch_id INTO v_job;
-    EXCEPTION WHEN serialization_failure THEN
-        -- the row moved to history while we waited on it (see the header): not held any more
-        IF current_setting('transaction_isolation') <> 'read committed' THEN
-            RAISE;
-        END IF;
-        RETURN false;
-    END;
-    IF NOT FOUND THEN
+    FOR i IN 1..20 LOOP
+        BEGIN
+            UPDATE jobs AS j SET progress = progress.progress
+             WHERE j.id = progress.id AND j.lease_token = progress.lease_token AND j.state::text = 'active' AND j.state = ANY ('{waiting,scheduled,pending,active}'::job_state[])
+            RETURNING j.id, j.state, j.queue, j.kind, j.attempt, j.batch_id INTO v_job;
+            EXIT;
+        EXCEPTION WHEN serialization_failure THEN
+            -- A lost race (see the header): when the row moved to history while we waited on it, the
+            -- token no longer holds the job; when it is still held (another cause), the statement again.
+            IF i = 20 OR current_setting('transaction_isolation') <> 'read committed' THEN
+                RAISE;
+            END IF;
+            IF NOT EXISTS (SELECT 1 FROM jobs AS h
+                            WHERE h.id = progress.id AND h.lease_token = progress.lease_token
+                              AND h.state::text = 'active' AND h.state = ANY ('{waiting,scheduled,pending,active}'::job_state[])) THEN
+                RETURN false;
+            END IF;
+        END;
+    END LOOP;
+    IF v_job.id IS NULL THEN  -- (not FOUND: the loop sets that)
         RETURN false;
     END IF;
     PERFORM _log_event(v_job.id, v_job.state, v_job.queue, v_job.kind, v_job.attempt, v_job.batch_id,
@@ -254,21 +273,29 @@ AS $$
 DECLARE
     v_job record;
 BEGIN
-    BEGIN
-        UPDATE jobs AS j
-           SET state = CASE WHEN j.cancel_requested THEN 'cancelled'::job_state ELSE 'succeeded' END,
-               completed_at = now(), result = complete.result,
-               lease_token = NULL, lease_expires_at = NULL
-         WHERE j.id = complete.id AND j.lease_token = complete.lease_token AND j.state::text = 'active' AND j.state = ANY ('{waiting,scheduled,pending,active}'::job_state[])
-        RETURNING j.id, j.state, j.queue, j.kind, j.attempt, j.batch_id, j.has_dependents INTO v_job;
-    EXCEPTION WHEN serialization_failure THEN
-        -- the row moved to history while we waited on it (see the header): not held any more
-        IF current_setting('transaction_isolation') <> 'read committed' THEN
-            RAISE;
-        END IF;
-        RETURN false;
-    END;
-    IF NOT FOUND THEN
+    FOR i IN 1..20 LOOP
+        BEGIN
+            UPDATE jobs AS j
+               SET state = CASE WHEN j.cancel_requested THEN 'cancelled'::job_state ELSE 'succeeded' END,
+                   completed_at = now(), result = complete.result,
+                   lease_token = NULL, lease_expires_at = NULL
+             WHERE j.id = complete.id AND j.lease_token = complete.lease_token AND j.state::text = 'active' AND j.state = ANY ('{waiting,scheduled,pending,active}'::job_state[])
+            RETURNING j.id, j.state, j.queue, j.kind, j.attempt, j.batch_id, j.has_dependents INTO v_job;
+            EXIT;
+        EXCEPTION WHEN serialization_failure THEN
+            -- A lost race (see the header): when the row moved to history while we waited on it, the
+            -- token no longer holds the job; when it is still held (another cause), the statement again.
+            IF i = 20 OR current_setting('transaction_isolation') <> 'read committed' THEN
+                RAISE;
+            END IF;
+            IF NOT EXISTS (SELECT 1 FROM jobs AS h
+                            WHERE h.id = complete.id AND h.lease_token = complete.lease_token
+                              AND h.state::text = 'active' AND h.state = ANY ('{waiting,scheduled,pending,active}'::job_state[])) THEN
+                RETURN false;
+            END IF;
+        END;
+    END LOOP;
+    IF v_job.id IS NULL THEN  -- (not FOUND: the loop sets that)
         RETURN false;
     END IF;
     PERFORM _log_event(v_job.id, v_job.state, v_job.queue, v_job.kind, v_job.attempt, v_job.batch_id);
@@ -294,6 +321,9 @@ LANGUAGE plpgsql
 SET search_path = pg_catalog, pgjobs, pg_temp
 SET plan_cache_mode = force_generic_plan
 SET jit = off
+-- No sequential scan of jobs_live: on a small or new table (no statistics) the generic plan otherwise read it
+-- from end to end as the join's outer side, locking rows in their physical order, not in id order (below).
+SET enable_seqscan = off
 AS $$
 #variable_conflict use_column
 DECLARE
@@ -405,32 +435,40 @@ DECLARE
     v_job record;
 BEGIN
     -- The next run time is drawn once (the backoff is random) in a subquery on the same row.
-    BEGIN
-        UPDATE jobs AS j
-           SET state = CASE WHEN j.cancel_requested THEN 'cancelled'::job_state
-                            WHEN final OR j.attempt >= j.max_attempts THEN 'failed'
-                            WHEN n.next_at <= now() THEN 'pending'
-                            ELSE 'scheduled' END,
-               run_at = CASE WHEN j.cancel_requested OR final OR j.attempt >= j.max_attempts THEN j.run_at
-                             ELSE greatest(n.next_at, now()) END,
-               completed_at = CASE WHEN j.cancel_requested OR final OR j.attempt >= j.max_attempts THEN now() END,
-               last_error = coalesce(_end_attempt.error, 'unknown error'),
-               errors = j.errors || jsonb_build_array(jsonb_build_object(
-                            'attempt', j.attempt, 'at', now(), 'worker', j.leased_by,
-                            'error', coalesce(_end_attempt.error, 'unknown error'))),
-               lease_token = NULL, lease_expires_at = NULL
-          FROM (SELECT coalesce(_end_attempt.retry_at, now() + retry_backoff(c.attempt)) AS next_at
-                  FROM jobs AS c WHERE c.id = _end_attempt.id AND c.state = ANY ('{waiting,scheduled,pending,active}'::job_state[])) AS n
-         WHERE j.id = _end_attempt.id AND j.lease_token = _end_attempt.lease_token AND j.state::text = 'active' AND j.state = ANY ('{waiting,scheduled,pending,active}'::job_state[])
-        RETURNING j.id, j.state, j.queue, j.kind, j.attempt, j.batch_id, j.has_dependents INTO v_job;
-    EXCEPTION WHEN serialization_failure THEN
-        -- the row moved to history while we waited on it (see the header): not held any more
-        IF current_setting('transaction_isolation') <> 'read committed' THEN
-            RAISE;
-        END IF;
-        RETURN NULL;
-    END;
-    IF NOT FOUND THEN
+    FOR i IN 1..20 LOOP
+        BEGIN
+            UPDATE jobs AS j
+               SET state = CASE WHEN j.cancel_requested THEN 'cancelled'::job_state
+                                WHEN final OR j.attempt >= j.max_attempts THEN 'failed'
+                                WHEN n.next_at <= now() THEN 'pending'
+                                ELSE 'scheduled' END,
+                   run_at = CASE WHEN j.cancel_requested OR final OR j.attempt >= j.max_attempts THEN j.run_at
+                                 ELSE greatest(n.next_at, now()) END,
+                   completed_at = CASE WHEN j.cancel_requested OR final OR j.attempt >= j.max_attempts THEN now() END,
+                   last_error = coalesce(_end_attempt.error, 'unknown error'),
+                   errors = j.errors || jsonb_build_array(jsonb_build_object(
+                                'attempt', j.attempt, 'at', now(), 'worker', j.leased_by,
+                                'error', coalesce(_end_attempt.error, 'unknown error'))),
+                   lease_token = NULL, lease_expires_at = NULL
+              FROM (SELECT coalesce(_end_attempt.retry_at, now() + retry_backoff(c.attempt)) AS next_at
+                      FROM jobs AS c WHERE c.id = _end_attempt.id AND c.state = ANY ('{waiting,scheduled,pending,active}'::job_state[])) AS n
+             WHERE j.id = _end_attempt.id AND j.lease_token = _end_attempt.lease_token AND j.state::text = 'active' AND j.state = ANY ('{waiting,scheduled,pending,active}'::job_state[])
+            RETURNING j.id, j.state, j.queue, j.kind, j.attempt, j.batch_id, j.has_dependents INTO v_job;
+            EXIT;
+        EXCEPTION WHEN serialization_failure THEN
+            -- A lost race (see the header): when the row moved to history while we waited on it, the
+            -- token no longer holds the job; when it is still held (another cause), the statement again.
+            IF i = 20 OR current_setting('transaction_isolation') <> 'read committed' THEN
+                RAISE;
+            END IF;
+            IF NOT EXISTS (SELECT 1 FROM jobs AS h
+                            WHERE h.id = _end_attempt.id AND h.lease_token = _end_attempt.lease_token
+                              AND h.state::text = 'active' AND h.state = ANY ('{waiting,scheduled,pending,active}'::job_state[])) THEN
+                RETURN NULL;
+            END IF;
+        END;
+    END LOOP;
+    IF v_job.id IS NULL THEN  -- (not FOUND: the loop sets that)
         RETURN NULL;
     END IF;
     IF v_job.state = 'pending' THEN
@@ -460,25 +498,33 @@ BEGIN
     IF release.run_at IS NOT NULL THEN
         PERFORM _check_time('run_at', release.run_at);
     END IF;
-    BEGIN
-        UPDATE jobs AS j
-           SET state = CASE WHEN j.cancel_requested THEN 'cancelled'::job_state
-                            WHEN release.run_at > now() THEN 'scheduled'
-                            ELSE 'pending' END,
-               run_at = CASE WHEN j.cancel_requested THEN j.run_at ELSE greatest(coalesce(release.run_at, now()), now()) END,
-               completed_at = CASE WHEN j.cancel_requested THEN now() END,
-               attempt = greatest(j.attempt - 1, 0),
-               lease_token = NULL, lease_expires_at = NULL
-         WHERE j.id = release.id AND j.lease_token = release.lease_token AND j.state::text = 'active' AND j.state = ANY ('{waiting,scheduled,pending,active}'::job_state[])
-        RETURNING j.id, j.state, j.queue, j.kind, j.attempt, j.batch_id, j.has_dependents INTO v_job;
-    EXCEPTION WHEN serialization_failure THEN
-        -- the row moved to history while we waited on it (see the header): not held any more
-        IF current_setting('transaction_isolation') <> 'read committed' THEN
-            RAISE;
-        END IF;
-        RETURN false;
-    END;
-    IF NOT FOUND THEN
+    FOR i IN 1..20 LOOP
+        BEGIN
+            UPDATE jobs AS j
+               SET state = CASE WHEN j.cancel_requested THEN 'cancelled'::job_state
+                                WHEN release.run_at > now() THEN 'scheduled'
+                                ELSE 'pending' END,
+                   run_at = CASE WHEN j.cancel_requested THEN j.run_at ELSE greatest(coalesce(release.run_at, now()), now()) END,
+                   completed_at = CASE WHEN j.cancel_requested THEN now() END,
+                   attempt = greatest(j.attempt - 1, 0),
+                   lease_token = NULL, lease_expires_at = NULL
+             WHERE j.id = release.id AND j.lease_token = release.lease_token AND j.state::text = 'active' AND j.state = ANY ('{waiting,scheduled,pending,active}'::job_state[])
+            RETURNING j.id, j.state, j.queue, j.kind, j.attempt, j.batch_id, j.has_dependents INTO v_job;
+            EXIT;
+        EXCEPTION WHEN serialization_failure THEN
+            -- A lost race (see the header): when the row moved to history while we waited on it, the
+            -- token no longer holds the job; when it is still held (another cause), the statement again.
+            IF i = 20 OR current_setting('transaction_isolation') <> 'read committed' THEN
+                RAISE;
+            END IF;
+            IF NOT EXISTS (SELECT 1 FROM jobs AS h
+                            WHERE h.id = release.id AND h.lease_token = release.lease_token
+                              AND h.state::text = 'active' AND h.state = ANY ('{waiting,scheduled,pending,active}'::job_state[])) THEN
+                RETURN false;
+            END IF;
+        END;
+    END LOOP;
+    IF v_job.id IS NULL THEN  -- (not FOUND: the loop sets that)
         RETURN false;
     END IF;
     IF v_job.state = 'pending' THEN
@@ -506,21 +552,29 @@ AS $$
 DECLARE
     v_job record;
 BEGIN
-    BEGIN
-        UPDATE jobs AS j
-           SET state = 'cancelled', completed_at = now(), lease_token = NULL, lease_expires_at = NULL,
-               cancel_requested = true
-         WHERE j.id = ack_cancel.id AND j.lease_token = ack_cancel.lease_token AND j.state::text = 'active' AND j.state = ANY ('{waiting,scheduled,pending,active}'::job_state[])
-           AND j.cancel_requested  -- only a requested cancellation: a forged pgjobs_cancel must end nothing
-        RETURNING j.id, j.queue, j.kind, j.attempt, j.batch_id, j.has_dependents INTO v_job;
-    EXCEPTION WHEN serialization_failure THEN
-        -- the row moved to history while we waited on it (see the header): not held any more
-        IF current_setting('transaction_isolation') <> 'read committed' THEN
-            RAISE;
-        END IF;
-        RETURN false;
-    END;
-    IF NOT FOUND THEN
+    FOR i IN 1..20 LOOP
+        BEGIN
+            UPDATE jobs AS j
+               SET state = 'cancelled', completed_at = now(), lease_token = NULL, lease_expires_at = NULL,
+                   cancel_requested = true
+             WHERE j.id = ack_cancel.id AND j.lease_token = ack_cancel.lease_token AND j.state::text = 'active' AND j.state = ANY ('{waiting,scheduled,pending,active}'::job_state[])
+               AND j.cancel_requested  -- only a requested cancellation: a forged pgjobs_cancel must end nothing
+            RETURNING j.id, j.queue, j.kind, j.attempt, j.batch_id, j.has_dependents INTO v_job;
+            EXIT;
+        EXCEPTION WHEN serialization_failure THEN
+            -- A lost race (see the header): when the row moved to history while we waited on it, the
+            -- token no longer holds the job; when it is still held (another cause), the statement again.
+            IF i = 20 OR current_setting('transaction_isolation') <> 'read committed' THEN
+                RAISE;
+            END IF;
+            IF NOT EXISTS (SELECT 1 FROM jobs AS h
+                            WHERE h.id = ack_cancel.id AND h.lease_token = ack_cancel.lease_token
+                              AND h.state::text = 'active' AND h.state = ANY ('{waiting,scheduled,pending,active}'::job_state[])) THEN
+                RETURN false;
+            END IF;
+        END;
+    END LOOP;
+    IF v_job.id IS NULL THEN  -- (not FOUND: the loop sets that)
         RETURN false;
     END IF;
     PERFORM _log_event(v_job.id, 'cancelled'::job_state, v_job.queue, v_job.kind, v_job.attempt, v_job.batch_id);

@@ -297,7 +297,9 @@ def test_the_worker_runs_again_every_call_that_lost_a_race(
     for op in ("claim", "renew", "complete", "fail", "checkpoint"):
         used = conn.execute(f"SELECT last_value FROM public.fault_{op}").fetchone()
         assert used is not None and used[0] > 3, f"the {op} fault never fired past its three failures"
-    assert worker.transient_retries >= 15
+    # The 40001s (claim, renewal, fail) are run again inside SQL, where a lost race on a row still held is
+    # retried (sql/history.sql, ROW MOVEMENT): the worker sees the 40P01s (completion, checkpoint), 3 each.
+    assert worker.transient_retries >= 6
     raced = [r.getMessage() for r in caplog.records if "lost a race" in r.getMessage()]
     assert len(raced) == worker.transient_retries
     assert all(("40001" in m) != ("40P01" in m) for m in raced), raced

@@ -32,11 +32,15 @@
 -- row: when it waited on the mover's lock, and also under SKIP LOCKED when the move committed after its
 -- snapshot. Every such statement handles it, in READ COMMITTED only (under REPEATABLE READ a 40001 is the
 -- caller's to retry, as it always was), with an EXCEPTION WHEN serialization_failure block:
---   * lease-token calls (complete, fail, dead_letter, release, ack_cancel, progress, checkpoint,
---     renew_lease, add_to_batch): the row left jobs_live, so the token no longer holds it: false/NULL;
+--   * lease-token calls (complete, fail, dead_letter, release, ack_cancel, progress, checkpoint): when the
+--     row left jobs_live the token no longer holds it: false/NULL; when it is still held (a 40001 of another
+--     cause), the statement again. renew_lease and add_to_batch answer false/NULL;
 --   * complete_many, renew_leases, claim (a wrapper here around claim.sql's _claim_once): the statement
---     again (the moved job is not active any more). renew_leases also SKIPs LOCKED rows (a job being
---     completed needs no renewal) and reports them held from their committed version;
+--     again (the moved job is not active any more). renew_leases SKIPs LOCKED rows (a job being completed
+--     needs no renewal; it reports them busy: cancel_requested NULL);
+--   * complete_many also runs without sequential scans: on a small table without statistics its generic
+--     plan read jobs_live as the join's outer side and locked rows out of id order (a deadlock with
+--     cancel_batch, tests/runtime/test_lease_races.py);
 --   * admin paths and cascades (cancel, retry, delete, cancel_batch, reap_workers, deregister_worker,
 --     _propagate's children, _graph_lock_parents, _graph_link's holders): the call or statement again.
 -- Each block is a subtransaction (one per call, not per row); tests/sql/test_history.py races them.

@@ -34,9 +34,9 @@ BEGIN;
 
 -- Nothing may write to jobs while it is converted (workers wait, then carry on against the new layout), nor
 -- draw an id: the identity moves from the old table to the new parent (same sequence name, next value).
--- The two locks are taken together, and given up together after 100 ms: enqueue_many draws its ids before
--- it inserts (holding the sequence, wanting the table) and enqueue the other way round, so waiting for
--- either lock while holding the other could deadlock with a producer. Up to 2 minutes of tries.
+-- The locks are taken together, and given up together after 100 ms: enqueue_many draws its ids before it
+-- inserts (holding the sequence, wanting the table) and enqueue the other way round, so waiting for one lock
+-- while holding another could deadlock with a producer or a worker. Up to 2 minutes of tries.
 CREATE TEMPORARY TABLE job_history_ids ON COMMIT DROP AS SELECT 0::bigint AS next_id;
 DO $$
 DECLARE
@@ -45,7 +45,10 @@ BEGIN
     FOR i IN 1..1200 LOOP
         BEGIN
             PERFORM pg_catalog.set_config('lock_timeout', '100ms', true);
-            LOCK TABLE pgjobs.jobs IN ACCESS EXCLUSIVE MODE;
+            -- Every table this change alters, at once: a claim reads queues and then jobs, a completion
+            -- writes jobs and then reads queues and edges; waiting for one of them while holding another
+            -- deadlocked with those (seen in tests/ops/test_migrations.py under load).
+            LOCK TABLE pgjobs.queues, pgjobs.jobs, pgjobs.edges, pgjobs.continuation_holds IN ACCESS EXCLUSIVE MODE;
             ALTER SEQUENCE pgjobs.jobs_id_seq NO CYCLE;   -- (a no-op that locks out nextval)
             PERFORM pg_catalog.set_config('lock_timeout', v_timeout, true);
             EXIT;

@@ -185,17 +185,21 @@ def test_forgetting_a_group_drops_its_fair_groups_row_and_it_comes_back(conn: Co
 def test_fair_groups_upgrade_in_place_gets_the_existing_cursors(blank_dsn: str) -> None:
     m.migrate(blank_dsn)
     m.rollback(blank_dsn, to="event_log")
+    # fair_groups and the changes planned after it (job_history: its revert rebuilds queues, and with it the
+    # functions of queues' row type, configure_queue among them, until the next migrate: rows by hand here)
+    after = [c.name for c in m.plan()]
+    after = after[after.index("fair_groups") :]
     with psycopg.connect(blank_dsn, autocommit=True) as conn:
-        conn.execute("SELECT pgjobs.configure_queue(queue => 'q', fair => true)")
+        conn.execute("INSERT INTO pgjobs.queues (queue, fair) VALUES ('q', true)")
         conn.execute(
             "INSERT INTO pgjobs.group_cursors (queue, group_key) SELECT 'q', 'g' || i FROM generate_series(1, 5) AS i"
         )
-    assert m.migrate(blank_dsn).applied == ["fair_groups"]
+    assert m.migrate(blank_dsn).applied == after
     with psycopg.connect(blank_dsn, autocommit=True) as conn:
         rows = conn.execute("SELECT group_key FROM pgjobs.fair_groups WHERE queue = 'q' ORDER BY 1").fetchall()
         assert rows == [(f"g{i}",) for i in range(1, 6)]
-    assert m.rollback(blank_dsn, to="event_log") == ["fair_groups"]
-    assert m.migrate(blank_dsn).applied == ["fair_groups"]
+    assert m.rollback(blank_dsn, to="event_log") == after[::-1]
+    assert m.migrate(blank_dsn).applied == after
 
 
 @pytest.mark.parametrize("caps", [{}, {"max_active": 1}], ids=["uncapped", "max_active=1"])

@@ -225,6 +225,8 @@ BEGIN
           FROM (SELECT x.group_key AS k, x.queue AS q, x.state AS st
                   FROM jobs AS x
                  WHERE x.id > lo AND x.id <= hi
+                   -- (jobs_live only: a constant prunes the history partitions at plan time, sql/history.sql)
+                   AND x.state = ANY ('{waiting,scheduled,pending,active}'::job_state[])
                  ORDER BY x.id
                  LIMIT hi - lo) AS j
          WHERE j.q = _discover_fresh.queue AND j.st = 'pending'

@@ -146,12 +146,13 @@ class WorkerInfo(_Row):
 
 @dataclass(frozen=True, slots=True)
 class Renewed(_Row):
-    """A row of ``renew_leases``: the token still holds the job. ``cancel_requested`` is None when the job was
-    busy in another transaction (its end on the way, a cancel, a checkpoint) and was not renewed this time:
-    not lost, ask again. A job left out of the answer is no longer held by its token."""
+    """A row of ``renew_leases``: the token still holds the job. ``renewed`` is False when the job was busy in
+    another transaction (its end on the way, a cancel, a checkpoint) and was not renewed this time: not lost,
+    ask again. A job left out of the answer is no longer held by its token."""
 
     id: int
-    cancel_requested: bool | None
+    cancel_requested: bool
+    renewed: bool = True
 
 
 @dataclass(frozen=True, slots=True)

@@ -37,7 +37,7 @@
 --     cause), the statement again. renew_lease and add_to_batch answer false/NULL;
 --   * complete_many, renew_leases, claim (a wrapper here around claim.sql's _claim_once): the statement
 --     again (the moved job is not active any more). renew_leases SKIPs LOCKED rows (a job being completed
---     needs no renewal; it reports them busy: cancel_requested NULL);
+--     needs no renewal; it reports them busy: renewed = false);
 --   * complete_many also runs without sequential scans: on a small table without statistics its generic
 --     plan read jobs_live as the join's outer side and locked rows out of id order (a deadlock with
 --     cancel_batch, tests/runtime/test_lease_races.py);

@@ -99,14 +99,16 @@ END;
 $$;
 
 -- Batched renewal for a worker's running jobs (one round trip). Returns the jobs still held,
--- with their cancel_requested flag (the poll fallback for a missed pgjobs_cancel).
+-- with their cancel_requested flag (the poll fallback for a missed pgjobs_cancel) and whether
+-- this call renewed them (renewed = false: busy, see below).
 --
 -- It never waits for a row lock (SKIP LOCKED). The worker renews every job it holds, in claim
 -- order, while its completer ends some of the same jobs in finishing order: two multi-row
 -- statements waiting for each other's rows in opposite orders were a deadlock (40P01, seen in the
 -- soak runs). A job whose row another transaction holds is not renewed this time and comes back
--- with cancel_requested NULL ("busy": its end may be on its way, or a cancel, a checkpoint; the
--- lease still runs, ask again), never left out: left out means the token no longer holds the job
+-- with renewed = false ("busy": its end may be on its way, or a cancel, a checkpoint; the lease
+-- still runs, ask again) and its last committed cancel_requested (never NULL: typed clients read it
+-- as a boolean), never left out: left out means the token no longer holds the job
 -- (ended, or reclaimed elsewhere), and a caller that took a busy job for lost would drop the
 -- outcome of an attempt that is ending normally. The busy rows are read in a statement of their
 -- own, after the renewal: a job whose end committed meanwhile is then left out, as it should be.
@@ -115,7 +117,7 @@ $$;
 -- after this statement's snapshot still raises 40001 here, SKIP LOCKED or not: callers retry; the
 -- worker treats 40001 and 40P01 from every call as transient.)
 CREATE OR REPLACE FUNCTION pgjobs.renew_leases(ids bigint[], lease_tokens uuid[], lease interval DEFAULT '30 seconds')
-RETURNS TABLE (id bigint, cancel_requested boolean)
+RETURNS TABLE (id bigint, cancel_requested boolean, renewed boolean)
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pgjobs, pg_temp
 SET plan_cache_mode = force_generic_plan
@@ -154,11 +156,11 @@ BEGIN
             END IF;
         END;
     END LOOP;
-    RETURN QUERY SELECT r.id, r.c FROM unnest(v_ids, v_cancel) AS r(id, c);
+    RETURN QUERY SELECT r.id, r.c, true FROM unnest(v_ids, v_cancel) AS r(id, c);
     -- The busy ones (see above), read only when something was not renewed: usually all was.
     IF coalesce(cardinality(v_ids), 0) < cardinality(ids) THEN
         RETURN QUERY
-        SELECT DISTINCT j.id, NULL::boolean
+        SELECT DISTINCT j.id, j.cancel_requested, false
           FROM unnest(ids, lease_tokens) AS t(id, tok) JOIN jobs AS j ON j.id = t.id
          WHERE j.lease_token = t.tok AND j.state::text = 'active'
            AND j.state = ANY ('{waiting,scheduled,pending,active}'::job_state[])

@@ -116,9 +116,10 @@ COMPLETE_MANY_RESULTS_SQL: LiteralString = (
     " results => ARRAY(SELECT nullif(r.e, 'null'::jsonb) FROM jsonb_array_elements(%s::jsonb)"
     " WITH ORDINALITY AS r(e, n) ORDER BY r.n))"
 )
-# (ids, lease_tokens, lease interval): rows (id, cancel_requested) of the jobs still held (NULL: busy, not renewed).
+# (ids, lease_tokens, lease interval): rows (id, cancel_requested, renewed) of the jobs still held (renewed false:
+# busy in another transaction, not renewed this time).
 RENEW_LEASES_SQL: LiteralString = (
-    "SELECT id, cancel_requested FROM pgjobs.renew_leases(ids => %s::bigint[], lease_tokens => %s::uuid[],"
+    "SELECT id, cancel_requested, renewed FROM pgjobs.renew_leases(ids => %s::bigint[], lease_tokens => %s::uuid[],"
     " lease => %s::interval)"
 )
 
@@ -137,7 +138,7 @@ class LifecycleOps(SyncRunner):
         *,
         conn: SyncConn | None = None,
     ) -> list[Renewed]:
-        """Renews many leases in one round trip; returns the jobs still held (``cancel_requested`` None: busy in
+        """Renews many leases in one round trip; returns the jobs still held (``renewed`` False: busy in
         another transaction, not renewed this time, not lost; ask again). It never waits for a row lock."""
         return self._run(renew_leases_call(ids, lease_tokens, lease), conn)
 

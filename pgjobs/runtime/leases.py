@@ -4,7 +4,7 @@
   lost its lease (reclaimed elsewhere): its handler is cancelled and nothing is reported for it. A job
   reported ``cancel_requested`` is cancelled (``HeldJob.cancel_requested``): this is how a ``pgjobs_cancel`` hint is
   confirmed (the listener asks for a renewal at once) and how a missed one is caught. A job reported with
-  ``cancel_requested`` NULL was busy in another transaction (its completion on the way, a cancel, a
+  ``renewed`` false was busy in another transaction (its completion on the way, a cancel, a
   checkpoint: ``renew_leases`` never waits for a row, see sql/lifecycle.sql): not renewed, not lost; the
   renewer asks again soon. A renewal that lost a race (40001/40P01) is retried like one that could not reach
   the database;
@@ -32,7 +32,7 @@ from pgjobs.runtime.state import RUNNING, TRANSIENT_ERRORS, WorkerState
 
 log = logging.getLogger("pgjobs.worker")
 
-# How soon the renewer asks again for jobs that were busy (renew_leases answered cancel_requested NULL), and
+# How soon the renewer asks again for jobs that were busy (renew_leases answered renewed = false), and
 # the most it backs off to while they stay busy. Capped low, not at lease/3: the renewal no longer waits for the
 # row, so the retry after the row is freed is what renews it, and a transaction that held the row for most of
 # a lease left the lease to run out a whole backoff after it let go (another claimer then took the job while it
@@ -98,17 +98,17 @@ async def renew_held(w: WorkerState, conn: psycopg.AsyncConnection[Any] | None =
             w._cut_off_at = anyio.current_time()
             await w._check_pool()
         return False
-    still = {r[0]: r[1] for r in rows}
+    still = {r[0]: (r[1], r[2]) for r in rows}
     busy = False
     for job in held:
         if job.id not in still:
             # Reclaimed elsewhere (or settled): this attempt's outcome no longer counts.
             if w._jobs.get(job.id) is job and job.phase == RUNNING:
                 job.interrupt("lease lost")
-        elif still[job.id] is None:
+        elif not still[job.id][1]:
             # Busy in another transaction, not renewed this time: kept (its lease still runs), asked again soon.
             busy = busy or w._jobs.get(job.id) is job
-        elif still[job.id]:
+        elif still[job.id][0]:
             job.cancel_requested()
     # (a busy job among those whose outcome is being reported is its own completion: nothing to ask again)
     w._renew_busy = busy

@@ -43,11 +43,14 @@ def enqueue_many(conn: Conn, n: int, **spec: Any) -> list[int]:
 
 
 def renew(conn: Conn, pairs: list[tuple[int, UUID]], lease: str = "30 seconds") -> dict[int, bool | None]:
+    """id -> cancel_requested of the jobs renewed, None for a busy one (renewed false; its cancel_requested is
+    never NULL)."""
     rows = conn.execute(
-        "SELECT id, cancel_requested FROM pgjobs.renew_leases(%s::bigint[], %s::uuid[], %s::interval)",
+        "SELECT id, cancel_requested, renewed FROM pgjobs.renew_leases(%s::bigint[], %s::uuid[], %s::interval)",
         [[p[0] for p in pairs], [p[1] for p in pairs], lease],
     ).fetchall()
-    return {int(r[0]): r[1] for r in rows}
+    assert all(r[1] is not None for r in rows)
+    return {int(r[0]): (r[1] if r[2] else None) for r in rows}
 
 
 def complete_many(conn: Conn, pairs: list[tuple[int, UUID]]) -> int:
@@ -153,7 +156,7 @@ def test_a_busy_job_is_reported_as_not_renewed_without_waiting_and_not_as_lost(
     conn: Conn, connect: ConnectFactory
 ) -> None:
     """A job whose row another transaction holds (its completion on the way, a cancel, a checkpoint) is in the
-    answer with cancel_requested NULL: not renewed this time, not lost; the renewal does not wait for it. Once
+    answer with renewed false: not renewed this time, not lost; the renewal does not wait for it. Once
     the completion commits, the job is left out (the lease is gone: it ended); after a rollback it renews."""
     enqueue_many(conn, 3)
     (a, ta), (b, tb), (c, tc) = sorted(claim(conn, 3))

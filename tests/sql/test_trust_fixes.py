@@ -90,13 +90,13 @@ def test_a_forged_cancel_notification_changes_nothing_in_the_database(conn: Conn
     assert ("pgjobs_cancel", str(jid)) in drain(listener)  # the hint arrives ...
     assert snapshot(conn) == before  # ... and is no fact
     renewed = call(conn, "renew_leases", ids=[jid], lease_tokens=[tok], lease=30)
-    assert renewed == [{"id": jid, "cancel_requested": False}]
+    assert renewed == [{"id": jid, "cancel_requested": False, "renewed": True}]
     assert scalar(conn, "ack_cancel", id=jid, lease_token=tok) is False
     assert job(conn, jid)["state"] == "active"
     # a real cancellation is what renew_leases reports
     assert scalar(conn, "cancel", id=jid) is True
     assert call(conn, "renew_leases", ids=[jid], lease_tokens=[tok], lease=30) == [
-        {"id": jid, "cancel_requested": True}
+        {"id": jid, "cancel_requested": True, "renewed": True}
     ]
 
 

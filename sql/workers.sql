@@ -59,6 +59,10 @@ BEGIN
                                   ORDER BY a.id FOR NO KEY UPDATE SKIP LOCKED))
         RETURNING j.queue)
     SELECT array_agg(DISTINCT freed.queue) INTO v_queues FROM freed;
+    IF v_queues IS NOT NULL THEN
+        -- Leases moved into the past, below the claimers' lease floors (claim.sql, "Scan floors").
+        PERFORM _claim_floor_bump();
+    END IF;
     PERFORM _wake(v_queues);
     RETURN cardinality(v_gone);
 END;
@@ -133,6 +137,10 @@ BEGIN
                                   ORDER BY a.id FOR NO KEY UPDATE SKIP LOCKED))
         RETURNING j.queue)
     SELECT array_agg(DISTINCT freed.queue) INTO v_queues FROM freed;
+    IF v_queues IS NOT NULL THEN
+        -- Leases moved into the past, below the claimers' lease floors (claim.sql, "Scan floors").
+        PERFORM _claim_floor_bump();
+    END IF;
     PERFORM _wake(v_queues);
     RETURN true;
 END;

@@ -102,13 +102,13 @@ BEGIN
 END;
 $$;
 
--- The index ranges a claim of these queues reads pending jobs from: (queue, lowest priority, run_at
--- floor, priority bound). One unbounded range per queue when from_front (no usable floor), else one range
--- below the first known level and one per known level (see "Scan floors" above). lf: per queue, the
--- lower bound on lease_expires_at for the expired-lease branch.
+-- The index ranges a claim of these queues reads pending jobs from: (queue, first key: priority, run_at,
+-- id; priority bound). One unbounded range per queue when from_front (no usable floor), else one
+-- range below the first known level and one per known level (see "Scan floors" above). lf: per
+-- queue, the lower bound on lease_expires_at for the expired-lease branch.
 CREATE OR REPLACE FUNCTION pgjobs._claim_floor_ranges(st jsonb, from_front boolean, queues text[],
                                                       OUT rq text[], OUT rp smallint[], OUT rt timestamptz[],
-                                                      OUT rh int[], OUT lf timestamptz[])
+                                                      OUT ri bigint[], OUT rh int[], OUT lf timestamptz[])
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pgjobs, pg_temp
 SET plan_cache_mode = force_generic_plan
@@ -119,42 +119,51 @@ BEGIN
         rq := queues;
         rp := array_fill((-32768)::smallint, ARRAY[cardinality(queues)]);
         rt := array_fill('-infinity'::timestamptz, ARRAY[cardinality(queues)]);
+        ri := array_fill(0::bigint, ARRAY[cardinality(queues)]);
         rh := array_fill(32768, ARRAY[cardinality(queues)]);
         lf := rt;
         RETURN;
     END IF;
+    -- (Times are kept as text: a float of epoch seconds loses the microsecond that separates a floor
+    -- from the row it was taken at.)
     WITH q AS (
         SELECT q.name, q.ord, st -> 'q' -> q.name AS f FROM unnest(queues) WITH ORDINALITY AS q(name, ord)
     ), lv AS (
-        SELECT q.name, q.ord, (e ->> 0)::smallint AS p, to_timestamp((e ->> 1)::float8) - interval '300 ms' AS t
+        SELECT q.name, q.ord, (e ->> 0)::smallint AS p, (e ->> 1)::timestamptz AS t, (e ->> 2)::bigint AS i
           FROM q CROSS JOIN LATERAL jsonb_array_elements(coalesce(q.f -> 'p', '[]')) AS e
     ), rng AS (
-        SELECT q.name, q.ord, (-32768)::smallint AS lo, '-infinity'::timestamptz AS t,
+        SELECT q.name, q.ord, (-32768)::smallint AS lo, '-infinity'::timestamptz AS t, 0::bigint AS i,
                coalesce((SELECT min(lv.p) FROM lv WHERE lv.ord = q.ord)::int, 32768) AS hi
           FROM q
         UNION ALL
-        SELECT lv.name, lv.ord, lv.p, lv.t, coalesce(lead(lv.p) OVER (PARTITION BY lv.ord ORDER BY lv.p)::int, 32768)
+        SELECT lv.name, lv.ord, lv.p, lv.t, lv.i,
+               coalesce(lead(lv.p) OVER (PARTITION BY lv.ord ORDER BY lv.p)::int, 32768)
           FROM lv
     )
     SELECT array_agg(r.name ORDER BY r.ord, r.lo), array_agg(r.lo ORDER BY r.ord, r.lo),
-           array_agg(r.t ORDER BY r.ord, r.lo), array_agg(r.hi ORDER BY r.ord, r.lo)
-      INTO rq, rp, rt, rh
+           array_agg(r.t ORDER BY r.ord, r.lo), array_agg(r.i ORDER BY r.ord, r.lo),
+           array_agg(r.hi ORDER BY r.ord, r.lo)
+      INTO rq, rp, rt, ri, rh
       FROM rng AS r;
-    SELECT array_agg(coalesce(to_timestamp((q.f ->> 'r')::float8) - interval '300 ms', '-infinity') ORDER BY q.ord)
+    SELECT array_agg(coalesce((st -> 'q' -> q.name ->> 'r')::timestamptz, '-infinity') ORDER BY q.ord)
       INTO lf
-      FROM (SELECT q.ord, st -> 'q' -> q.name AS f FROM unnest(queues) WITH ORDINALITY AS q(name, ord)) AS q;
+      FROM unnest(queues) WITH ORDINALITY AS q(name, ord);
 END;
 $$;
 
 -- Records where a claim found work (see "Scan floors" above). key: the queues and kind set the floor
--- is valid for (a floor taken with kinds A and B says nothing of kind C). from_front: the claim read from
--- the front; why/epoch/t0: from _claim_floor_state and the clock before the scan. pq/pp/pt: queue,
--- priority and run_at of each job it took from pending. exhausted: it took every pending job its
--- ranges held (fewer than it asked for, no per-kind cap binding), so each level's floor moves to
--- now(). no_expired: it found no expired lease.
+-- is valid for (a floor taken with kinds A and B says nothing of kind C). from_front: the claim read
+-- from the front; why/epoch/t0: from _claim_floor_state and the clock before the scan. pq/pp/pt/pi:
+-- queue, priority, run_at and id of each job it took from pending. exhausted: it took every pending
+-- job its ranges held (fewer than it asked for, no per-kind cap binding). no_expired: it found no
+-- expired lease. wasted: index entries its scans visited beyond the jobs it took.
+-- A level's floor is the key of the first job taken there, or (level, now() - 300 ms, 0) when that
+-- is lower: a producer whose transaction began before now() - 300 ms and commits after this claim's
+-- snapshot is the one thing it cannot see (its run_at is its transaction's start), and one that
+-- began 150 ms or more before its insert moved the epoch (enqueue.sql).
 CREATE OR REPLACE FUNCTION pgjobs._claim_floor_save(key text, queues text[], from_front boolean, why text, epoch bigint,
                                                     t0 timestamptz, pq text[], pp smallint[], pt timestamptz[],
-                                                    exhausted boolean, no_expired boolean, wasted bigint)
+                                                    pi bigint[], exhausted boolean, no_expired boolean, wasted bigint)
 RETURNS boolean
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pgjobs, pg_temp
@@ -164,7 +173,7 @@ AS $$
 DECLARE
     v_st    jsonb := coalesce(nullif(current_setting('pgjobs.claim_floor', true), ''), '{}')::jsonb;
     v_old   jsonb := CASE WHEN from_front THEN '{}' ELSE coalesce(v_st -> 'q', '{}') END;
-    v_now   numeric := extract(epoch FROM now());
+    v_low   timestamptz := now() - interval '300 ms';
     v_clock numeric := extract(epoch FROM clock_timestamp());
     v_every numeric;
     v_q     jsonb;
@@ -177,18 +186,22 @@ BEGIN
         RETURN false;
     END IF;
     SELECT jsonb_object_agg(q.name, jsonb_build_object(
-               'p', coalesce(l.levels, CASE WHEN exhausted THEN jsonb_build_array(jsonb_build_array(0, v_now)) END),
-               'r', CASE WHEN no_expired THEN to_jsonb(v_now) ELSE v_old -> q.name -> 'r' END))
+               'p', coalesce(l.levels, CASE WHEN exhausted THEN jsonb_build_array(jsonb_build_array(0, v_low, 0)) END),
+               'r', CASE WHEN no_expired THEN to_jsonb(v_low) ELSE v_old -> q.name -> 'r' END))
       INTO v_q
       FROM unnest(queues) AS q(name)
      CROSS JOIN LATERAL (
-           SELECT jsonb_agg(jsonb_build_array(x.p, CASE WHEN exhausted THEN v_now ELSE x.t END) ORDER BY x.p) AS levels
-             FROM (SELECT coalesce(n.p, o.p) AS p, coalesce(n.t, o.t) AS t
-                     FROM (SELECT (e ->> 0)::smallint AS p, (e ->> 1)::numeric AS t
-                             FROM jsonb_array_elements(coalesce(v_old -> q.name -> 'p', '[]')) AS e) AS o
-                     FULL JOIN (SELECT x.p, extract(epoch FROM min(x.t)) AS t
-                                  FROM unnest(pq, pp, pt) AS x(q, p, t) WHERE x.q = q.name GROUP BY x.p) AS n
-                       ON n.p = o.p) AS x) AS l;
+           SELECT jsonb_agg(CASE WHEN exhausted OR x.t IS NULL OR x.t >= v_low
+                                 THEN CASE WHEN x.t IS NULL AND NOT exhausted THEN x.old
+                                           ELSE jsonb_build_array(x.p, v_low, 0) END
+                                 ELSE jsonb_build_array(x.p, x.t, x.i) END ORDER BY x.p) AS levels
+             FROM (SELECT coalesce(n.p, (o.e ->> 0)::smallint) AS p, n.t, n.i, o.e AS old
+                     FROM jsonb_array_elements(coalesce(v_old -> q.name -> 'p', '[]')) AS o(e)
+                     FULL JOIN (SELECT DISTINCT ON (x.p) x.p, x.t, x.i
+                                  FROM unnest(pq, pp, pt, pi) AS x(q, p, t, i)
+                                 WHERE x.q = q.name
+                                 ORDER BY x.p, x.t, x.i) AS n
+                       ON n.p = (o.e ->> 0)::smallint) AS x) AS l;
     v_st := v_st || jsonb_build_object('k', key, 'q', coalesce(v_q, '{}'));
     IF why IS NOT NULL THEN
         -- The epoch read before this scan; the next full scan a second from now after a signal (for a
@@ -280,6 +293,7 @@ DECLARE
     v_rq         text[];
     v_rp         smallint[];
     v_rt         timestamptz[];
+    v_ri         bigint[];
     v_rh         int[];
     v_lf         timestamptz[];
     v_n          bigint;
@@ -343,8 +357,8 @@ BEGIN
     v_all := coalesce(v_plain, '{}') || coalesce(v_controlled, '{}');
     v_v0 := _claim_floor_visits();
     SELECT f.st, f.epoch, f.why INTO v_st, v_epoch, v_why FROM _claim_floor_state() AS f;
-    v_sf := CASE WHEN v_why IS NULL AND v_st ->> 'sk' = v_all::text
-                 THEN to_timestamp((v_st ->> 's')::float8) - interval '300 ms' ELSE '-infinity' END;
+    v_sf := CASE WHEN v_why IS NULL AND v_st ->> 'sk' = v_all::text THEN (v_st ->> 's')::timestamptz
+                 ELSE '-infinity' END;
     SELECT EXISTS (SELECT 1 FROM jobs AS j
                     WHERE j.state = 'active' AND j.queue = ANY (v_all)
                       AND j.lease_expires_at < now() AND j.lease_expires_at >= v_sf
@@ -357,7 +371,7 @@ BEGIN
         PERFORM _settle_expired(v_all);
     ELSIF v_st IS NOT NULL THEN
         PERFORM set_config('pgjobs.claim_floor', (coalesce(v_st, '{}') || jsonb_build_object(
-                               'sk', v_all::text, 's', extract(epoch FROM now())))::text, false);
+                               'sk', v_all::text, 's', now() - interval '300 ms'))::text, false);
     END IF;
     IF v_due THEN
         -- Twice the claim (at least 100, at most 1000): a backlog drains ahead of the claims
@@ -379,17 +393,17 @@ BEGIN
         -- (_claim_floor_ranges; from the front when it has none), and where this claim found work
         -- is recorded for the next one (_claim_floor_save, in done; below when it took nothing).
         v_full := v_why IS NOT NULL OR (v_st ->> 'k') IS DISTINCT FROM v_plain::text || '|*';
-        SELECT r.rq, r.rp, r.rt, r.rh, r.lf INTO v_rq, v_rp, v_rt, v_rh, v_lf
+        SELECT r.rq, r.rp, r.rt, r.ri, r.rh, r.lf INTO v_rq, v_rp, v_rt, v_ri, v_rh, v_lf
           FROM _claim_floor_ranges(v_st, v_full, v_plain) AS r;
         v_t0 := clock_timestamp();
         RETURN QUERY
         WITH cand AS (
             SELECT 'p'::text AS src, r.name AS queue, p.id, p.priority, p.run_at
-              FROM unnest(v_rq, v_rp, v_rt, v_rh) AS r(name, lo, t, hi)
+              FROM unnest(v_rq, v_rp, v_rt, v_ri, v_rh) AS r(name, lo, t, i, hi)
              CROSS JOIN LATERAL (
                    SELECT j.id, j.priority, j.run_at FROM jobs AS j
                     WHERE j.state = 'pending' AND j.queue = r.name
-                      AND (j.priority, j.run_at) >= (r.lo, r.t) AND j.priority < r.hi
+                      AND (j.priority, j.run_at, j.id) >= (r.lo, r.t, r.i) AND j.priority < r.hi
                     ORDER BY j.priority, j.run_at, j.id
                     LIMIT max_jobs
                       FOR UPDATE SKIP LOCKED) AS p
@@ -446,6 +460,7 @@ BEGIN
                                              array_agg(p.queue) FILTER (WHERE p.src = 'p'),
                                              array_agg(p.priority) FILTER (WHERE p.src = 'p'),
                                              array_agg(p.run_at) FILTER (WHERE p.src = 'p'),
+                                             array_agg(p.id) FILTER (WHERE p.src = 'p'),
                                              count(*) < max_jobs, NOT EXISTS (SELECT 1 FROM cand AS c WHERE c.src = 'e'),
                                              _claim_floor_visits() - v_v0 - count(*))
                       FROM picked AS p) AS floored
@@ -459,7 +474,7 @@ BEGIN
         IF v_n = 0 THEN
             -- Nothing taken (done did not run): every range and the lease branch came up empty.
             PERFORM _claim_floor_save(v_plain::text || '|*', v_plain, v_full, v_why, v_epoch, v_t0,
-                                      NULL, NULL, NULL, true, true, _claim_floor_visits() - v_v0);
+                                      NULL, NULL, NULL, NULL, true, true, _claim_floor_visits() - v_v0);
         END IF;
         RETURN;
     END IF;
@@ -543,11 +558,13 @@ DECLARE
     v_rq    text[];
     v_rp    smallint[];
     v_rt    timestamptz[];
+    v_ri    bigint[];
     v_rh    int[];
     v_lf    timestamptz[];
     v_pq    text[];
     v_pp    smallint[];
     v_pt    timestamptz[];
+    v_pi    bigint[];
     v_np    int;
     v_ne    int;
     v_v0    bigint := _claim_floor_visits();
@@ -574,7 +591,7 @@ BEGIN
                                          ELSE ARRAY(SELECT k FROM unnest(coalesce(v_any, v_kinds)) AS k ORDER BY k)::text END;
     SELECT f.st, f.epoch, f.why INTO v_st, v_epoch, v_why FROM _claim_floor_state() AS f;
     v_full := v_why IS NOT NULL OR (v_st ->> 'k') IS DISTINCT FROM v_key;
-    SELECT r.rq, r.rp, r.rt, r.rh, r.lf INTO v_rq, v_rp, v_rt, v_rh, v_lf
+    SELECT r.rq, r.rp, r.rt, r.ri, r.rh, r.lf INTO v_rq, v_rp, v_rt, v_ri, v_rh, v_lf
       FROM _claim_floor_ranges(v_st, v_full, queues) AS r;
     v_t0 := clock_timestamp();
     IF kind_limits IS NULL THEN
@@ -582,11 +599,11 @@ BEGIN
         -- window pass over the candidates.
         WITH cand AS (
             SELECT 'p'::text AS src, r.name AS queue, p.id, p.priority, p.run_at
-              FROM unnest(v_rq, v_rp, v_rt, v_rh) AS r(name, lo, t, hi)
+              FROM unnest(v_rq, v_rp, v_rt, v_ri, v_rh) AS r(name, lo, t, i, hi)
              CROSS JOIN LATERAL (
                    SELECT j.id, j.priority, j.run_at FROM jobs AS j
                     WHERE j.state = 'pending' AND j.queue = r.name
-                      AND (j.priority, j.run_at) >= (r.lo, r.t) AND j.priority < r.hi
+                      AND (j.priority, j.run_at, j.id) >= (r.lo, r.t, r.i) AND j.priority < r.hi
                     ORDER BY j.priority, j.run_at, j.id
                     LIMIT max_jobs
                       FOR UPDATE SKIP LOCKED) AS p
@@ -643,10 +660,11 @@ BEGIN
                (SELECT array_agg(p.queue) FROM picked AS p WHERE p.src = 'p'),
                (SELECT array_agg(p.priority) FROM picked AS p WHERE p.src = 'p'),
                (SELECT array_agg(p.run_at) FROM picked AS p WHERE p.src = 'p'),
+               (SELECT array_agg(p.id) FROM picked AS p WHERE p.src = 'p'),
                (SELECT count(*) FROM picked), (SELECT count(*) FROM cand AS c WHERE c.src = 'e')
-          INTO v_rows, v_pq, v_pp, v_pt, v_np, v_ne
+          INTO v_rows, v_pq, v_pp, v_pt, v_pi, v_np, v_ne
           FROM upd AS u;
-        PERFORM _claim_floor_save(v_key, queues, v_full, v_why, v_epoch, v_t0, v_pq, v_pp, v_pt,
+        PERFORM _claim_floor_save(v_key, queues, v_full, v_why, v_epoch, v_t0, v_pq, v_pp, v_pt, v_pi,
                                   v_np < max_jobs, v_ne = 0, _claim_floor_visits() - v_v0 - v_np);
         RETURN v_rows;
     END IF;
@@ -657,12 +675,12 @@ BEGIN
         SELECT k.kind, k.cap FROM unnest(v_kinds, v_caps) AS k(kind, cap)
     ), cand AS (
         SELECT 'p'::text AS src, r.name AS queue, p.id, p.priority, p.run_at, p.kind
-          FROM unnest(v_rq, v_rp, v_rt, v_rh) AS r(name, lo, t, hi)
+          FROM unnest(v_rq, v_rp, v_rt, v_ri, v_rh) AS r(name, lo, t, i, hi)
          CROSS JOIN k
          CROSS JOIN LATERAL (
                SELECT j.id, j.priority, j.run_at, j.kind FROM jobs AS j
                 WHERE j.state = 'pending' AND j.queue = r.name
-                  AND (j.priority, j.run_at) >= (r.lo, r.t) AND j.priority < r.hi
+                  AND (j.priority, j.run_at, j.id) >= (r.lo, r.t, r.i) AND j.priority < r.hi
                   AND (k.kind IS NULL OR j.kind = k.kind) AND (v_any IS NULL OR j.kind = ANY (v_any))
                 ORDER BY j.priority, j.run_at, j.id
                 LIMIT k.cap
@@ -728,11 +746,12 @@ BEGIN
            (SELECT array_agg(p.queue) FROM picked AS p WHERE p.src = 'p'),
            (SELECT array_agg(p.priority) FROM picked AS p WHERE p.src = 'p'),
            (SELECT array_agg(p.run_at) FROM picked AS p WHERE p.src = 'p'),
+           (SELECT array_agg(p.id) FROM picked AS p WHERE p.src = 'p'),
            (SELECT count(*) FROM picked), (SELECT count(*) FROM cand AS c WHERE c.src = 'e')
-      INTO v_rows, v_pq, v_pp, v_pt, v_np, v_ne
+      INTO v_rows, v_pq, v_pp, v_pt, v_pi, v_np, v_ne
       FROM upd AS u;
     -- Took everything only if no per-kind cap stopped a scan early (a capped kind may have more).
-    PERFORM _claim_floor_save(v_key, queues, v_full, v_why, v_epoch, v_t0, v_pq, v_pp, v_pt,
+    PERFORM _claim_floor_save(v_key, queues, v_full, v_why, v_epoch, v_t0, v_pq, v_pp, v_pt, v_pi,
                               v_np < max_jobs AND (SELECT min(c) FROM unnest(v_caps) AS c) >= max_jobs, v_ne = 0,
                               _claim_floor_visits() - v_v0 - v_np);
     RETURN v_rows;

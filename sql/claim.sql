@@ -290,12 +290,8 @@ DECLARE
     v_full       boolean;
     v_sf         timestamptz;
     v_t0         timestamptz;
-    v_rq         text[];
-    v_rp         smallint[];
-    v_rt         timestamptz[];
-    v_ri         bigint[];
-    v_rh         int[];
-    v_lf         timestamptz[];
+    -- the ranges of the pending scans and the lease floors (_claim_floor_ranges)
+    v_rq text[]; v_rp smallint[]; v_rt timestamptz[]; v_ri bigint[]; v_rh int[]; v_lf timestamptz[];
     v_n          bigint;
     v_v0         bigint;
 BEGIN

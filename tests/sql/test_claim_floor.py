@@ -232,7 +232,9 @@ def test_a_scheduled_job_promoted_below_the_floor_is_claimed(conn: Conn, connect
     made: list[int] = []
 
     def body(w: Conn) -> None:
-        row = w.execute("SELECT id, state::text FROM pgjobs.enqueue('k', run_at => now() + interval '50 ms')").fetchone()
+        row = w.execute(
+            "SELECT id, state::text FROM pgjobs.enqueue('k', run_at => now() + interval '50 ms')"
+        ).fetchone()
         assert row is not None and row[1] == "scheduled"
         made.append(int(row[0]))
 

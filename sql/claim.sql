@@ -59,29 +59,38 @@ $$;
 -- Scan floors (why: a snapshot held by any session keeps every claimed job's dead entry at the
 -- front of jobs_pending_idx, and every completed job's old 'active' entry in jobs_active_idx
 -- with a lease in the past; a claim that scans from the front visits all of them, one heap fetch
--- each: 50-70 ms per claim after a minute at 1,000 jobs/s). A claimer session remembers, in its
--- own settings (set_config(..., false): no table write, so no dead tuple), where its last claim
--- found live work, and its next claim's index scans start there:
--- * pending, per queue and priority level: the run_at of the first job the last claim took at
---   that level (or that claim's now() when it took everything there was), less a margin of
---   300 ms for producers whose transaction began a little before it (run_at defaults to the
---   producer's transaction start). One range scan per known level, from (level, floor) to the
---   next known level, and one for the levels below the first: a more urgent job, or a level this
---   session never took from, is still read in claim order.
+-- each: claim p50 2 -> 55 ms after 120 s at 600 jobs/s in bench/soak.py). A claimer session
+-- remembers, in its own settings (set_config(..., false): no table write, so no dead tuple), where
+-- its last claim found live work, and its next claim's index scans start there:
+-- * pending, per queue and priority level: the key (priority, run_at, id) of the first job the
+--   last claim took at that level, or (level, now() - 300 ms, 0) when that is lower or when the
+--   claim took everything there was. The margin covers producers whose transaction began before
+--   the claim and commit after it (run_at defaults to the producer's transaction start). One range
+--   scan per known level, from its floor up to the next known level, and one for the levels below
+--   the first: a more urgent job, or a level this session never took from, is still read in order.
 -- * expired leases (the reclaim branch) and the settle probe: from the now() of the last claim
 --   that found none, less the margin.
--- Rows that appear below a floor are made claimable by a statement that draws from the sequence
--- claim_floor_epoch (_claim_floor_note, at every such site: an enqueue, fail, release, retry or
--- dependency release whose run_at is older than 150 ms, due scheduled jobs promoted, leases moved
--- into the past by reap_workers, a queue leaving fair or capped selection). A session that sees the
--- epoch moved scans from the front (recording the epoch it read before that scan), and once more a
--- second later for a signalling transaction that had not committed yet. A safety net scans from
--- the front at least every pgjobs.claim_full_scan_every (default 5 s; 20 times the last full
--- scan's duration when that is longer, so full scans cost at most a twentieth of the session's
--- time): it catches what no signal announces (a claim rolled back after others passed its locked
--- rows, a producer transaction that committed long after its insert), late but never lost.
--- A fresh session, a session that changes its queues or kind set, and a session after a signal
--- scan as before this existed.
+-- Rows that appear below a floor come from statements that move the sequence claim_floor_epoch
+-- (_claim_floor_note/_claim_floor_bump): an enqueue, fail, release, retry or dependency release
+-- that files a pending job with a run_at 150 ms old or more (an explicit past run_at, a transaction
+-- that began a while ago), due scheduled jobs promoted late, leases moved into the past
+-- (reap_workers, deregister_worker), a queue changing between plain and fair or capped selection.
+-- A session that sees the epoch moved scans from the front (recording the epoch it read before
+-- that scan), and once more a second later (for a signalling transaction that had not committed
+-- when it looked). A safety net scans from the front once both pgjobs.claim_full_scan_every
+-- (default 5 s; 20 times the last such scan's duration when that is longer, so that it costs at
+-- most a twentieth of the session's time) and pgjobs.claim_full_scan_claims claims (default 500,
+-- so that it stays out of claim p99: a worker claims 50-100 times a second) have passed: it
+-- catches what no signal announces (a claim rolled back after others passed its locked rows, a
+-- producer that commits more than 300 ms after its transaction began and after a claim passed the
+-- place its job sorts to): late, never lost.
+-- Floors engage only when they pay: a session scans from the front, exactly as without them, until
+-- one such scan visits pgjobs.claim_floor_engage (default 500) index entries more than the jobs it
+-- took (_claim_floor_visits: the backend's own index statistics, so the test is deterministic), and
+-- drops them when a scan from the front (the safety net) wastes less again. A session that changes
+-- its queues or kind set scans from the front (a floor taken for kinds A and B says nothing of C).
+-- Measured (bench/soak.py --rate 600 --minutes 4 --idle-tx 120, same machine, main then this):
+-- see README.md, "Held snapshots".
 
 -- The session's floor state and whether it may be used: why is NULL when it may, else why the next
 -- claim scans from the front ('new' session, the 'epoch' moved, the safety 'net' is due).
@@ -98,7 +107,12 @@ BEGIN
     SELECT CASE WHEN s.is_called THEN s.last_value ELSE 0 END INTO epoch FROM claim_floor_epoch AS s;
     why := CASE WHEN st IS NULL OR NOT st ? 'e' THEN 'new'
                 WHEN (st ->> 'e')::bigint IS DISTINCT FROM epoch THEN 'epoch'
-                WHEN extract(epoch FROM clock_timestamp()) >= (st ->> 'n')::numeric THEN 'net' END;
+                -- (The net waits for a number of claims too, so that however seldom a session claims, at
+                -- most one claim in pgjobs.claim_full_scan_claims (default 500) pays for a full scan.)
+                WHEN extract(epoch FROM clock_timestamp()) >= (st ->> 'n')::numeric
+                     AND coalesce((st ->> 'c')::int, 0)
+                         >= coalesce(nullif(current_setting('pgjobs.claim_full_scan_claims', true), '')::int, 500)
+                THEN 'net' END;
 END;
 $$;
 
@@ -202,7 +216,8 @@ BEGIN
                                  WHERE x.q = q.name
                                  ORDER BY x.p, x.t, x.i) AS n
                        ON n.p = (o.e ->> 0)::smallint) AS x) AS l;
-    v_st := v_st || jsonb_build_object('k', key, 'q', coalesce(v_q, '{}'));
+    v_st := v_st || jsonb_build_object('k', key, 'q', coalesce(v_q, '{}'),
+                                       'c', CASE WHEN why IS NULL THEN coalesce((v_st ->> 'c')::int, 0) + 1 ELSE 0 END);
     IF why IS NOT NULL THEN
         -- The epoch read before this scan; the next full scan a second from now after a signal (for a
         -- signalling transaction that had not committed when this one scanned), else the safety net's.
@@ -227,8 +242,9 @@ SET plan_cache_mode = force_generic_plan
 SET jit = off
 AS $$
 BEGIN
-    RETURN pg_stat_get_xact_tuples_returned('pgjobs.jobs_pending_idx'::regclass)
-         + pg_stat_get_xact_tuples_returned('pgjobs.jobs_active_idx'::regclass);
+    -- (to_regclass: an index renamed or gone leaves 0, floors never engage, and claims work as before.)
+    RETURN coalesce(pg_stat_get_xact_tuples_returned(to_regclass('pgjobs.jobs_pending_idx')), 0)
+         + coalesce(pg_stat_get_xact_tuples_returned(to_regclass('pgjobs.jobs_active_idx')), 0);
 END;
 $$;
 

@@ -32,8 +32,9 @@ OLD_TX = 0.45  # seconds an "old" transaction is held open before it writes (the
 
 
 def floored(conn: Conn, every: str = "1 hour") -> Conn:
-    """Floors from this session's first claim on; the safety net every ``every``."""
+    """Floors from this session's first claim on; the safety net every ``every`` (whatever the claim count)."""
     conn.execute("SET pgjobs.claim_floor_engage = 0")
+    conn.execute("SET pgjobs.claim_full_scan_claims = 0")
     conn.execute("SELECT set_config('pgjobs.claim_full_scan_every', %s, false)", [every])
     return conn
 
@@ -107,6 +108,9 @@ def test_claim_cost_does_not_grow_with_dead_versions(conn: Conn, connect: Connec
     floored(conn)
     enqueue_n(conn, 220, queue="n200", run_at=PAST)
     enqueue_n(conn, 2020, queue="n2000", run_at=PAST)
+    # Statistics before the first claim plans its statements: planned on a table it believes empty, the
+    # update by id may seq-scan jobs (every dead version), which is not what this test is about.
+    conn.execute("ANALYZE pgjobs.jobs")
     measured = {}
     with held_snapshot(connect):
         for queue, n in (("n200", 200), ("n2000", 2000)):

@@ -92,19 +92,29 @@ $$;
 -- Measured (bench/soak.py --rate 600 --minutes 4 --idle-tx 120, same machine, main then this):
 -- see README.md, "Held snapshots".
 
--- The session's floor state and whether it may be used: why is NULL when it may, else why the next
--- claim scans from the front ('new' session, the 'epoch' moved, the safety 'net' is due).
-CREATE OR REPLACE FUNCTION pgjobs._claim_floor_state(OUT st jsonb, OUT epoch bigint, OUT why text)
+-- The plan of a claim of these queues with this key (queues and kind set, see _claim_floor_save):
+-- st, the session's floor state; epoch, the signal's value now; why NULL when the floors may be
+-- used, else why this claim scans from the front ('new' session, the 'epoch' moved, the safety
+-- 'net' is due); from_front, also when the state was taken for another key. The index ranges the
+-- claim reads pending jobs from: (queue, first key: priority, run_at, id; priority bound), one
+-- unbounded range per queue from the front, else one range below the first known level and one
+-- per known level (see "Scan floors" above). lf: per queue, the lower bound on lease_expires_at
+-- for the expired-lease branch. (One call, with no SET clause but search_path, and none of its
+-- statements run while floors are off: the claim of a session without floors pays a few µs.)
+CREATE OR REPLACE FUNCTION pgjobs._claim_floor_plan(queues text[], key text,
+                                                    OUT st jsonb, OUT epoch bigint, OUT why text, OUT from_front boolean,
+                                                    OUT rq text[], OUT rp smallint[], OUT rt timestamptz[],
+                                                    OUT ri bigint[], OUT rh int[], OUT lf timestamptz[])
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pgjobs, pg_temp
-SET plan_cache_mode = force_generic_plan
-SET jit = off
 AS $$
+DECLARE
+    v_n int := coalesce(cardinality(queues), 0);
 BEGIN
     st := nullif(current_setting('pgjobs.claim_floor', true), '')::jsonb;
-    -- last_value, not nextval: reading the sequence takes no lock and writes nothing. (Before its
-    -- first nextval a sequence shows last_value 1 too: is_called tells the two apart.)
-    SELECT CASE WHEN s.is_called THEN s.last_value ELSE 0 END INTO epoch FROM claim_floor_epoch AS s;
+    -- The last value, not nextval: reading the sequence takes no lock and writes nothing (NULL
+    -- before its first nextval). A function call, not a scan of the sequence: no executor start.
+    epoch := coalesce(pg_sequence_last_value('pgjobs.claim_floor_epoch'::regclass), 0);
     why := CASE WHEN st IS NULL OR NOT st ? 'e' THEN 'new'
                 WHEN (st ->> 'e')::bigint IS DISTINCT FROM epoch THEN 'epoch'
                 -- (The net waits for a number of claims too, so that however seldom a session claims, at
@@ -113,28 +123,13 @@ BEGIN
                      AND coalesce((st ->> 'c')::int, 0)
                          >= coalesce(nullif(current_setting('pgjobs.claim_full_scan_claims', true), '')::int, 500)
                 THEN 'net' END;
-END;
-$$;
-
--- The index ranges a claim of these queues reads pending jobs from: (queue, first key: priority, run_at,
--- id; priority bound). One unbounded range per queue when from_front (no usable floor), else one
--- range below the first known level and one per known level (see "Scan floors" above). lf: per
--- queue, the lower bound on lease_expires_at for the expired-lease branch.
-CREATE OR REPLACE FUNCTION pgjobs._claim_floor_ranges(st jsonb, from_front boolean, queues text[],
-                                                      OUT rq text[], OUT rp smallint[], OUT rt timestamptz[],
-                                                      OUT ri bigint[], OUT rh int[], OUT lf timestamptz[])
-LANGUAGE plpgsql
-SET search_path = pg_catalog, pgjobs, pg_temp
-SET plan_cache_mode = force_generic_plan
-SET jit = off
-AS $$
-BEGIN
+    from_front := why IS NOT NULL OR (st ->> 'k') IS DISTINCT FROM key;
     IF from_front THEN
         rq := queues;
-        rp := array_fill((-32768)::smallint, ARRAY[cardinality(queues)]);
-        rt := array_fill('-infinity'::timestamptz, ARRAY[cardinality(queues)]);
-        ri := array_fill(0::bigint, ARRAY[cardinality(queues)]);
-        rh := array_fill(32768, ARRAY[cardinality(queues)]);
+        rp := array_fill((-32768)::smallint, ARRAY[v_n]);
+        rt := array_fill('-infinity'::timestamptz, ARRAY[v_n]);
+        ri := array_fill(0::bigint, ARRAY[v_n]);
+        rh := array_fill(32768, ARRAY[v_n]);
         lf := rt;
         RETURN;
     END IF;
@@ -167,7 +162,7 @@ $$;
 
 -- Records where a claim found work (see "Scan floors" above). key: the queues and kind set the floor
 -- is valid for (a floor taken with kinds A and B says nothing of kind C). from_front: the claim read
--- from the front; why/epoch/t0: from _claim_floor_state and the clock before the scan. pq/pp/pt/pi:
+-- from the front; why/epoch/t0: from _claim_floor_plan and the clock before the scan. pq/pp/pt/pi:
 -- queue, priority, run_at and id of each job it took from pending. exhausted: it took every pending
 -- job its ranges held (fewer than it asked for, no per-kind cap binding). no_expired: it found no
 -- expired lease. wasted: index entries its scans visited beyond the jobs it took.
@@ -181,8 +176,6 @@ CREATE OR REPLACE FUNCTION pgjobs._claim_floor_save(key text, queues text[], fro
 RETURNS boolean
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pgjobs, pg_temp
-SET plan_cache_mode = force_generic_plan
-SET jit = off
 AS $$
 DECLARE
     v_st    jsonb := coalesce(nullif(current_setting('pgjobs.claim_floor', true), ''), '{}')::jsonb;
@@ -238,8 +231,6 @@ CREATE OR REPLACE FUNCTION pgjobs._claim_floor_visits()
 RETURNS bigint
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pgjobs, pg_temp
-SET plan_cache_mode = force_generic_plan
-SET jit = off
 AS $$
 BEGIN
     -- (to_regclass: an index renamed or gone leaves 0, floors never engage, and claims work as before.)
@@ -306,7 +297,7 @@ DECLARE
     v_full       boolean;
     v_sf         timestamptz;
     v_t0         timestamptz;
-    -- the ranges of the pending scans and the lease floors (_claim_floor_ranges)
+    -- the ranges of the pending scans and the lease floors (_claim_floor_plan)
     v_rq text[]; v_rp smallint[]; v_rt timestamptz[]; v_ri bigint[]; v_rh int[]; v_lf timestamptz[];
     v_n          bigint;
     v_v0         bigint;
@@ -368,7 +359,8 @@ BEGIN
     -- front of jobs_active_idx, where a held snapshot keeps every completed job's old version.
     v_all := coalesce(v_plain, '{}') || coalesce(v_controlled, '{}');
     v_v0 := _claim_floor_visits();
-    SELECT f.st, f.epoch, f.why INTO v_st, v_epoch, v_why FROM _claim_floor_state() AS f;
+    SELECT f.* INTO v_st, v_epoch, v_why, v_full, v_rq, v_rp, v_rt, v_ri, v_rh, v_lf
+      FROM _claim_floor_plan(v_plain, v_plain::text || '|*') AS f;
     v_sf := CASE WHEN v_why IS NULL AND v_st ->> 'sk' = v_all::text THEN (v_st ->> 's')::timestamptz
                  ELSE '-infinity' END;
     SELECT EXISTS (SELECT 1 FROM jobs AS j
@@ -389,8 +381,9 @@ BEGIN
         -- Twice the claim (at least 100, at most 1000): a backlog drains ahead of the claims
         -- without making one call pay for all of it.
         PERFORM _promote_scheduled(v_plain, least(1000, greatest(100, 2 * max_jobs)));
-        -- It may have moved the epoch (jobs filed below this session's floors): read it again.
-        SELECT f.st, f.epoch, f.why INTO v_st, v_epoch, v_why FROM _claim_floor_state() AS f;
+        -- It may have moved the epoch (jobs filed below this session's floors): plan again.
+        SELECT f.* INTO v_st, v_epoch, v_why, v_full, v_rq, v_rp, v_rt, v_ri, v_rh, v_lf
+          FROM _claim_floor_plan(v_plain, v_plain::text || '|*') AS f;
     END IF;
 
     IF v_controlled IS NULL AND v_limits IS NULL
@@ -402,11 +395,8 @@ BEGIN
         -- between. The same statement as _claim_plain's for any kind (less the scheduled jobs,
         -- promoted to pending above); kept in step by test_claim_paths.py.
         -- Pending jobs are read from the session's floors on, expired leases from its lease floor
-        -- (_claim_floor_ranges; from the front when it has none), and where this claim found work
+        -- (_claim_floor_plan; from the front when it has none), and where this claim found work
         -- is recorded for the next one (_claim_floor_save, in done; below when it took nothing).
-        v_full := v_why IS NOT NULL OR (v_st ->> 'k') IS DISTINCT FROM v_plain::text || '|*';
-        SELECT r.rq, r.rp, r.rt, r.ri, r.rh, r.lf INTO v_rq, v_rp, v_rt, v_ri, v_rh, v_lf
-          FROM _claim_floor_ranges(v_st, v_full, v_plain) AS r;
         v_t0 := clock_timestamp();
         RETURN QUERY
         WITH cand AS (
@@ -601,10 +591,8 @@ BEGIN
     END IF;
     v_key := queues::text || '|' || CASE WHEN kind_limits IS NULL THEN '*'
                                          ELSE ARRAY(SELECT k FROM unnest(coalesce(v_any, v_kinds)) AS k ORDER BY k)::text END;
-    SELECT f.st, f.epoch, f.why INTO v_st, v_epoch, v_why FROM _claim_floor_state() AS f;
-    v_full := v_why IS NOT NULL OR (v_st ->> 'k') IS DISTINCT FROM v_key;
-    SELECT r.rq, r.rp, r.rt, r.ri, r.rh, r.lf INTO v_rq, v_rp, v_rt, v_ri, v_rh, v_lf
-      FROM _claim_floor_ranges(v_st, v_full, queues) AS r;
+    SELECT f.* INTO v_st, v_epoch, v_why, v_full, v_rq, v_rp, v_rt, v_ri, v_rh, v_lf
+      FROM _claim_floor_plan(queues, v_key) AS f;
     v_t0 := clock_timestamp();
     IF kind_limits IS NULL THEN
         -- Any kind (the usual call): the statement below without the per-kind caps, which cost a

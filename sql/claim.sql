@@ -664,8 +664,11 @@ BEGIN
                (SELECT count(*) FROM picked), (SELECT count(*) FROM cand AS c WHERE c.src = 'e')
           INTO v_rows, v_pq, v_pp, v_pt, v_pi, v_np, v_ne
           FROM upd AS u;
-        PERFORM _claim_floor_save(v_key, queues, v_full, v_why, v_epoch, v_t0, v_pq, v_pp, v_pt, v_pi,
-                                  v_np < max_jobs, v_ne = 0, _claim_floor_visits() - v_v0 - v_np);
+        v_v0 := _claim_floor_visits() - v_v0 - v_np;   -- what the scans wasted
+        IF v_st IS NOT NULL OR v_v0 >= coalesce(nullif(current_setting('pgjobs.claim_floor_engage', true), '')::int, 500) THEN
+            PERFORM _claim_floor_save(v_key, queues, v_full, v_why, v_epoch, v_t0, v_pq, v_pp, v_pt, v_pi,
+                                      v_np < max_jobs, v_ne = 0, v_v0);
+        END IF;
         RETURN v_rows;
     END IF;
 
@@ -751,9 +754,13 @@ BEGIN
       INTO v_rows, v_pq, v_pp, v_pt, v_pi, v_np, v_ne
       FROM upd AS u;
     -- Took everything only if no per-kind cap stopped a scan early (a capped kind may have more).
-    PERFORM _claim_floor_save(v_key, queues, v_full, v_why, v_epoch, v_t0, v_pq, v_pp, v_pt, v_pi,
-                              v_np < max_jobs AND (SELECT min(c) FROM unnest(v_caps) AS c) >= max_jobs, v_ne = 0,
-                              _claim_floor_visits() - v_v0 - v_np);
+    -- (No floors, and none to take: no call. A session that has floors always saves.)
+    v_v0 := _claim_floor_visits() - v_v0 - v_np;   -- what the scans wasted
+    IF v_st IS NOT NULL OR v_v0 >= coalesce(nullif(current_setting('pgjobs.claim_floor_engage', true), '')::int, 500) THEN
+        PERFORM _claim_floor_save(v_key, queues, v_full, v_why, v_epoch, v_t0, v_pq, v_pp, v_pt, v_pi,
+                                  v_np < max_jobs AND (SELECT min(c) FROM unnest(v_caps) AS c) >= max_jobs, v_ne = 0,
+                                  v_v0);
+    END IF;
     RETURN v_rows;
 END;
 $$;

@@ -90,9 +90,10 @@ $$;
 -- drops them when a scan from the front (the safety net) wastes less again. A session that changes
 -- its queues or kind set scans from the front (a floor taken for kinds A and B says nothing of C).
 -- Measured (bench/soak.py --rate 600 --minutes 4 --idle-tx 120, snapshot held 120 s, two runs each
--- side, same machine): at the end of the held period main's claim p50/p99 was 55-68/93-106 ms and
--- one run fell behind (484 of 599 jobs/s); with floors 1.2-1.8/37-81 ms and the offered rate done
--- in every window. README.md, "Sustained load and held snapshots", has the windows.
+-- side, same machine): at the end of the held period main's claim p50/p99 was 51-68/93-134 ms and
+-- one run fell behind (484 of 599 jobs/s); with floors 1.2-1.8/7.5-81 ms (81: a safety net every
+-- 5 s, since spaced by claims too) and the offered rate done in every window. README.md,
+-- "Sustained load and held snapshots", has the windows.
 
 -- The plan of a claim of these queues with this key (queues and kind set, see _claim_floor_save):
 -- st, the session's floor state; epoch, the signal's value now; why NULL when the floors may be
@@ -116,7 +117,8 @@ BEGIN
     st := nullif(current_setting('pgjobs.claim_floor', true), '')::jsonb;
     -- The last value, not nextval: reading the sequence takes no lock and writes nothing (NULL
     -- before its first nextval). A function call, not a scan of the sequence: no executor start.
-    epoch := coalesce(pg_sequence_last_value('pgjobs.claim_floor_epoch'::regclass), 0);
+    -- (to_regclass: a schema rolled back below claim_floor under these functions still claims.)
+    epoch := coalesce(pg_sequence_last_value(to_regclass('pgjobs.claim_floor_epoch')), 0);
     why := CASE WHEN st IS NULL OR NOT st ? 'e' THEN 'new'
                 WHEN (st ->> 'e')::bigint IS DISTINCT FROM epoch THEN 'epoch'
                 -- (The net waits for a number of claims too, so that however seldom a session claims, at
@@ -250,7 +252,8 @@ LANGUAGE plpgsql
 SET search_path = pg_catalog, pgjobs, pg_temp
 AS $$
 BEGIN
-    IF _claim_floor_note.run_at < clock_timestamp() - interval '150 ms' THEN
+    IF _claim_floor_note.run_at < clock_timestamp() - interval '150 ms'
+       AND to_regclass('pgjobs.claim_floor_epoch') IS NOT NULL THEN  -- (see _claim_floor_plan)
         PERFORM nextval('pgjobs.claim_floor_epoch');
         RETURN true;
     END IF;
@@ -265,7 +268,9 @@ LANGUAGE plpgsql
 SET search_path = pg_catalog, pgjobs, pg_temp
 AS $$
 BEGIN
-    PERFORM nextval('pgjobs.claim_floor_epoch');
+    IF to_regclass('pgjobs.claim_floor_epoch') IS NOT NULL THEN  -- (see _claim_floor_plan)
+        PERFORM nextval('pgjobs.claim_floor_epoch');
+    END IF;
     RETURN true;
 END;
 $$;

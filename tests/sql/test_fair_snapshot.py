@@ -22,6 +22,8 @@ from conftest import ConnectFactory
 from pgjobs.ops import migrate as m
 from tests.helpers.foundation import call, expire, run_threads
 
+PLAN = [c.name for c in m.plan()]
+
 Conn = psycopg.Connection[Any]
 
 GROUPS = 20
@@ -190,12 +192,12 @@ def test_fair_groups_upgrade_in_place_gets_the_existing_cursors(blank_dsn: str) 
         conn.execute(
             "INSERT INTO pgjobs.group_cursors (queue, group_key) SELECT 'q', 'g' || i FROM generate_series(1, 5) AS i"
         )
-    assert m.migrate(blank_dsn).applied == ["fair_groups"]
+    assert m.migrate(blank_dsn).applied == PLAN[PLAN.index("fair_groups") :]  # and what is planned after it
     with psycopg.connect(blank_dsn, autocommit=True) as conn:
         rows = conn.execute("SELECT group_key FROM pgjobs.fair_groups WHERE queue = 'q' ORDER BY 1").fetchall()
         assert rows == [(f"g{i}",) for i in range(1, 6)]
-    assert m.rollback(blank_dsn, to="event_log") == ["fair_groups"]
-    assert m.migrate(blank_dsn).applied == ["fair_groups"]
+    assert m.rollback(blank_dsn, to="event_log") == PLAN[PLAN.index("fair_groups") :][::-1]  # newest first
+    assert m.migrate(blank_dsn).applied == PLAN[PLAN.index("fair_groups") :]  # and what is planned after it
 
 
 @pytest.mark.parametrize("caps", [{}, {"max_active": 1}], ids=["uncapped", "max_active=1"])

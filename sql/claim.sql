@@ -56,6 +56,225 @@ BEGIN
 END;
 $$;
 
+-- Scan floors (why: a snapshot held by any session keeps every claimed job's dead entry at the
+-- front of jobs_pending_idx, and every completed job's old 'active' entry in jobs_active_idx
+-- with a lease in the past; a claim that scans from the front visits all of them, one heap fetch
+-- each: claim p50 2 -> 55 ms after 120 s at 600 jobs/s in bench/soak.py). A claimer session
+-- remembers, in its own settings (set_config(..., false): no table write, so no dead tuple), where
+-- its last claim found live work, and its next claim's index scans start there:
+-- * pending, per queue and priority level: the key (priority, run_at, id) of the first job the
+--   last claim took at that level, or (level, now() - 300 ms, 0) when that is lower or when the
+--   claim took everything there was. The margin covers producers whose transaction began before
+--   the claim and commit after it (run_at defaults to the producer's transaction start). One range
+--   scan per known level, from its floor up to the next known level, and one for the levels below
+--   the first: a more urgent job, or a level this session never took from, is still read in order.
+-- * expired leases (the reclaim branch) and the settle probe: from the now() of the last claim
+--   that found none, less the margin.
+-- Rows that appear below a floor come from statements that move the sequence claim_floor_epoch
+-- (_claim_floor_note/_claim_floor_bump): an enqueue, fail, release, retry or dependency release
+-- that files a pending job with a run_at 150 ms old or more (an explicit past run_at, a transaction
+-- that began a while ago), due scheduled jobs promoted late, leases moved into the past
+-- (reap_workers, deregister_worker), a queue changing between plain and fair or capped selection.
+-- A session that sees the epoch moved scans from the front (recording the epoch it read before
+-- that scan), and once more a second later (for a signalling transaction that had not committed
+-- when it looked). A safety net scans from the front once both pgjobs.claim_full_scan_every
+-- (default 5 s; 20 times the last such scan's duration when that is longer, so that it costs at
+-- most a twentieth of the session's time) and pgjobs.claim_full_scan_claims claims (default 500,
+-- so that it stays out of claim p99: a worker claims 50-100 times a second) have passed: it
+-- catches what no signal announces (a claim rolled back after others passed its locked rows, a
+-- producer that commits more than 300 ms after its transaction began and after a claim passed the
+-- place its job sorts to): late, never lost.
+-- Floors engage only when they pay: a session scans from the front, exactly as without them, until
+-- one such scan visits pgjobs.claim_floor_engage (default 500) index entries more than the jobs it
+-- took (_claim_floor_visits: the backend's own index statistics, so the test is deterministic), and
+-- drops them when a scan from the front (the safety net) wastes less again. A session that changes
+-- its queues or kind set scans from the front (a floor taken for kinds A and B says nothing of C).
+-- Measured (bench/soak.py --rate 600 --minutes 4 --idle-tx 120, snapshot held 120 s, two runs each
+-- side, same machine): at the end of the held period main's claim p50/p99 was 51-68/93-134 ms and
+-- one run fell behind (484 of 599 jobs/s); with floors 1.2-1.8/7.5-81 ms (81: a safety net every
+-- 5 s, since spaced by claims too) and the offered rate done in every window. README.md,
+-- "Sustained load and held snapshots", has the windows.
+
+-- The plan of a claim of these queues with this key (queues and kind set, see _claim_floor_save):
+-- st, the session's floor state; epoch, the signal's value now; why NULL when the floors may be
+-- used, else why this claim scans from the front ('new' session, the 'epoch' moved, the safety
+-- 'net' is due); from_front, also when the state was taken for another key. The index ranges the
+-- claim reads pending jobs from: (queue, first key: priority, run_at, id; priority bound), one
+-- unbounded range per queue from the front, else one range below the first known level and one
+-- per known level (see "Scan floors" above). lf: per queue, the lower bound on lease_expires_at
+-- for the expired-lease branch. (One call, with no SET clause but search_path, and none of its
+-- statements run while floors are off: the claim of a session without floors pays a few µs.)
+CREATE OR REPLACE FUNCTION pgjobs._claim_floor_plan(queues text[], key text,
+                                                    OUT st jsonb, OUT epoch bigint, OUT why text, OUT from_front boolean,
+                                                    OUT rq text[], OUT rp smallint[], OUT rt timestamptz[],
+                                                    OUT ri bigint[], OUT rh int[], OUT lf timestamptz[])
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pgjobs, pg_temp
+AS $$
+DECLARE
+    v_n int := coalesce(cardinality(queues), 0);
+BEGIN
+    st := nullif(current_setting('pgjobs.claim_floor', true), '')::jsonb;
+    -- The last value, not nextval: reading the sequence takes no lock and writes nothing (NULL
+    -- before its first nextval). A function call, not a scan of the sequence: no executor start.
+    -- (to_regclass: a schema rolled back below claim_floor under these functions still claims.)
+    epoch := coalesce(pg_sequence_last_value(to_regclass('pgjobs.claim_floor_epoch')), 0);
+    why := CASE WHEN st IS NULL OR NOT st ? 'e' THEN 'new'
+                WHEN (st ->> 'e')::bigint IS DISTINCT FROM epoch THEN 'epoch'
+                -- (The net waits for a number of claims too, so that however seldom a session claims, at
+                -- most one claim in pgjobs.claim_full_scan_claims (default 500) pays for a full scan.)
+                WHEN extract(epoch FROM clock_timestamp()) >= (st ->> 'n')::numeric
+                     AND coalesce((st ->> 'c')::int, 0)
+                         >= coalesce(nullif(current_setting('pgjobs.claim_full_scan_claims', true), '')::int, 500)
+                THEN 'net' END;
+    from_front := why IS NOT NULL OR (st ->> 'k') IS DISTINCT FROM key;
+    IF from_front THEN
+        rq := queues;
+        rp := array_fill((-32768)::smallint, ARRAY[v_n]);
+        rt := array_fill('-infinity'::timestamptz, ARRAY[v_n]);
+        ri := array_fill(0::bigint, ARRAY[v_n]);
+        rh := array_fill(32768, ARRAY[v_n]);
+        lf := rt;
+        RETURN;
+    END IF;
+    -- (Times are kept as text: a float of epoch seconds loses the microsecond that separates a floor
+    -- from the row it was taken at.)
+    WITH q AS (
+        SELECT q.name, q.ord, st -> 'q' -> q.name AS f FROM unnest(queues) WITH ORDINALITY AS q(name, ord)
+    ), lv AS (
+        SELECT q.name, q.ord, (e ->> 0)::smallint AS p, (e ->> 1)::timestamptz AS t, (e ->> 2)::bigint AS i
+          FROM q CROSS JOIN LATERAL jsonb_array_elements(coalesce(q.f -> 'p', '[]')) AS e
+    ), rng AS (
+        SELECT q.name, q.ord, (-32768)::smallint AS lo, '-infinity'::timestamptz AS t, 0::bigint AS i,
+               coalesce((SELECT min(lv.p) FROM lv WHERE lv.ord = q.ord)::int, 32768) AS hi
+          FROM q
+        UNION ALL
+        SELECT lv.name, lv.ord, lv.p, lv.t, lv.i,
+               coalesce(lead(lv.p) OVER (PARTITION BY lv.ord ORDER BY lv.p)::int, 32768)
+          FROM lv
+    )
+    SELECT array_agg(r.name ORDER BY r.ord, r.lo), array_agg(r.lo ORDER BY r.ord, r.lo),
+           array_agg(r.t ORDER BY r.ord, r.lo), array_agg(r.i ORDER BY r.ord, r.lo),
+           array_agg(r.hi ORDER BY r.ord, r.lo)
+      INTO rq, rp, rt, ri, rh
+      FROM rng AS r;
+    SELECT array_agg(coalesce((st -> 'q' -> q.name ->> 'r')::timestamptz, '-infinity') ORDER BY q.ord)
+      INTO lf
+      FROM unnest(queues) WITH ORDINALITY AS q(name, ord);
+END;
+$$;
+
+-- Records where a claim found work (see "Scan floors" above). key: the queues and kind set the floor
+-- is valid for (a floor taken with kinds A and B says nothing of kind C). from_front: the claim read
+-- from the front; why/epoch/t0: from _claim_floor_plan and the clock before the scan. pq/pp/pt/pi:
+-- queue, priority, run_at and id of each job it took from pending. exhausted: it took every pending
+-- job its ranges held (fewer than it asked for, no per-kind cap binding). no_expired: it found no
+-- expired lease. wasted: index entries its scans visited beyond the jobs it took.
+-- A level's floor is the key of the first job taken there, or (level, now() - 300 ms, 0) when that
+-- is lower: a producer whose transaction began before now() - 300 ms and commits after this claim's
+-- snapshot is the one thing it cannot see (its run_at is its transaction's start), and one that
+-- began 150 ms or more before its insert moved the epoch (enqueue.sql).
+CREATE OR REPLACE FUNCTION pgjobs._claim_floor_save(key text, queues text[], from_front boolean, why text, epoch bigint,
+                                                    t0 timestamptz, pq text[], pp smallint[], pt timestamptz[],
+                                                    pi bigint[], exhausted boolean, no_expired boolean, wasted bigint)
+RETURNS boolean
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pgjobs, pg_temp
+AS $$
+DECLARE
+    v_st    jsonb := coalesce(nullif(current_setting('pgjobs.claim_floor', true), ''), '{}')::jsonb;
+    v_old   jsonb := CASE WHEN from_front THEN '{}' ELSE coalesce(v_st -> 'q', '{}') END;
+    v_low   timestamptz := now() - interval '300 ms';
+    v_clock numeric := extract(epoch FROM clock_timestamp());
+    v_every numeric;
+    v_q     jsonb;
+BEGIN
+    IF from_front AND wasted < coalesce(nullif(current_setting('pgjobs.claim_floor_engage', true), '')::int, 500) THEN
+        -- Scanning from the front costs (nearly) nothing: no floors, the claims stay as they were.
+        IF v_st <> '{}' THEN
+            PERFORM set_config('pgjobs.claim_floor', '', false);
+        END IF;
+        RETURN false;
+    END IF;
+    SELECT jsonb_object_agg(q.name, jsonb_build_object(
+               'p', coalesce(l.levels, CASE WHEN exhausted THEN jsonb_build_array(jsonb_build_array(0, v_low, 0)) END),
+               'r', CASE WHEN no_expired THEN to_jsonb(v_low) ELSE v_old -> q.name -> 'r' END))
+      INTO v_q
+      FROM unnest(queues) AS q(name)
+     CROSS JOIN LATERAL (
+           SELECT jsonb_agg(CASE WHEN exhausted OR x.t IS NULL OR x.t >= v_low
+                                 THEN CASE WHEN x.t IS NULL AND NOT exhausted THEN x.old
+                                           ELSE jsonb_build_array(x.p, v_low, 0) END
+                                 ELSE jsonb_build_array(x.p, x.t, x.i) END ORDER BY x.p) AS levels
+             FROM (SELECT coalesce(n.p, (o.e ->> 0)::smallint) AS p, n.t, n.i, o.e AS old
+                     FROM jsonb_array_elements(coalesce(v_old -> q.name -> 'p', '[]')) AS o(e)
+                     FULL JOIN (SELECT DISTINCT ON (x.p) x.p, x.t, x.i
+                                  FROM unnest(pq, pp, pt, pi) AS x(q, p, t, i)
+                                 WHERE x.q = q.name
+                                 ORDER BY x.p, x.t, x.i) AS n
+                       ON n.p = (o.e ->> 0)::smallint) AS x) AS l;
+    v_st := v_st || jsonb_build_object('k', key, 'q', coalesce(v_q, '{}'),
+                                       'c', CASE WHEN why IS NULL THEN coalesce((v_st ->> 'c')::int, 0) + 1 ELSE 0 END);
+    IF why IS NOT NULL THEN
+        -- The epoch read before this scan; the next full scan a second from now after a signal (for a
+        -- signalling transaction that had not committed when this one scanned), else the safety net's.
+        v_every := coalesce(extract(epoch FROM nullif(current_setting('pgjobs.claim_full_scan_every', true), '')::interval),
+                            5);
+        v_st := v_st || jsonb_build_object('e', epoch, 'n',
+                    v_clock + CASE WHEN why = 'epoch' THEN least(1, v_every)
+                                   ELSE greatest(v_every, 20 * (v_clock - extract(epoch FROM t0))) END);
+    END IF;
+    PERFORM set_config('pgjobs.claim_floor', v_st::text, false);
+    RETURN true;
+END;
+$$;
+
+-- Index entries this backend's scans of the claim indexes have visited (live or dead): the
+-- difference across a claim, less the jobs it took, is what the dead versions cost it.
+CREATE OR REPLACE FUNCTION pgjobs._claim_floor_visits()
+RETURNS bigint
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pgjobs, pg_temp
+AS $$
+BEGIN
+    -- (to_regclass: an index renamed or gone leaves 0, floors never engage, and claims work as before.)
+    RETURN coalesce(pg_stat_get_xact_tuples_returned(to_regclass('pgjobs.jobs_pending_idx')), 0)
+         + coalesce(pg_stat_get_xact_tuples_returned(to_regclass('pgjobs.jobs_active_idx')), 0);
+END;
+$$;
+
+-- A statement made jobs claimable with run_at: if that is older than 150 ms (an explicit past
+-- run_at, a dependency released, a scheduled job promoted late, a producer transaction that began
+-- a while ago), it may sort below a claimer's floor: tell the claimers (see "Scan floors").
+CREATE OR REPLACE FUNCTION pgjobs._claim_floor_note(run_at timestamptz)
+RETURNS boolean
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pgjobs, pg_temp
+AS $$
+BEGIN
+    IF _claim_floor_note.run_at < clock_timestamp() - interval '150 ms'
+       AND to_regclass('pgjobs.claim_floor_epoch') IS NOT NULL THEN  -- (see _claim_floor_plan)
+        PERFORM nextval('pgjobs.claim_floor_epoch');
+        RETURN true;
+    END IF;
+    RETURN false;
+END;
+$$;
+
+-- Leases moved into the past, or rows made claimable by another path (see "Scan floors").
+CREATE OR REPLACE FUNCTION pgjobs._claim_floor_bump()
+RETURNS boolean
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pgjobs, pg_temp
+AS $$
+BEGIN
+    IF to_regclass('pgjobs.claim_floor_epoch') IS NOT NULL THEN  -- (see _claim_floor_plan)
+        PERFORM nextval('pgjobs.claim_floor_epoch');
+    END IF;
+    RETURN true;
+END;
+$$;
+
 -- (called by claim(), history.sql: it retries this when a row it locks moved to another partition)
 CREATE OR REPLACE FUNCTION pgjobs._claim_once(
     worker      text,
@@ -79,6 +298,17 @@ DECLARE
     v_expired    boolean;
     v_due        boolean;
     v_quiet      text[];   -- queues that hear nothing of a claim (status_events 'none' or 'terminal')
+    v_all        text[];
+    v_st         jsonb;    -- the session's scan floors ("Scan floors" above)
+    v_epoch      bigint;
+    v_why        text;
+    v_full       boolean;
+    v_sf         timestamptz;
+    v_t0         timestamptz;
+    -- the ranges of the pending scans and the lease floors (_claim_floor_plan)
+    v_rq text[]; v_rp smallint[]; v_rt timestamptz[]; v_ri bigint[]; v_rh int[]; v_lf timestamptz[];
+    v_n          bigint;
+    v_v0         bigint;
 BEGIN
     -- The common arguments pass these inline tests; only the rest pay for the helper's checks.
     IF worker IS NULL OR worker = '' OR queues IS NULL OR cardinality(queues) = 0
@@ -132,21 +362,36 @@ BEGIN
     -- plain queues become pending. Both are usually absent: one statement probes for both, and
     -- only what it finds costs a call (two calls per claim were a tenth of a claim of 10). A job
     -- that expires or falls due just after the probe is handled by the next claim.
+    -- The first probe reads leases from the settle floor on (the now() of this session's last probe
+    -- of these queues that found none, less the margin: see "Scan floors" above), not from the
+    -- front of jobs_active_idx, where a held snapshot keeps every completed job's old version.
+    v_all := coalesce(v_plain, '{}') || coalesce(v_controlled, '{}');
+    v_v0 := _claim_floor_visits();
+    SELECT f.* INTO v_st, v_epoch, v_why, v_full, v_rq, v_rp, v_rt, v_ri, v_rh, v_lf
+      FROM _claim_floor_plan(v_plain, v_plain::text || '|*') AS f;
+    v_sf := CASE WHEN v_why IS NULL AND v_st ->> 'sk' = v_all::text THEN (v_st ->> 's')::timestamptz
+                 ELSE '-infinity' END;
     SELECT EXISTS (SELECT 1 FROM jobs AS j
-                    WHERE j.state = 'active' AND j.queue = ANY (coalesce(v_plain, '{}') || coalesce(v_controlled, '{}'))
-                      AND j.lease_expires_at < now()
+                    WHERE j.state = 'active' AND j.queue = ANY (v_all)
+                      AND j.lease_expires_at < now() AND j.lease_expires_at >= v_sf
                       AND (j.attempt >= j.max_attempts OR j.cancel_requested)),
            v_plain IS NOT NULL
            AND EXISTS (SELECT 1 FROM jobs AS j
                         WHERE j.state = 'scheduled' AND j.queue = ANY (v_plain) AND j.run_at <= now())
       INTO v_expired, v_due;
     IF v_expired THEN
-        PERFORM _settle_expired(coalesce(v_plain, '{}') || coalesce(v_controlled, '{}'));
+        PERFORM _settle_expired(v_all);
+    ELSIF v_st IS NOT NULL THEN
+        PERFORM set_config('pgjobs.claim_floor', (coalesce(v_st, '{}') || jsonb_build_object(
+                               'sk', v_all::text, 's', now() - interval '300 ms'))::text, false);
     END IF;
     IF v_due THEN
         -- Twice the claim (at least 100, at most 1000): a backlog drains ahead of the claims
         -- without making one call pay for all of it.
         PERFORM _promote_scheduled(v_plain, least(1000, greatest(100, 2 * max_jobs)));
+        -- It may have moved the epoch (jobs filed below this session's floors): plan again.
+        SELECT f.* INTO v_st, v_epoch, v_why, v_full, v_rq, v_rp, v_rt, v_ri, v_rh, v_lf
+          FROM _claim_floor_plan(v_plain, v_plain::text || '|*') AS f;
     END IF;
 
     IF v_controlled IS NULL AND v_limits IS NULL
@@ -157,29 +402,35 @@ BEGIN
         -- status events, starts their batches and returns them, with no array of rows in
         -- between. The same statement as _claim_plain's for any kind (less the scheduled jobs,
         -- promoted to pending above); kept in step by test_claim_paths.py.
+        -- Pending jobs are read from the session's floors on, expired leases from its lease floor
+        -- (_claim_floor_plan; from the front when it has none), and where this claim found work
+        -- is recorded for the next one (_claim_floor_save, in done; below when it took nothing).
+        v_t0 := clock_timestamp();
         RETURN QUERY
         WITH cand AS (
-            SELECT p.id, p.priority, p.run_at
-              FROM unnest(v_plain) AS q(name)
+            SELECT 'p'::text AS src, r.name AS queue, p.id, p.priority, p.run_at
+              FROM unnest(v_rq, v_rp, v_rt, v_ri, v_rh) AS r(name, lo, t, i, hi)
              CROSS JOIN LATERAL (
                    SELECT j.id, j.priority, j.run_at FROM jobs AS j
-                    WHERE j.state = 'pending' AND j.queue = q.name
+                    WHERE j.state = 'pending' AND j.queue = r.name
+                      AND (j.priority, j.run_at, j.id) >= (r.lo, r.t, r.i) AND j.priority < r.hi
                     ORDER BY j.priority, j.run_at, j.id
                     LIMIT max_jobs
                       FOR UPDATE SKIP LOCKED) AS p
             -- (Due scheduled jobs were made pending just before, by _promote_scheduled.)
             UNION ALL
-            SELECT e.id, e.priority, e.run_at
-              FROM unnest(v_plain) AS q(name)
+            SELECT 'e'::text, q.name, e.id, e.priority, e.run_at
+              FROM unnest(v_plain, v_lf) AS q(name, lf)
              CROSS JOIN LATERAL (
                    SELECT j.id, j.priority, j.run_at FROM jobs AS j
                     WHERE j.state = 'active' AND j.queue = q.name AND j.lease_expires_at < now()
+                      AND j.lease_expires_at >= q.lf
                       AND j.attempt < j.max_attempts AND NOT j.cancel_requested
                     ORDER BY j.priority, j.run_at, j.id
                     LIMIT max_jobs
                       FOR UPDATE SKIP LOCKED) AS e
         ), picked AS (
-            SELECT c.id FROM cand AS c
+            SELECT c.id, c.src, c.queue, c.priority, c.run_at FROM cand AS c
              ORDER BY c.priority, c.run_at, c.id
              LIMIT max_jobs
         ), upd AS (
@@ -214,13 +465,27 @@ BEGIN
                      WHERE u.queue <> ALL (v_quiet)) AS sent,
                    (SELECT CASE WHEN bool_or(u.batch_id IS NOT NULL)
                                 THEN _start_batches(array_agg(u.batch_id) FILTER (WHERE u.batch_id IS NOT NULL)) END
-                      FROM upd AS u) AS started
+                      FROM upd AS u) AS started,
+                   (SELECT _claim_floor_save(v_plain::text || '|*', v_plain, v_full, v_why, v_epoch, v_t0,
+                                             array_agg(p.queue) FILTER (WHERE p.src = 'p'),
+                                             array_agg(p.priority) FILTER (WHERE p.src = 'p'),
+                                             array_agg(p.run_at) FILTER (WHERE p.src = 'p'),
+                                             array_agg(p.id) FILTER (WHERE p.src = 'p'),
+                                             count(*) < max_jobs, NOT EXISTS (SELECT 1 FROM cand AS c WHERE c.src = 'e'),
+                                             _claim_floor_visits() - v_v0 - count(*))
+                      FROM picked AS p) AS floored
         )
         SELECT u.id, u.kind, u.queue, u.payload, u.meta, u.attempt, u.max_attempts, u.lease_token,
                u.lease_expires_at, u.checkpoint, u.group_key, u.batch_id, u.first_started_at
           FROM upd AS u
          CROSS JOIN done
          ORDER BY u.priority, u.run_at, u.id;
+        GET DIAGNOSTICS v_n = ROW_COUNT;
+        IF v_n = 0 THEN
+            -- Nothing taken (done did not run): every range and the lease branch came up empty.
+            PERFORM _claim_floor_save(v_plain::text || '|*', v_plain, v_full, v_why, v_epoch, v_t0,
+                                      NULL, NULL, NULL, NULL, true, true, _claim_floor_visits() - v_v0);
+        END IF;
         RETURN;
     END IF;
 
@@ -293,6 +558,26 @@ DECLARE
     v_caps  int[] := ARRAY[max_jobs];
     v_any   text[];   -- set when no listed cap is below max_jobs: one scan for all listed kinds
     v_rows  claimed_job[];
+    -- The session's scan floors ("Scan floors" above): valid for these queues and this kind set.
+    v_st    jsonb;
+    v_epoch bigint;
+    v_why   text;
+    v_key   text;
+    v_full  boolean;
+    v_t0    timestamptz;
+    v_rq    text[];
+    v_rp    smallint[];
+    v_rt    timestamptz[];
+    v_ri    bigint[];
+    v_rh    int[];
+    v_lf    timestamptz[];
+    v_pq    text[];
+    v_pp    smallint[];
+    v_pt    timestamptz[];
+    v_pi    bigint[];
+    v_np    int;
+    v_ne    int;
+    v_v0    bigint := _claim_floor_visits();
 BEGIN
     IF kind_limits IS NOT NULL THEN
         SELECT array_agg(e.key), array_agg(least((e.value::text)::numeric, max_jobs)::int)
@@ -312,20 +597,26 @@ BEGIN
             v_caps := ARRAY[max_jobs];
         END IF;
     END IF;
+    v_key := queues::text || '|' || CASE WHEN kind_limits IS NULL THEN '*'
+                                         ELSE ARRAY(SELECT k FROM unnest(coalesce(v_any, v_kinds)) AS k ORDER BY k)::text END;
+    SELECT f.* INTO v_st, v_epoch, v_why, v_full, v_rq, v_rp, v_rt, v_ri, v_rh, v_lf
+      FROM _claim_floor_plan(queues, v_key) AS f;
+    v_t0 := clock_timestamp();
     IF kind_limits IS NULL THEN
         -- Any kind (the usual call): the statement below without the per-kind caps, which cost a
         -- window pass over the candidates.
         WITH cand AS (
-            SELECT p.id, p.priority, p.run_at
-              FROM unnest(queues) AS q(name)
+            SELECT 'p'::text AS src, r.name AS queue, p.id, p.priority, p.run_at
+              FROM unnest(v_rq, v_rp, v_rt, v_ri, v_rh) AS r(name, lo, t, i, hi)
              CROSS JOIN LATERAL (
                    SELECT j.id, j.priority, j.run_at FROM jobs AS j
-                    WHERE j.state = 'pending' AND j.queue = q.name
+                    WHERE j.state = 'pending' AND j.queue = r.name
+                      AND (j.priority, j.run_at, j.id) >= (r.lo, r.t, r.i) AND j.priority < r.hi
                     ORDER BY j.priority, j.run_at, j.id
                     LIMIT max_jobs
                       FOR UPDATE SKIP LOCKED) AS p
             UNION ALL
-            SELECT s.id, s.priority, s.run_at
+            SELECT 's'::text, q.name, s.id, s.priority, s.run_at
               FROM unnest(queues) AS q(name)
              CROSS JOIN LATERAL (
                    SELECT j.id, j.priority, j.run_at FROM jobs AS j
@@ -334,17 +625,18 @@ BEGIN
                     LIMIT max_jobs
                       FOR UPDATE SKIP LOCKED) AS s
             UNION ALL
-            SELECT e.id, e.priority, e.run_at
-              FROM unnest(queues) AS q(name)
+            SELECT 'e'::text, q.name, e.id, e.priority, e.run_at
+              FROM unnest(queues, v_lf) AS q(name, lf)
              CROSS JOIN LATERAL (
                    SELECT j.id, j.priority, j.run_at FROM jobs AS j
                     WHERE j.state = 'active' AND j.queue = q.name AND j.lease_expires_at < now()
+                      AND j.lease_expires_at >= q.lf
                       AND j.attempt < j.max_attempts AND NOT j.cancel_requested
                     ORDER BY j.priority, j.run_at, j.id
                     LIMIT max_jobs
                       FOR UPDATE SKIP LOCKED) AS e
         ), picked AS (
-            SELECT c.id FROM cand AS c
+            SELECT c.id, c.src, c.queue, c.priority, c.run_at FROM cand AS c
              ORDER BY c.priority, c.run_at, c.id
              LIMIT max_jobs
         ), upd AS (
@@ -372,9 +664,19 @@ BEGIN
         SELECT array_agg(ROW(u.id, u.kind, u.queue, u.payload, u.meta, u.attempt, u.max_attempts, u.lease_token,
                              u.lease_expires_at, u.checkpoint, u.group_key, u.batch_id,
                              u.first_started_at)::claimed_job
-                         ORDER BY u.priority, u.run_at, u.id)
-          INTO v_rows
+                         ORDER BY u.priority, u.run_at, u.id),
+               (SELECT array_agg(p.queue) FROM picked AS p WHERE p.src = 'p'),
+               (SELECT array_agg(p.priority) FROM picked AS p WHERE p.src = 'p'),
+               (SELECT array_agg(p.run_at) FROM picked AS p WHERE p.src = 'p'),
+               (SELECT array_agg(p.id) FROM picked AS p WHERE p.src = 'p'),
+               (SELECT count(*) FROM picked), (SELECT count(*) FROM cand AS c WHERE c.src = 'e')
+          INTO v_rows, v_pq, v_pp, v_pt, v_pi, v_np, v_ne
           FROM upd AS u;
+        v_v0 := _claim_floor_visits() - v_v0 - v_np;   -- what the scans wasted
+        IF v_st IS NOT NULL OR v_v0 >= coalesce(nullif(current_setting('pgjobs.claim_floor_engage', true), '')::int, 500) THEN
+            PERFORM _claim_floor_save(v_key, queues, v_full, v_why, v_epoch, v_t0, v_pq, v_pp, v_pt, v_pi,
+                                      v_np < max_jobs, v_ne = 0, v_v0);
+        END IF;
         RETURN v_rows;
     END IF;
 
@@ -383,18 +685,19 @@ BEGIN
     WITH k AS (
         SELECT k.kind, k.cap FROM unnest(v_kinds, v_caps) AS k(kind, cap)
     ), cand AS (
-        SELECT p.id, p.priority, p.run_at, p.kind
-          FROM unnest(queues) AS q(name)
+        SELECT 'p'::text AS src, r.name AS queue, p.id, p.priority, p.run_at, p.kind
+          FROM unnest(v_rq, v_rp, v_rt, v_ri, v_rh) AS r(name, lo, t, i, hi)
          CROSS JOIN k
          CROSS JOIN LATERAL (
                SELECT j.id, j.priority, j.run_at, j.kind FROM jobs AS j
-                WHERE j.state = 'pending' AND j.queue = q.name
+                WHERE j.state = 'pending' AND j.queue = r.name
+                  AND (j.priority, j.run_at, j.id) >= (r.lo, r.t, r.i) AND j.priority < r.hi
                   AND (k.kind IS NULL OR j.kind = k.kind) AND (v_any IS NULL OR j.kind = ANY (v_any))
                 ORDER BY j.priority, j.run_at, j.id
                 LIMIT k.cap
                   FOR UPDATE SKIP LOCKED) AS p
         UNION ALL
-        SELECT s.id, s.priority, s.run_at, s.kind
+        SELECT 's'::text, q.name, s.id, s.priority, s.run_at, s.kind
           FROM unnest(queues) AS q(name)
          CROSS JOIN k
          CROSS JOIN LATERAL (
@@ -405,20 +708,21 @@ BEGIN
                 LIMIT k.cap
                   FOR UPDATE SKIP LOCKED) AS s
         UNION ALL
-        SELECT e.id, e.priority, e.run_at, e.kind
-          FROM unnest(queues) AS q(name)
+        SELECT 'e'::text, q.name, e.id, e.priority, e.run_at, e.kind
+          FROM unnest(queues, v_lf) AS q(name, lf)
          CROSS JOIN k
          CROSS JOIN LATERAL (
                SELECT j.id, j.priority, j.run_at, j.kind FROM jobs AS j
                 WHERE j.state = 'active' AND j.queue = q.name AND j.lease_expires_at < now()
+                  AND j.lease_expires_at >= q.lf
                   AND j.attempt < j.max_attempts AND NOT j.cancel_requested
                   AND (k.kind IS NULL OR j.kind = k.kind) AND (v_any IS NULL OR j.kind = ANY (v_any))
                 ORDER BY j.priority, j.run_at, j.id
                 LIMIT k.cap
                   FOR UPDATE SKIP LOCKED) AS e
     ), picked AS (
-        SELECT r.id FROM (
-            SELECT c.id, c.priority, c.run_at,
+        SELECT r.id, r.src, r.queue, r.priority, r.run_at FROM (
+            SELECT c.id, c.src, c.queue, c.priority, c.run_at,
                    row_number() OVER (PARTITION BY c.kind ORDER BY c.priority, c.run_at, c.id) AS kind_rank,
                    c.kind
               FROM cand AS c) AS r
@@ -449,9 +753,22 @@ BEGIN
     SELECT array_agg(ROW(u.id, u.kind, u.queue, u.payload, u.meta, u.attempt, u.max_attempts, u.lease_token,
                          u.lease_expires_at, u.checkpoint, u.group_key, u.batch_id,
                          u.first_started_at)::claimed_job
-                     ORDER BY u.priority, u.run_at, u.id)
-      INTO v_rows
+                     ORDER BY u.priority, u.run_at, u.id),
+           (SELECT array_agg(p.queue) FROM picked AS p WHERE p.src = 'p'),
+           (SELECT array_agg(p.priority) FROM picked AS p WHERE p.src = 'p'),
+           (SELECT array_agg(p.run_at) FROM picked AS p WHERE p.src = 'p'),
+           (SELECT array_agg(p.id) FROM picked AS p WHERE p.src = 'p'),
+           (SELECT count(*) FROM picked), (SELECT count(*) FROM cand AS c WHERE c.src = 'e')
+      INTO v_rows, v_pq, v_pp, v_pt, v_pi, v_np, v_ne
       FROM upd AS u;
+    -- Took everything only if no per-kind cap stopped a scan early (a capped kind may have more).
+    -- (No floors, and none to take: no call. A session that has floors always saves.)
+    v_v0 := _claim_floor_visits() - v_v0 - v_np;   -- what the scans wasted
+    IF v_st IS NOT NULL OR v_v0 >= coalesce(nullif(current_setting('pgjobs.claim_floor_engage', true), '')::int, 500) THEN
+        PERFORM _claim_floor_save(v_key, queues, v_full, v_why, v_epoch, v_t0, v_pq, v_pp, v_pt, v_pi,
+                                  v_np < max_jobs AND (SELECT min(c) FROM unnest(v_caps) AS c) >= max_jobs, v_ne = 0,
+                                  v_v0);
+    END IF;
     RETURN v_rows;
 END;
 $$;
@@ -472,6 +789,8 @@ SET plan_cache_mode = force_generic_plan
 SET jit = off
 AS $$
 #variable_conflict use_column
+DECLARE
+    v_oldest timestamptz;
 BEGIN
     -- (Called only when claim()'s probe found a due job: usually none is, and the UPDATE's
     -- executor start alone costs more than the probe.)
@@ -484,9 +803,14 @@ BEGIN
                 ORDER BY j.run_at
                 LIMIT how_many
                   FOR UPDATE SKIP LOCKED) AS d
+    ), upd AS (
+        UPDATE jobs AS j SET state = 'pending'
+         WHERE j.id = ANY (ARRAY(SELECT due.id FROM due)) AND j.state = ANY ('{waiting,scheduled,pending,active}'::job_state[])
+        RETURNING j.run_at
     )
-    UPDATE jobs AS j SET state = 'pending'
-     WHERE j.id = ANY (ARRAY(SELECT due.id FROM due)) AND j.state = ANY ('{waiting,scheduled,pending,active}'::job_state[]);
+    SELECT min(upd.run_at) INTO v_oldest FROM upd;
+    -- Filed with the run_at they had, which may sort below a claimer's floor ("Scan floors" above).
+    PERFORM _claim_floor_note(v_oldest);
 END;
 $$;
 

@@ -182,6 +182,11 @@ BEGIN
 
     IF v_state = 'pending' THEN
         PERFORM pg_notify('pgjobs_wake', enqueue.queue);
+        -- A run_at in the past (explicit, or the start of a transaction that began a while ago) may
+        -- sort below a claimer's scan floor: tell the claimers (claim.sql, "Scan floors").
+        IF coalesce(enqueue.run_at, now()) < clock_timestamp() - interval '150 ms' THEN
+            PERFORM _claim_floor_note(coalesce(enqueue.run_at, now()));
+        END IF;
     END IF;
     -- A new job is never terminal: only queues whose status_events is 'all' (the default) log it.
     -- The event log's append (stream.sql): one call.
@@ -347,7 +352,10 @@ BEGIN
                CASE WHEN s.lean THEN false ELSE coalesce((s.e ->> 'unique_live_only')::boolean, false) END,
                CASE WHEN s.lean THEN NULL ELSE s.e ->> 'group_key' END
           FROM spec AS s
-        RETURNING j.id, j.kind, j.queue, j.state
+        RETURNING j.id, j.kind, j.queue, j.state, j.run_at
+    ), noted AS (
+        -- Pending jobs with an old run_at may sort below a claimer's floor (claim.sql, "Scan floors").
+        SELECT _claim_floor_note(min(i.run_at)) AS n FROM ins AS i WHERE i.state = 'pending'
     ), sent AS (
         -- The status events: one append to the event log (stream.sql), in the specs' order (ids
         -- were drawn in that order).
@@ -363,7 +371,8 @@ BEGIN
     -- two subqueries make the statement send the notifications (each runs once; neither is NULL).
     SELECT s.e ->> 'ref', s.id, true, NULL::bigint
       FROM spec AS s
-     WHERE (SELECT count(*) FROM sent) IS NOT NULL AND (SELECT count(*) FROM woke) IS NOT NULL;
+     WHERE (SELECT count(*) FROM sent) IS NOT NULL AND (SELECT count(*) FROM woke) IS NOT NULL
+       AND (SELECT count(*) FROM noted) IS NOT NULL;
 END;
 $$;
 
@@ -538,6 +547,7 @@ DECLARE
     v_kinds   text[];
     v_batches bigint[];
     v_wake    text[];
+    v_oldest  timestamptz;
     v_bounded record;
     v_keyed   bigint[];
     v_gone    bigint;
@@ -622,11 +632,12 @@ BEGIN
                    WITH ORDINALITY AS r(kind, queue, payload, meta, run_at, priority, max_attempts, unique_key,
                                         unique_live_only, group_key, n)
              WHERE r.unique_key IS NULL OR v_ids[r.n] = ANY (v_keyed)
-            RETURNING j.id, j.state, j.queue, j.kind, j.batch_id
+            RETURNING j.id, j.state, j.queue, j.kind, j.batch_id, j.run_at
         )
         SELECT array_agg(ins.id), array_agg(ins.state), array_agg(ins.queue), array_agg(ins.kind),
-               array_agg(ins.batch_id), array_agg(DISTINCT ins.queue) FILTER (WHERE ins.state = 'pending')
-          INTO v_created, v_states, v_queues, v_kinds, v_batches, v_wake
+               array_agg(ins.batch_id), array_agg(DISTINCT ins.queue) FILTER (WHERE ins.state = 'pending'),
+               min(ins.run_at) FILTER (WHERE ins.state = 'pending')
+          INTO v_created, v_states, v_queues, v_kinds, v_batches, v_wake, v_oldest
           FROM ins;
     ELSE
         WITH ins AS (
@@ -645,14 +656,16 @@ BEGIN
                            max_attempts numeric, unique_key text, unique_live_only boolean, group_key text))
                    WITH ORDINALITY AS r(kind, queue, payload, meta, run_at, priority, max_attempts, unique_key,
                                         unique_live_only, group_key, n)
-            RETURNING j.id, j.state, j.queue, j.kind, j.batch_id
+            RETURNING j.id, j.state, j.queue, j.kind, j.batch_id, j.run_at
         )
         SELECT array_agg(ins.id), array_agg(ins.state), array_agg(ins.queue), array_agg(ins.kind),
-               array_agg(ins.batch_id), array_agg(DISTINCT ins.queue) FILTER (WHERE ins.state = 'pending')
-          INTO v_created, v_states, v_queues, v_kinds, v_batches, v_wake
+               array_agg(ins.batch_id), array_agg(DISTINCT ins.queue) FILTER (WHERE ins.state = 'pending'),
+               min(ins.run_at) FILTER (WHERE ins.state = 'pending')
+          INTO v_created, v_states, v_queues, v_kinds, v_batches, v_wake, v_oldest
           FROM ins;
     END IF;
     PERFORM _wake(v_wake);
+    PERFORM _claim_floor_note(v_oldest);  -- an old run_at may sort below a claimer's floor (claim.sql)
     -- The status events: one append to the event log (stream.sql), status_events filtered there.
     PERFORM _log_events(v_created, v_states, v_queues, v_kinds,
                         array_fill(0, ARRAY[coalesce(cardinality(v_created), 0)]), v_batches);
@@ -853,9 +866,9 @@ BEGIN
                    coalesce(s.unique_live_only, false), s.group_key
               FROM ONLY %s AS s
              ORDER BY s.n
-            RETURNING j.id, j.kind, j.queue, j.state
+            RETURNING j.id, j.kind, j.queue, j.state, j.run_at
         )
-        SELECT ins.queue, ins.state, ins.kind, array_agg(ins.id ORDER BY ins.id) AS ids
+        SELECT ins.queue, ins.state, ins.kind, array_agg(ins.id ORDER BY ins.id) AS ids, min(ins.run_at) AS oldest
           FROM ins
          GROUP BY ins.kind, ins.queue, ins.state$q$, v_table)
     LOOP
@@ -863,6 +876,7 @@ BEGIN
         v_groups := v_groups + 1;
         IF v_group.state = 'pending' THEN
             v_wake := v_wake || v_group.queue;
+            PERFORM _claim_floor_note(v_group.oldest);  -- claim.sql, "Scan floors"
         END IF;
         IF v_group.queue <> ALL (v_quiet) THEN
             -- The group's status events, appended to the event log after the loop (one call).

@@ -475,6 +475,7 @@ BEGIN
     END IF;
     IF v_job.state = 'pending' THEN
         PERFORM pg_notify('pgjobs_wake', v_job.queue);
+        PERFORM _claim_floor_note(now());  -- run_at is now(): old in an old transaction (claim.sql, "Scan floors")
     END IF;
     PERFORM _log_event(v_job.id, v_job.state, v_job.queue, v_job.kind, v_job.attempt, v_job.batch_id);
     IF v_job.state IN ('failed', 'cancelled') AND (v_job.batch_id IS NOT NULL OR v_job.has_dependents) THEN
@@ -531,6 +532,7 @@ BEGIN
     END IF;
     IF v_job.state = 'pending' THEN
         PERFORM pg_notify('pgjobs_wake', v_job.queue);
+        PERFORM _claim_floor_note(now());  -- run_at is now(): old in an old transaction (claim.sql, "Scan floors")
     END IF;
     PERFORM _log_event(v_job.id, v_job.state, v_job.queue, v_job.kind, v_job.attempt, v_job.batch_id);
     IF v_job.state = 'cancelled' AND (v_job.batch_id IS NOT NULL OR v_job.has_dependents) THEN

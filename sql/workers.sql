@@ -65,6 +65,10 @@ BEGIN
                    AND j.state = ANY ('{waiting,scheduled,pending,active}'::job_state[])
                 RETURNING j.queue)
             SELECT array_agg(DISTINCT freed.queue) INTO v_queues FROM freed;
+            IF v_queues IS NOT NULL THEN
+                -- Leases moved into the past, below the claimers' lease floors (claim.sql, "Scan floors").
+                PERFORM _claim_floor_bump();
+            END IF;
             PERFORM _wake(v_queues);
             RETURN cardinality(v_gone);
         EXCEPTION WHEN serialization_failure THEN
@@ -151,6 +155,10 @@ BEGIN
                    AND j.state = ANY ('{waiting,scheduled,pending,active}'::job_state[])
                 RETURNING j.queue)
             SELECT array_agg(DISTINCT freed.queue) INTO v_queues FROM freed;
+            IF v_queues IS NOT NULL THEN
+                -- Leases moved into the past, below the claimers' lease floors (claim.sql, "Scan floors").
+                PERFORM _claim_floor_bump();
+            END IF;
             PERFORM _wake(v_queues);
             RETURN true;
         EXCEPTION WHEN serialization_failure THEN

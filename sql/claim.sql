@@ -143,7 +143,7 @@ BEGIN
         SELECT q.name, q.ord, st -> 'q' -> q.name AS f FROM unnest(queues) WITH ORDINALITY AS q(name, ord)
     ), lv AS (
         SELECT q.name, q.ord, (e ->> 0)::smallint AS p, (e ->> 1)::timestamptz AS t, (e ->> 2)::bigint AS i
-          FROM q CROSS JOIN LATERAL jsonb_array_elements(coalesce(q.f -> 'p', '[]')) AS e
+          FROM q CROSS JOIN LATERAL jsonb_array_elements(CASE WHEN jsonb_typeof(q.f -> 'p') = 'array' THEN q.f -> 'p' ELSE '[]' END) AS e
     ), rng AS (
         SELECT q.name, q.ord, (-32768)::smallint AS lo, '-infinity'::timestamptz AS t, 0::bigint AS i,
                coalesce((SELECT min(lv.p) FROM lv WHERE lv.ord = q.ord)::int, 32768) AS hi
@@ -197,7 +197,7 @@ BEGIN
         RETURN false;
     END IF;
     SELECT jsonb_object_agg(q.name, jsonb_build_object(
-               'p', coalesce(l.levels, CASE WHEN exhausted THEN jsonb_build_array(jsonb_build_array(0, v_low, 0)) END),
+               'p', coalesce(l.levels, CASE WHEN exhausted THEN jsonb_build_array(jsonb_build_array(0, v_low, 0)) END, '[]'),
                'r', CASE WHEN no_expired THEN to_jsonb(v_low) ELSE v_old -> q.name -> 'r' END))
       INTO v_q
       FROM unnest(queues) AS q(name)
@@ -207,7 +207,8 @@ BEGIN
                                            ELSE jsonb_build_array(x.p, v_low, 0) END
                                  ELSE jsonb_build_array(x.p, x.t, x.i) END ORDER BY x.p) AS levels
              FROM (SELECT coalesce(n.p, (o.e ->> 0)::smallint) AS p, n.t, n.i, o.e AS old
-                     FROM jsonb_array_elements(coalesce(v_old -> q.name -> 'p', '[]')) AS o(e)
+                     FROM jsonb_array_elements(CASE WHEN jsonb_typeof(v_old -> q.name -> 'p') = 'array' THEN v_old -> q.name -> 'p'
+                                                       ELSE '[]' END) AS o(e)
                      FULL JOIN (SELECT DISTINCT ON (x.p) x.p, x.t, x.i
                                   FROM unnest(pq, pp, pt, pi) AS x(q, p, t, i)
                                  WHERE x.q = q.name

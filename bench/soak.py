@@ -109,9 +109,12 @@ class Probe(threading.Thread):
             while not self.stop.wait(0.2):
                 t0 = time.perf_counter()
                 row = conn.execute(
+                    # (the live states: with jobs partitioned by state, a lookup by id alone visits every
+                    # history slice, and its Append over them costs enough to JIT-compile this query on
+                    # every call, 20-30 ms: the probe would time its own JIT, not the claim)
                     "SELECT c.id, c.lease_token,"
                     " (SELECT extract(epoch FROM clock_timestamp() - j.run_at)::float8 FROM pgjobs.jobs AS j"
-                    "   WHERE j.id = c.id)"
+                    "   WHERE j.id = c.id AND j.state IN ('waiting', 'scheduled', 'pending', 'active'))"
                     " FROM pgjobs.claim(worker => 'probe', queues => ARRAY[%s], max_jobs => 1) AS c",
                     [QUEUE],
                 ).fetchone()

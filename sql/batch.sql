@@ -184,9 +184,7 @@ BEGIN
             END IF;
             RETURN coalesce(cardinality(v_ids), 0) + v_active;
         EXCEPTION WHEN serialization_failure THEN
-            IF i = 20 OR current_setting('transaction_isolation') <> 'read committed' THEN
-                RAISE;
-            END IF;
+            PERFORM _lost_race(i, SQLERRM);  -- (sql/history.sql, ROW MOVEMENT)
         END;
     END LOOP;
 END;

@@ -214,9 +214,7 @@ BEGIN
                        FOR NO KEY UPDATE) AS l;
             EXIT;
         EXCEPTION WHEN serialization_failure THEN
-            IF i = 20 OR current_setting('transaction_isolation') <> 'read committed' THEN
-                RAISE;
-            END IF;
+            PERFORM _lost_race(i, SQLERRM);  -- (sql/history.sql, ROW MOVEMENT)
         END;
     END LOOP;
     SELECT d.child, d.key INTO v_bad
@@ -338,9 +336,7 @@ BEGIN
                   FROM holders AS h;
                 EXIT;
             EXCEPTION WHEN serialization_failure THEN
-                IF i = 20 OR current_setting('transaction_isolation') <> 'read committed' THEN
-                    RAISE;
-                END IF;
+                PERFORM _lost_race(i, SQLERRM);  -- (sql/history.sql, ROW MOVEMENT)
             END;
         END LOOP;
     END IF;
@@ -768,9 +764,7 @@ BEGIN
                     v_wake := v_wake || coalesce(v_wk, '{}');
                     EXIT;
                 EXCEPTION WHEN serialization_failure THEN
-                    IF i = 20 OR current_setting('transaction_isolation') <> 'read committed' THEN
-                        RAISE;
-                    END IF;
+                    PERFORM _lost_race(i, SQLERRM);  -- (sql/history.sql, ROW MOVEMENT)
                 END;
             END LOOP;
         END IF;

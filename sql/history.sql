@@ -31,7 +31,8 @@
 -- locked was already moved to another partition due to concurrent update") instead of re-checking the
 -- row: when it waited on the mover's lock, and also under SKIP LOCKED when the move committed after its
 -- snapshot. Every such statement handles it, in READ COMMITTED only (under REPEATABLE READ a 40001 is the
--- caller's to retry, as it always was), with an EXCEPTION WHEN serialization_failure block:
+-- caller's to retry, as it always was), with an EXCEPTION WHEN serialization_failure block that asks
+-- _lost_race (_lost_race_on_token for lease-token calls), the one retry policy, whether to run again:
 --   * lease-token calls (complete, fail, dead_letter, release, ack_cancel, progress, checkpoint): when the
 --     row left jobs_live the token no longer holds it: false/NULL; when it is still held (a 40001 of another
 --     cause), the statement again. renew_lease and add_to_batch answer false/NULL;
@@ -394,6 +395,41 @@ BEGIN
 END;
 $$;
 
+-- The one policy for a lost race on a moved row (ROW MOVEMENT above), called from the EXCEPTION WHEN
+-- serialization_failure block of every statement that handles it, inside a FOR i IN 1..20 loop: returns
+-- when the statement may run again in a new snapshot; raises the 40001 again (same SQLSTATE and message)
+-- on the 20th try, or outside READ COMMITTED, where a new statement keeps the old snapshot and the
+-- caller must retry the transaction, as it always had to.
+CREATE OR REPLACE FUNCTION pgjobs._lost_race(try int, message text)
+RETURNS void
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pgjobs, pg_temp
+AS $$
+BEGIN
+    IF try >= 20 OR current_setting('transaction_isolation') <> 'read committed' THEN
+        RAISE EXCEPTION USING ERRCODE = 'serialization_failure', MESSAGE = message;
+    END IF;
+END;
+$$;
+
+-- The same for a lease-token call: true when the token still holds the job (the 40001 had another
+-- cause: run the statement again); false when the row moved to history while the call waited on it
+-- (the attempt ended: the token no longer holds the job, the call answers as for a stale token).
+CREATE OR REPLACE FUNCTION pgjobs._lost_race_on_token(try int, message text, job_id bigint, token uuid)
+RETURNS boolean
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pgjobs, pg_temp
+SET plan_cache_mode = force_generic_plan
+SET jit = off
+AS $$
+BEGIN
+    PERFORM _lost_race(try, message);
+    RETURN EXISTS (SELECT 1 FROM jobs AS h
+                    WHERE h.id = job_id AND h.lease_token = token
+                      AND h.state::text = 'active' AND h.state = ANY ('{waiting,scheduled,pending,active}'::job_state[]));
+END;
+$$;
+
 -- claim(): _claim_once (claim.sql) in a retry loop. FOR UPDATE SKIP LOCKED skips a row that is locked,
 -- but a row that was moved to history after the claim's snapshot (its holder completed it, or a cancel
 -- ended it) is not locked any more: locking it raises 40001 "tuple to be locked was already moved to
@@ -416,9 +452,7 @@ BEGIN
             RETURN QUERY SELECT * FROM _claim_once(worker, queues, max_jobs, lease, kind_limits);
             RETURN;
         EXCEPTION WHEN serialization_failure THEN
-            IF i = 20 OR current_setting('transaction_isolation') <> 'read committed' THEN
-                RAISE;
-            END IF;
+            PERFORM _lost_race(i, SQLERRM);  -- (sql/history.sql, ROW MOVEMENT)
         END;
     END LOOP;
 END;

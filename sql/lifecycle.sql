@@ -151,9 +151,7 @@ BEGIN
             SELECT array_agg(u.id), array_agg(u.cancel_requested) INTO v_ids, v_cancel FROM upd AS u;
             EXIT;
         EXCEPTION WHEN serialization_failure THEN
-            IF i = 20 OR current_setting('transaction_isolation') <> 'read committed' THEN
-                RAISE;
-            END IF;
+            PERFORM _lost_race(i, SQLERRM);  -- (sql/history.sql, ROW MOVEMENT)
         END;
     END LOOP;
     RETURN QUERY SELECT r.id, r.c, true FROM unnest(v_ids, v_cancel) AS r(id, c);
@@ -207,14 +205,8 @@ BEGIN
             v_done := FOUND;
             EXIT;
         EXCEPTION WHEN serialization_failure THEN
-            -- A lost race (see the header): when the row moved to history while we waited on it, the
-            -- token no longer holds the job; when it is still held (another cause), the statement again.
-            IF i = 20 OR current_setting('transaction_isolation') <> 'read committed' THEN
-                RAISE;
-            END IF;
-            IF NOT EXISTS (SELECT 1 FROM jobs AS h
-                            WHERE h.id = checkpoint.id AND h.lease_token = checkpoint.lease_token
-                              AND h.state::text = 'active' AND h.state = ANY ('{waiting,scheduled,pending,active}'::job_state[])) THEN
+            -- A lost race (sql/history.sql, ROW MOVEMENT): again while the token still holds the job.
+            IF NOT _lost_race_on_token(i, SQLERRM, checkpoint.id, checkpoint.lease_token) THEN
                 RETURN false;
             END IF;
         END;
@@ -242,14 +234,8 @@ BEGIN
             RETURNING j.id, j.state, j.queue, j.kind, j.attempt, j.batch_id INTO v_job;
             EXIT;
         EXCEPTION WHEN serialization_failure THEN
-            -- A lost race (see the header): when the row moved to history while we waited on it, the
-            -- token no longer holds the job; when it is still held (another cause), the statement again.
-            IF i = 20 OR current_setting('transaction_isolation') <> 'read committed' THEN
-                RAISE;
-            END IF;
-            IF NOT EXISTS (SELECT 1 FROM jobs AS h
-                            WHERE h.id = progress.id AND h.lease_token = progress.lease_token
-                              AND h.state::text = 'active' AND h.state = ANY ('{waiting,scheduled,pending,active}'::job_state[])) THEN
+            -- A lost race (sql/history.sql, ROW MOVEMENT): again while the token still holds the job.
+            IF NOT _lost_race_on_token(i, SQLERRM, progress.id, progress.lease_token) THEN
                 RETURN false;
             END IF;
         END;
@@ -285,14 +271,8 @@ BEGIN
             RETURNING j.id, j.state, j.queue, j.kind, j.attempt, j.batch_id, j.has_dependents INTO v_job;
             EXIT;
         EXCEPTION WHEN serialization_failure THEN
-            -- A lost race (see the header): when the row moved to history while we waited on it, the
-            -- token no longer holds the job; when it is still held (another cause), the statement again.
-            IF i = 20 OR current_setting('transaction_isolation') <> 'read committed' THEN
-                RAISE;
-            END IF;
-            IF NOT EXISTS (SELECT 1 FROM jobs AS h
-                            WHERE h.id = complete.id AND h.lease_token = complete.lease_token
-                              AND h.state::text = 'active' AND h.state = ANY ('{waiting,scheduled,pending,active}'::job_state[])) THEN
+            -- A lost race (sql/history.sql, ROW MOVEMENT): again while the token still holds the job.
+            IF NOT _lost_race_on_token(i, SQLERRM, complete.id, complete.lease_token) THEN
                 RETURN false;
             END IF;
         END;
@@ -372,9 +352,7 @@ BEGIN
               FROM upd AS u;
             EXIT;
         EXCEPTION WHEN serialization_failure THEN
-            IF i = 20 OR current_setting('transaction_isolation') <> 'read committed' THEN
-                RAISE;
-            END IF;
+            PERFORM _lost_race(i, SQLERRM);  -- (sql/history.sql, ROW MOVEMENT)
         END;
     END LOOP;
     IF v_ids IS NULL THEN
@@ -458,14 +436,8 @@ BEGIN
             RETURNING j.id, j.state, j.queue, j.kind, j.attempt, j.batch_id, j.has_dependents INTO v_job;
             EXIT;
         EXCEPTION WHEN serialization_failure THEN
-            -- A lost race (see the header): when the row moved to history while we waited on it, the
-            -- token no longer holds the job; when it is still held (another cause), the statement again.
-            IF i = 20 OR current_setting('transaction_isolation') <> 'read committed' THEN
-                RAISE;
-            END IF;
-            IF NOT EXISTS (SELECT 1 FROM jobs AS h
-                            WHERE h.id = _end_attempt.id AND h.lease_token = _end_attempt.lease_token
-                              AND h.state::text = 'active' AND h.state = ANY ('{waiting,scheduled,pending,active}'::job_state[])) THEN
+            -- A lost race (sql/history.sql, ROW MOVEMENT): again while the token still holds the job.
+            IF NOT _lost_race_on_token(i, SQLERRM, _end_attempt.id, _end_attempt.lease_token) THEN
                 RETURN NULL;
             END IF;
         END;
@@ -515,14 +487,8 @@ BEGIN
             RETURNING j.id, j.state, j.queue, j.kind, j.attempt, j.batch_id, j.has_dependents INTO v_job;
             EXIT;
         EXCEPTION WHEN serialization_failure THEN
-            -- A lost race (see the header): when the row moved to history while we waited on it, the
-            -- token no longer holds the job; when it is still held (another cause), the statement again.
-            IF i = 20 OR current_setting('transaction_isolation') <> 'read committed' THEN
-                RAISE;
-            END IF;
-            IF NOT EXISTS (SELECT 1 FROM jobs AS h
-                            WHERE h.id = release.id AND h.lease_token = release.lease_token
-                              AND h.state::text = 'active' AND h.state = ANY ('{waiting,scheduled,pending,active}'::job_state[])) THEN
+            -- A lost race (sql/history.sql, ROW MOVEMENT): again while the token still holds the job.
+            IF NOT _lost_race_on_token(i, SQLERRM, release.id, release.lease_token) THEN
                 RETURN false;
             END IF;
         END;
@@ -566,14 +532,8 @@ BEGIN
             RETURNING j.id, j.queue, j.kind, j.attempt, j.batch_id, j.has_dependents INTO v_job;
             EXIT;
         EXCEPTION WHEN serialization_failure THEN
-            -- A lost race (see the header): when the row moved to history while we waited on it, the
-            -- token no longer holds the job; when it is still held (another cause), the statement again.
-            IF i = 20 OR current_setting('transaction_isolation') <> 'read committed' THEN
-                RAISE;
-            END IF;
-            IF NOT EXISTS (SELECT 1 FROM jobs AS h
-                            WHERE h.id = ack_cancel.id AND h.lease_token = ack_cancel.lease_token
-                              AND h.state::text = 'active' AND h.state = ANY ('{waiting,scheduled,pending,active}'::job_state[])) THEN
+            -- A lost race (sql/history.sql, ROW MOVEMENT): again while the token still holds the job.
+            IF NOT _lost_race_on_token(i, SQLERRM, ack_cancel.id, ack_cancel.lease_token) THEN
                 RETURN false;
             END IF;
         END;

@@ -72,9 +72,7 @@ BEGIN
             PERFORM _wake(v_queues);
             RETURN cardinality(v_gone);
         EXCEPTION WHEN serialization_failure THEN
-            IF i = 20 OR current_setting('transaction_isolation') <> 'read committed' THEN
-                RAISE;
-            END IF;
+            PERFORM _lost_race(i, SQLERRM);  -- (sql/history.sql, ROW MOVEMENT)
         END;
     END LOOP;
 END;
@@ -162,9 +160,7 @@ BEGIN
             PERFORM _wake(v_queues);
             RETURN true;
         EXCEPTION WHEN serialization_failure THEN
-            IF i = 20 OR current_setting('transaction_isolation') <> 'read committed' THEN
-                RAISE;
-            END IF;
+            PERFORM _lost_race(i, SQLERRM);  -- (sql/history.sql, ROW MOVEMENT)
         END;
     END LOOP;
 END;

@@ -428,3 +428,16 @@ def test_cli_queue_configure_sets_and_removes_retention(
     assert conn.execute("SELECT retention FROM pgjobs.queues WHERE queue = 'q'").fetchone() == (timedelta(days=7),)
     assert main(["--dsn", dsn, "queue", "configure", "q", "--retention", "0"]) == 0, capsys.readouterr().err
     assert conn.execute("SELECT retention FROM pgjobs.queues WHERE queue = 'q'").fetchone() == (None,)
+
+
+def test_lost_race_policy_retries_only_in_read_committed_and_only_19_times(conn: Conn, connect: ConnectFactory) -> None:
+    """_lost_race (the one retry policy of every statement that handles a row moved to history): it lets a
+    READ COMMITTED statement run again up to its 19th try, and raises 40001 with the caught message on the
+    20th, or at once under REPEATABLE READ (a new statement there keeps the old snapshot)."""
+    assert conn.execute("SELECT 1 FROM (SELECT pgjobs._lost_race(19, 'moved')) AS x").fetchone() == (1,)
+    with pytest.raises(psycopg.errors.SerializationFailure, match="moved"):
+        conn.execute("SELECT pgjobs._lost_race(20, 'moved')")
+    rr = connect(autocommit=False)
+    rr.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
+    with pytest.raises(psycopg.errors.SerializationFailure, match="moved"):
+        rr.execute("SELECT pgjobs._lost_race(1, 'moved')")

@@ -4,6 +4,7 @@ call that waits on a row which the holder moves to history must answer, not fail
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from collections.abc import Callable
@@ -415,6 +416,42 @@ def test_claim_racing_completions_of_expired_leases(connect: ConnectFactory, con
     for jid, tok in taken:
         conn.execute("SELECT pgjobs.complete(%s, %s)", (jid, tok))
     assert conn.execute("SELECT count(*) FROM pgjobs.jobs WHERE state = 'succeeded'").fetchone() == (400,)
+
+
+def test_a_fan_in_onto_parents_that_keep_completing_is_enqueued(connect: ConnectFactory, conn: Conn) -> None:
+    """A child that depends on 200 running parents is enqueued while 4 workers complete those parents: each
+    wait on a parent that then moves to history is a lost race, and retrying the whole lock in a new snapshot
+    could lose it on every try (the workers keep completing). The call must get through, its edges settled
+    for the parents that had ended."""
+    conn.execute("INSERT INTO pgjobs.jobs (kind) SELECT 'p' FROM generate_series(1, 200)")
+    held = _claim(conn, n=200)
+    errors: list[BaseException] = []
+    child: list[int] = []
+
+    def completer(part: int) -> None:
+        with connect() as c:
+            for jid, tok in held[part::4]:
+                c.execute("SELECT pgjobs.complete(%s, %s)", (jid, tok))
+
+    def enqueuer() -> None:
+        spec = [{"kind": "child", "depends_on": [{"job": j} for j, _ in held]}]
+        with connect() as c:
+            try:
+                row = c.execute("SELECT id FROM pgjobs.enqueue_many(%s::jsonb)", (json.dumps(spec),)).fetchone()
+                assert row is not None
+                child.append(int(row[0]))
+            except psycopg.Error as exc:
+                errors.append(exc)
+
+    threads = [threading.Thread(target=completer, args=(i,)) for i in range(4)] + [threading.Thread(target=enqueuer)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert errors == []
+    # every parent succeeded, so the child is released, whichever parents had ended before its edges were added
+    state = conn.execute("SELECT state::text, remaining_deps FROM pgjobs.jobs WHERE id = %s", (child[0],)).fetchone()
+    assert state == ("pending", 0)
 
 
 def test_cli_queue_configure_sets_and_removes_retention(

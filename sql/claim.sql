@@ -135,6 +135,9 @@ BEGIN
         ri := array_fill(0::bigint, ARRAY[v_n]);
         rh := array_fill(32768, ARRAY[v_n]);
         lf := rt;
+        IF current_setting('pgjobs.claim_lost_race', true) = 'on' THEN
+            SELECT f.rq, f.rp, f.rt, f.ri, f.rh INTO rq, rp, rt, ri, rh FROM _claim_front_ranges(queues) AS f;
+        END IF;
         RETURN;
     END IF;
     -- (Times are kept as text: a float of epoch seconds loses the microsecond that separates a floor
@@ -161,6 +164,50 @@ BEGIN
     SELECT array_agg(coalesce((st -> 'q' -> q.name ->> 'r')::timestamptz, '-infinity') ORDER BY q.ord)
       INTO lf
       FROM unnest(queues) WITH ORDINALITY AS q(name, ord);
+END;
+$$;
+
+-- The ranges of a scan from the front after a lost race (claim() in history.sql sets
+-- pgjobs.claim_lost_race for its next try). Under a held snapshot a scan from the front (a new
+-- session, a moved epoch, the safety net) walks every dead entry at the front of jobs_pending_idx
+-- before it reaches live jobs: hundreds of ms, and its snapshot is that old when it locks. By then
+-- the other claimers have claimed and completed the jobs it finds there, and locking a job moved to
+-- history raises 40001: every try again lost (measured: a session failing 20 tries out of 20, over
+-- and over, after 60 s of a held snapshot at 3,000 jobs/s). So the walk is done by a statement of
+-- its own that locks nothing, and the claim's locking statement, in a new snapshot, starts at the
+-- first pending job that walk saw, or at (its level, now() - 300 ms, 0) when that is lower (the
+-- floors' margin, "Scan floors" above: a row that sorts lower and commits later moved the epoch or is
+-- within the margin), plus the unbounded range of the more urgent levels below it.
+CREATE OR REPLACE FUNCTION pgjobs._claim_front_ranges(queues text[],
+                                                      OUT rq text[], OUT rp smallint[], OUT rt timestamptz[],
+                                                      OUT ri bigint[], OUT rh int[])
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pgjobs, pg_temp
+AS $$
+DECLARE
+    v_low timestamptz := now() - interval '300 ms';
+BEGIN
+    WITH f AS (
+        SELECT q.name, q.ord, x.priority AS p,
+               CASE WHEN x.run_at < v_low THEN x.run_at ELSE v_low END AS t,
+               CASE WHEN x.run_at < v_low THEN x.id ELSE 0 END AS i
+          FROM unnest(queues) WITH ORDINALITY AS q(name, ord)
+          LEFT JOIN LATERAL (SELECT j.priority, j.run_at, j.id FROM jobs AS j
+                              WHERE j.state = 'pending' AND j.queue = q.name
+                              ORDER BY j.priority, j.run_at, j.id
+                              LIMIT 1) AS x ON true
+    ), rng AS (
+        SELECT f.name, f.ord, (-32768)::smallint AS lo, '-infinity'::timestamptz AS t, 0::bigint AS i,
+               coalesce(f.p::int, 32768) AS hi
+          FROM f
+        UNION ALL
+        SELECT f.name, f.ord, f.p, f.t, f.i, 32768 FROM f WHERE f.p IS NOT NULL
+    )
+    SELECT array_agg(r.name ORDER BY r.ord, r.lo), array_agg(r.lo ORDER BY r.ord, r.lo),
+           array_agg(r.t ORDER BY r.ord, r.lo), array_agg(r.i ORDER BY r.ord, r.lo),
+           array_agg(r.hi ORDER BY r.ord, r.lo)
+      INTO rq, rp, rt, ri, rh
+      FROM rng AS r;
 END;
 $$;
 

@@ -366,3 +366,46 @@ def test_concurrent_claimers_and_producers_under_a_held_snapshot_claim_each_job_
     everything = [j for c in claimed for j in c]
     assert len(everything) == len(set(everything)), "a job was claimed twice"
     assert sorted(everything) == sorted(j for m in made for j in m), "a job was not claimed"
+
+
+# -- after a lost race: the walk over dead entries apart from the locking statement ---------------------------
+
+
+def test_the_retry_of_a_lost_race_starts_its_front_scan_at_the_first_pending_job(
+    conn: Conn, connect: ConnectFactory
+) -> None:
+    """claim() retries a lost race (a job it locked had moved to history) with the walk from the front in a
+    statement of its own: the locking statement starts at the first pending job that walk saw, or the floors'
+    300 ms margin below the present, and keeps an unbounded range for the more urgent levels below it."""
+    old = enqueue_n(conn, 3, run_at=PAST, priority=5)
+    with held_snapshot(connect):
+        for row in claim(conn, max_jobs=2):  # dead entries at the front, kept by the held snapshot
+            call(conn, "complete", id=row["id"], lease_token=row["lease_token"])
+        conn.execute("BEGIN")
+        conn.execute("SELECT set_config('pgjobs.claim_lost_race', 'on', true)")
+        got = conn.execute(
+            "SELECT rq, rp, rt[2]::text, ri, rh FROM pgjobs._claim_floor_plan('{default}', '{default}|*')"
+        ).fetchone()
+        assert got is not None
+        rq, rp, rt, ri, rh = got
+        assert rq == ["default", "default"]
+        assert (rp, ri, rh) == ([-32768, 5], [0, old[2]], [5, 32768])  # below level 5, then from the third job
+        assert rt.startswith("2001-02-03")
+        # a more urgent job filed now is still taken first, then the old one, in claim order
+        urgent = enqueue(conn, priority=0)["id"]
+        assert [r["id"] for r in claim(conn, max_jobs=5)] == [urgent, old[2]]
+        conn.execute("COMMIT")
+    assert conn.execute("SELECT current_setting('pgjobs.claim_lost_race', true)").fetchone() in (("",), (None,))
+
+
+def test_front_ranges_keep_the_floor_margin_for_jobs_of_the_last_300_ms(conn: Conn) -> None:
+    """A first pending job filed just now sorts at (level, now() - 300 ms, 0), not at its own key: a producer
+    whose transaction began earlier may still commit a job that sorts below it."""
+    fresh = enqueue(conn, priority=1)["id"]
+    got = conn.execute(
+        "SELECT rp, ri, rt[2] < now() - interval '299 ms' FROM pgjobs._claim_front_ranges('{default}')"
+    ).fetchone()
+    assert got == ([-32768, 1], [0, 0], True)
+    assert fresh > 0
+    # a queue with nothing pending keeps the one unbounded range
+    assert conn.execute("SELECT rp, rh FROM pgjobs._claim_front_ranges('{empty}')").fetchone() == ([-32768], [32768])

@@ -60,6 +60,7 @@ DECLARE
         "parent_results": ["pgjobs_worker"],
         "parent_results_many": ["pgjobs_worker"],
         "worker_heartbeat": ["pgjobs_worker"],
+        "vacuum_due": ["pgjobs_worker"],
         "reap_workers": ["pgjobs_worker"],
         "deregister_worker": ["pgjobs_worker"],
         "next_due_at": ["pgjobs_worker"],

@@ -203,6 +203,7 @@ class WorkerState:
     heartbeat_interval: float
     reap_after: float
     durable_completions: bool
+    vacuum: bool  # the hot tables vacuumed from this worker when autovacuum will not (runtime/vacuum.py)
     claimers: int | None
     grace_period: float
     prepare: bool  # False: no server-side prepared statements and no startup options (PgBouncer)

@@ -38,7 +38,7 @@ import anyio
 from anyio.abc import TaskGroup
 from psycopg_pool import AsyncConnectionPool
 
-from pgjobs.runtime import claimer, leases, listener, runner, telemetry
+from pgjobs.runtime import claimer, leases, listener, runner, telemetry, vacuum
 from pgjobs.runtime.app import App
 from pgjobs.runtime.completer import Completer
 from pgjobs.runtime.listener import CANCEL_CHANNEL, WAKE_CHANNEL
@@ -73,6 +73,9 @@ class Worker(WorkerState):
     a cluster-wide lock through its flush), but a *server* crash can forget the last fraction of a second of
     completions; those jobs then run again when their leases expire (at least once, as after a worker crash),
     and a subscriber may have seen them succeed. Failures, releases and cancels are always durable.
+    ``vacuum``: VACUUM the hot tables from the worker when autovacuum will not (autovacuum off, off for the table,
+    or far behind; sql/vacuum.sql), every heartbeat at most, on a connection of its own; needs a login role
+    that may vacuum them (the owner). ``vacuum=False`` leaves it to autovacuum or ``pgjobs maintain``.
 
     Operations (README "Operations"): ``metrics_port`` serves Prometheus metrics on ``metrics_host``
     (``pgjobs.runtime.metrics``; 0 picks a free port, see ``worker.metrics.port``). ``tracing``: a span per
@@ -98,6 +101,7 @@ class Worker(WorkerState):
         pool_size: int = 4,
         claimers: int | None = None,
         durable_completions: bool = True,
+        vacuum: bool = True,
         prepare: bool = True,
         listen_dsn: str | None = None,
         metrics_port: int | None = None,
@@ -135,6 +139,7 @@ class Worker(WorkerState):
         self.scheduler = scheduler
         self.pool_size = pool_size
         self.durable_completions = durable_completions
+        self.vacuum = vacuum
         self.prepare = prepare
         self.listen_dsn = listen_dsn
         self.metrics_port = metrics_port
@@ -259,6 +264,8 @@ class Worker(WorkerState):
                 services.start_soon(listener.poller, self)
                 services.start_soon(leases.renewer, self)
                 services.start_soon(leases.heartbeat, self)
+                if self.vacuum:
+                    services.start_soon(vacuum.vacuumer, self)
                 await self._start_scheduler(services)
                 await self._work()
                 services.cancel_scope.cancel()

@@ -37,11 +37,15 @@
 --     row left jobs_live the token no longer holds it: false/NULL; when it is still held (a 40001 of another
 --     cause), the statement again. renew_lease and add_to_batch answer false/NULL;
 --   * complete_many, renew_leases, claim (a wrapper here around claim.sql's _claim_once): the statement
---     again (the moved job is not active any more). renew_leases SKIPs LOCKED rows (a job being completed
---     needs no renewal; it reports them busy: renewed = false);
+--     again (the moved job is not active any more); claim's next try walks the dead entries before its
+--     scans from the front in a statement apart that locks nothing (claim.sql, _claim_front_ranges);
+--     renew_leases SKIPs LOCKED rows (a job being completed needs no renewal; it reports them busy:
+--     renewed = false);
 --   * complete_many also runs without sequential scans: on a small table without statistics its generic
 --     plan read jobs_live as the join's outer side and locked rows out of id order (a deadlock with
 --     cancel_batch, tests/runtime/test_lease_races.py);
+--   * cancel_batch flags the running members no one holds in one statement, then each held one alone (40001
+--     there: it ended); a fan-in enqueue locks its parents row by row after a lost race (graph.sql);
 --   * admin paths and cascades (cancel, retry, delete, cancel_batch, reap_workers, deregister_worker,
 --     _propagate's children, _graph_lock_parents, _graph_link's holders): the call or statement again.
 -- Each block is a subtransaction (one per call, not per row); tests/sql/test_history.py races them.

@@ -88,13 +88,16 @@ def enqueue_fast_call(
 
 
 def _specs(rows: Rows) -> list[EnqueuedSpec]:
-    return [EnqueuedSpec.from_row(r) for r in rows]
+    # The four columns by name: EnqueuedSpec.from_row (which reads the dataclass's fields for every row)
+    # cost 12 us a row, most of the client's time of a 1,000-spec call. Extra columns are ignored all the same.
+    return [EnqueuedSpec(r["ref"], r["id"], r["created"], r["batch_id"]) for r in rows]
 
 
 def enqueue_many_call(
     jobs: Iterable[Mapping[str, Any]], as_batch: bool = False, defaults: EnqueueDefaults | None = None
 ) -> Call[list[EnqueuedSpec]]:
-    specs = [_spec(fill_spec(defaults, j)) for j in jobs]
+    # (fill_spec copies each spec; without an app there is nothing to fill)
+    specs = [_spec(j) for j in jobs] if defaults is None else [_spec(fill_spec(defaults, j)) for j in jobs]
     return Call(
         "SELECT * FROM pgjobs.enqueue_many(jobs => %(jobs)s, as_batch => %(as_batch)s)",
         {"jobs": jsonb(specs), "as_batch": as_batch},
@@ -188,7 +191,10 @@ def _spec_rows(rows: Tuples) -> list[EnqueuedSpec]:
 
 
 def _spec(job: Mapping[str, Any]) -> dict[str, Any]:
-    """A job spec as JSON: datetimes become ISO 8601 strings, nothing else is touched."""
+    """A job spec as JSON: datetimes become ISO 8601 strings, nothing else is touched (a plain dict without
+    a datetime is sent as it is: the call serialises it before it returns)."""
+    if type(job) is dict and not isinstance(job.get("run_at"), datetime):
+        return job
     spec = dict(job)
     if isinstance(spec.get("run_at"), datetime):
         spec["run_at"] = spec["run_at"].isoformat()

@@ -10,6 +10,26 @@
 -- into those first restores the planner's default choice for the rest of the function
 -- (set_config(..., true) inside a function with a SET clause ends with the function).
 
+-- PRODUCER COSTS (issue 14; measured on the shared 2-core bench machine, PostgreSQL 15, load 3-6: backend
+-- CPU per call read from /proc inside transactions that were rolled back, so no commit wait counts; the
+-- ratios hold, the absolute figures are 2-3x a quiet machine's).
+-- * enqueue (kind, payload, queue), ~310 us: the statement's own round trip (a prepared SELECT 1) 47;
+--   the PL/pgSQL call and its one-row return 43 (SET search_path 13 of it; SET jit, RETURN NEXT against
+--   RETURN QUERY or a non-set OUT-parameter function: no difference); argument checks and the queue's
+--   settings 30; the insert into jobs_live 110 (the same row into the parent: the same; the six partial
+--   indexes a pending job does not enter cost 15 of it in predicate checks, all eight 35 against none);
+--   pg_notify and the floor check 17; the status event 80 (_append_events: its call and follower probe
+--   25, its event_inbox row 55; stream.sql). A bare one-row INSERT is 95, with pg_notify 105. Folding
+--   the settings read, the insert and the NOTIFY into one statement saved nothing (243 against 223 us).
+-- * enqueue_many, 1,000 plain specs, ~24 ms against 12.7 for the bare INSERT from the same JSON and
+--   15-17 for the same rows into pgjobs.jobs (parent or leaf alike): the status events 5.5 ms (the
+--   event_inbox row 3.3 ms, 2.2 of it pglz compressing its arrays (the same row with STORAGE EXTERNAL
+--   arrays: 4.5 against 6.75 ms; stream.sql's table), the four sorts that fed them 1.25 ms, now one
+--   sort), the spec checks, materialised specs and returned rows 4.5 ms. enqueue_staged (COPY, 1,000):
+--   22.5 ms, of which the insert 14.5, the events 2.8, the decision pass 0.6.
+-- * Same-run, main vs this layout (rolled-back transactions, 6 alternating rounds): enqueue 308 -> 297 us
+--   (0.96x), enqueue_many of 1,000 24.2 -> 22.6 ms (0.93x).
+--
 -- Inserts: every insert here names the leaf pgjobs.jobs_live, not the partitioned parent: a new job is
 -- waiting, scheduled or pending, all of them states of jobs_live (history.sql), and the leaf takes the
 -- same rows as routing would. Same checks: jobs_valid is the leaf's own constraint too, and a direct
@@ -17,7 +37,7 @@
 -- statement instead of being routed). No trigger is lost: the only row trigger (jobs_release_key) is
 -- on the history trees, and none is on the parent. The leaf has no identity default: ids come from
 -- nextval('pgjobs.jobs_id_seq'), the parent's identity sequence. (Measured gain: 1-2 % of the server
--- time of _insert_plain_specs at 1,000 specs, in the noise for one row; see PRODUCER COSTS below.)
+-- time of _insert_plain_specs at 1,000 specs, in the noise for one row: PRODUCER COSTS above.)
 
 -- Raises PJ002 when a job spec is unusable; the message names the bad value. Limits: checks.sql.
 CREATE OR REPLACE FUNCTION pgjobs._check_job_args(kind text, queue text, payload jsonb,

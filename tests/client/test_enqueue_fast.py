@@ -391,6 +391,35 @@ def test_enqueue_staged_refuses_a_table_it_must_not_read(
     assert info.value.sqlstate == "PJ002" and message in str(info.value)
 
 
+def test_enqueue_staged_pairs_ids_with_specs_whatever_the_stored_order(conn: psycopg.Connection[Any]) -> None:
+    """enqueue_staged pairs the ids it drew with the specs by their order alone: the insert reads the specs
+    ORDER BY n and draws each id (nextval, into jobs_live) in that order. Staged here in reverse and in
+    three groups (kind, queue, state), each spec's id must be the job made from that spec."""
+    conn.execute(
+        "CREATE TEMP TABLE pgjobs_staging (n bigint, kind text, queue text, payload jsonb, meta jsonb, run_at text,"
+        " priority bigint, max_attempts bigint, unique_key text, unique_live_only boolean, group_key text, ref text,"
+        " depends_on jsonb) ON COMMIT DELETE ROWS"
+    )
+    with conn.transaction():  # the staged rows last until the commit
+        conn.execute(
+            "INSERT INTO pgjobs_staging (n, kind, queue, payload, run_at, ref)"
+            " SELECT g, CASE WHEN g % 3 = 0 THEN 'a' ELSE 'b' END, CASE WHEN g % 5 = 0 THEN 'q5' END,"
+            " jsonb_build_object('g', g), CASE WHEN g % 7 = 0 THEN '2031-01-01T00:00:00Z' END, 'r' || g"
+            " FROM generate_series(299, 0, -1) AS g"
+        )
+        out = conn.execute("SELECT ref, id FROM pgjobs.enqueue_staged(staging => 'pg_temp.pgjobs_staging')").fetchall()
+    assert [r[0] for r in out] == [f"r{g}" for g in range(300)]
+    rows = conn.execute(
+        "SELECT id, (payload ->> 'g')::int, kind, queue, state::text FROM pgjobs.jobs_live WHERE id = ANY (%s)",
+        [[r[1] for r in out]],
+    ).fetchall()
+    made = {r[0]: r[1:] for r in rows}
+    for ref, job_id in out:
+        g = int(ref[1:])
+        want = ("a" if g % 3 == 0 else "b", "q5" if g % 5 == 0 else "default", "scheduled" if g % 7 == 0 else "pending")
+        assert made[job_id] == (g, *want)
+
+
 def test_copy_recreates_a_staging_table_the_session_lost(dsn: str, conn: psycopg.Connection[Any]) -> None:
     """The client remembers which sessions hold the staging table; one that lost it (DISCARD TEMP, or a
     pooler that moved the client to another server) makes the call run once more, creating it."""

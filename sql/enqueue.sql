@@ -30,14 +30,17 @@
 -- * Same-run, main vs this layout (rolled-back transactions, 6 alternating rounds): enqueue 308 -> 297 us
 --   (0.96x), enqueue_many of 1,000 24.2 -> 22.6 ms (0.93x).
 --
--- Inserts: every insert here names the leaf pgjobs.jobs_live, not the partitioned parent: a new job is
--- waiting, scheduled or pending, all of them states of jobs_live (history.sql), and the leaf takes the
--- same rows as routing would. Same checks: jobs_valid is the leaf's own constraint too, and a direct
--- insert into a partition checks its partition constraint (a state outside jobs_live fails the
--- statement instead of being routed). No trigger is lost: the only row trigger (jobs_release_key) is
--- on the history trees, and none is on the parent. The leaf has no identity default: ids come from
--- nextval('pgjobs.jobs_id_seq'), the parent's identity sequence. (Measured gain: 1-2 % of the server
--- time of _insert_plain_specs at 1,000 specs, in the noise for one row: PRODUCER COSTS above.)
+-- Inserts: those whose ids are drawn first (nextval: enqueue with a unique key, _insert_plain_specs,
+-- _insert_specs) name the leaf pgjobs.jobs_live, not the partitioned parent: a new job is waiting,
+-- scheduled or pending, all of them states of jobs_live (history.sql), and the leaf takes the rows
+-- routing would give it, with the same checks: jobs_valid is the leaf's own constraint too, and an insert
+-- into a partition checks its partition constraint (a state outside jobs_live fails the statement
+-- instead of being routed). No trigger is skipped: the only row trigger (jobs_release_key) is on the
+-- history trees, none is on the parent. The inserts that let the parent's identity default draw the id
+-- (enqueue without a key, enqueue_staged) stay on the parent: the leaf has no default, and nextval()
+-- as a call costs more per row (1.0 ms per 1,000 rows: a function call and a privilege check, where the
+-- identity's expression has neither) than routing does (0.25 ms per 1,000); enqueue_staged ran 9-10 %
+-- slower with it. (Measured: PRODUCER COSTS above.)
 
 -- Raises PJ002 when a job spec is unusable; the message names the bad value. Limits: checks.sql.
 CREATE OR REPLACE FUNCTION pgjobs._check_job_args(kind text, queue text, payload jsonb,
@@ -152,10 +155,10 @@ BEGIN
         IF v_max IS NOT NULL THEN
             PERFORM _reserve_capacity(enqueue.queue, 1);
         END IF;
-        -- Straight into the leaf jobs_live (a new job is never terminal): see "Inserts" above.
-        INSERT INTO jobs_live AS j (id, kind, queue, payload, meta, state, priority, run_at, max_attempts,
-                                    unique_live_only, group_key)
-        VALUES (nextval('pgjobs.jobs_id_seq'), enqueue.kind, enqueue.queue, enqueue.payload, coalesce(enqueue.meta, '{}'), v_state,
+        -- Through the parent: the identity default draws the id (see "Inserts" above).
+        INSERT INTO jobs AS j (kind, queue, payload, meta, state, priority, run_at, max_attempts,
+                               unique_live_only, group_key)
+        VALUES (enqueue.kind, enqueue.queue, enqueue.payload, coalesce(enqueue.meta, '{}'), v_state,
                 coalesce(enqueue.priority, 0), coalesce(enqueue.run_at, now()), enqueue.max_attempts,
                 coalesce(enqueue.unique_live_only, false), enqueue.group_key)
         RETURNING j.id INTO v_id;
@@ -882,15 +885,14 @@ BEGIN
         END;
     END IF;
 
-    -- The insert takes the specs in their order, so the ids it draws ascend in that order (the
-    -- planner evaluates a volatile output column such as nextval() above the sort, in ORDER BY
-    -- order): sorted, they pair with the specs without reading anything back. It returns one row per group of kind,
+    -- The insert takes the specs in their order, so the ids it draws ascend in that order: sorted,
+    -- they pair with the specs without reading anything back. (Through the parent: see "Inserts".) It returns one row per group of kind,
     -- queue and state (a bulk load is mostly one group) with the group's ids.
     FOR v_group IN EXECUTE format($q$
         WITH ins AS (
-            INSERT INTO jobs_live AS j (id, kind, queue, payload, meta, state, priority, run_at, max_attempts,
-                                        unique_live_only, group_key)
-            SELECT nextval('pgjobs.jobs_id_seq'), s.kind, coalesce(s.queue, 'default'), coalesce(s.payload, '{}'), coalesce(s.meta, '{}'),
+            INSERT INTO jobs AS j (kind, queue, payload, meta, state, priority, run_at, max_attempts,
+                                   unique_live_only, group_key)
+            SELECT s.kind, coalesce(s.queue, 'default'), coalesce(s.payload, '{}'), coalesce(s.meta, '{}'),
                    CASE WHEN s.run_at::timestamptz > now() THEN 'scheduled'::job_state ELSE 'pending' END,
                    coalesce(s.priority, 0), coalesce(s.run_at::timestamptz, now()), coalesce(s.max_attempts, 20),
                    coalesce(s.unique_live_only, false), s.group_key

@@ -27,8 +27,11 @@
 --   arrays: 4.5 against 6.75 ms; stream.sql's table), the four sorts that fed them 1.25 ms, now one
 --   sort), the spec checks, materialised specs and returned rows 4.5 ms. enqueue_staged (COPY, 1,000):
 --   22.5 ms, of which the insert 14.5, the events 2.8, the decision pass 0.6.
--- * Same-run, main vs this layout (rolled-back transactions, 6 alternating rounds): enqueue 308 -> 297 us
---   (0.96x), enqueue_many of 1,000 24.2 -> 22.6 ms (0.93x).
+-- * What changed here, same run and same database, the previous and the present function taking turns
+--   call by call: _insert_plain_specs of 1,000 18.8 -> 18.3 ms and 24.0 -> 22.5 ms (two runs; one sort
+--   for the events, the insert into the leaf). enqueue without a key is unchanged (two fresh databases,
+--   alternating: 1.01-1.05x, noise). The client's share of a 1,000-spec enqueue_many fell more (its rows
+--   read by name: 6.0 -> 1.9 ms per 1,000; README, Benchmarks).
 --
 -- Inserts: those whose ids are drawn first (nextval: enqueue with a unique key, _insert_plain_specs,
 -- _insert_specs) name the leaf pgjobs.jobs_live, not the partitioned parent: a new job is waiting,

@@ -249,13 +249,15 @@ def test_copy_refuses_a_bad_spec_as_enqueue_many_does_and_changes_nothing(
     assert conn.execute("SELECT count(*) FROM pgjobs.jobs").fetchone() == (0,)
 
 
-def test_copy_of_100k_is_all_or_nothing(dsn: str, conn: psycopg.Connection[Any]) -> None:
+@pytest.mark.parametrize("method", ["copy", "json"])
+def test_copy_of_100k_is_all_or_nothing(dsn: str, conn: psycopg.Connection[Any], method: Any) -> None:
+    """Both bulk paths (COPY into the staging table; JSON through enqueue_many's one-pass insert)."""
     specs = [{"kind": "bulk", "payload": {"n": i}} for i in range(100_000)]
     with Client(dsn) as client:
         with pytest.raises(InvalidArgument, match=r"jobs\[99999\]: max_attempts"):
-            client.enqueue_copy([*specs[:-1], {"kind": "bulk", "max_attempts": 0}])
+            client.enqueue_many([*specs[:-1], {"kind": "bulk", "max_attempts": 0}], method=method)
         assert conn.execute("SELECT count(*) FROM pgjobs.jobs").fetchone() == (0,)
-        out = client.enqueue_copy(specs)
+        out = client.enqueue_many(specs, method=method)
     assert len(out) == 100_000 and len({s.id for s in out}) == 100_000
     assert conn.execute("SELECT count(*), count(DISTINCT payload) FROM pgjobs.jobs").fetchone() == (100_000, 100_000)
 

@@ -889,8 +889,9 @@ BEGIN
     END IF;
 
     -- The insert takes the specs in their order, so the ids it draws ascend in that order: sorted,
-    -- they pair with the specs without reading anything back. (Through the parent: see "Inserts".) It returns one row per group of kind,
-    -- queue and state (a bulk load is mostly one group) with the group's ids.
+    -- they pair with the specs without reading anything back (through the parent: see "Inserts").
+    -- It returns one row per group of kind, queue and state (a bulk load is mostly one group) with
+    -- the group's ids.
     FOR v_group IN EXECUTE format($q$
         WITH ins AS (
             INSERT INTO jobs AS j (kind, queue, payload, meta, state, priority, run_at, max_attempts,

@@ -10,7 +10,7 @@ Phases, each repeated ``--repeat`` times (the median is reported), the systems t
 repetition so that they share the machine's load:
 
 * enqueue one by one: ``--n``/10 jobs, one call and one commit each, in turns of 50 calls per system.
-* bulk: ``--n`` jobs in calls of 1,000 (pgjobs ``enqueue_copy``, pgqueuer ``enqueue`` of lists,
+* bulk: ``--n`` jobs in calls of 1,000 (pgjobs ``enqueue_many``, pgqueuer ``enqueue`` of lists,
   procrastinate ``batch_defer_async``, awa ``insert_many_copy``), taking turns call by call.
 * processing with 1 and 2 worker processes: the workers start and are warmed up on an empty queue, then
   ``--n`` no-op jobs arrive in one call (one commit); the rate is the jobs between the first and the last

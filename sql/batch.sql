@@ -127,15 +127,15 @@ DECLARE
     v_ids     bigint[];
     v_events  jsonb;
     v_active  int;
-    v_id      bigint;
 BEGIN
-    -- Running members are flagged, not ended: their workers end them. A worker ending one holds its row
-    -- and moves it to history; a lock that waited for it then fails with 40001 ("tuple to be locked was
-    -- already moved to another partition", history.sql), and with workers completing members all the
-    -- time, a statement that waits for each of them in turn could fail on every try. So: the ones no one
-    -- holds in one statement (SKIP LOCKED), then each held one (a worker ending or renewing it: at most
-    -- one per worker slot) alone, in its own subtransaction, where 40001 means "it ended: nothing to ask".
-    -- The rest of the call retries as a whole (the idle members move only when someone else cancels them).
+    -- Locking running members waits for the workers ending them. In READ COMMITTED that wait ends in
+    -- 40001 ("tuple to be locked was already moved to another partition") when the holder moved the row
+    -- (history.sql), and with workers completing members all the time, the same statement again could
+    -- lose on every try: after one lost race the running members are locked one at a time, still in id
+    -- order (_lock_jobs_in_turn, history.sql; each lock kept, so the call gets through). Not SKIP LOCKED
+    -- and then a wait for the skipped ones: holding a later member while waiting for an earlier one
+    -- deadlocks with a complete_many that holds the earlier and wants the later
+    -- (tests/runtime/test_lease_races.py). The rest of the call retries as a whole.
     FOR i IN 1..20 LOOP
         BEGIN
             PERFORM 1 FROM batches AS b WHERE b.id = cancel_batch.batch_id;
@@ -144,34 +144,32 @@ BEGIN
             END IF;
             -- Running members first: a worker completing one holds its row and then wants the batch row and
             -- the member's waiting children, so we must not hold those children while we wait for it.
-            WITH a AS (
-                UPDATE jobs AS j SET cancel_requested = true
-                  FROM (SELECT l.id FROM jobs AS l
-                         WHERE l.batch_id = cancel_batch.batch_id AND l.state = 'active' AND NOT l.cancel_requested
-                         ORDER BY l.id
-                           FOR NO KEY UPDATE SKIP LOCKED) AS l
-                 WHERE j.id = l.id AND j.state = 'active'
-                RETURNING j.id
-            )
-            SELECT count(pg_notify('pgjobs_cancel', a.id::text))::int INTO v_active FROM a;
-            FOR v_id IN SELECT l.id FROM jobs AS l
-                         WHERE l.batch_id = cancel_batch.batch_id AND l.state = 'active' AND NOT l.cancel_requested
-                         ORDER BY l.id
-            LOOP
-                BEGIN
+            IF i = 1 THEN
+                WITH a AS (
                     UPDATE jobs AS j SET cancel_requested = true
-                     WHERE j.id = v_id AND j.state = 'active' AND NOT j.cancel_requested
-                       AND j.state = ANY ('{waiting,scheduled,pending,active}'::job_state[]);
-                    IF FOUND THEN
-                        v_active := v_active + 1;
-                        PERFORM pg_notify('pgjobs_cancel', v_id::text);
-                    END IF;
-                EXCEPTION WHEN serialization_failure THEN
-                    IF current_setting('transaction_isolation') <> 'read committed' THEN
-                        RAISE;
-                    END IF;
-                END;
-            END LOOP;
+                      FROM (SELECT l.id FROM jobs AS l
+                             WHERE l.batch_id = cancel_batch.batch_id AND l.state = 'active' AND NOT l.cancel_requested
+                             ORDER BY l.id
+                               FOR NO KEY UPDATE) AS l
+                     WHERE j.id = l.id AND j.state = 'active'
+                    RETURNING j.id
+                )
+                SELECT count(pg_notify('pgjobs_cancel', a.id::text))::int INTO v_active FROM a;
+            ELSE
+                v_ids := ARRAY(SELECT t.id
+                                 FROM _lock_jobs_in_turn(ARRAY(SELECT l.id FROM jobs AS l
+                                                                WHERE l.batch_id = cancel_batch.batch_id
+                                                                  AND l.state = 'active' AND NOT l.cancel_requested)) AS t
+                                WHERE t.state = 'active');
+                WITH a AS (
+                    UPDATE jobs AS j SET cancel_requested = true
+                     WHERE j.id = ANY (v_ids) AND j.state = 'active' AND NOT j.cancel_requested
+                       AND j.state = ANY ('{waiting,scheduled,pending,active}'::job_state[])
+                    RETURNING j.id
+                )
+                SELECT count(pg_notify('pgjobs_cancel', a.id::text))::int INTO v_active FROM a;
+                v_ids := NULL;
+            END IF;
             -- Then the idle ones, locked in id order (a claimer skips locked rows; a settler waits on them).
             -- cancel_requested marks a cancellation by a person: _reopen never revives these.
             WITH u AS (

@@ -179,42 +179,6 @@ BEGIN
 END;
 $$;
 
--- Jobs locked one at a time in id order, each lock in its own subtransaction: the fallback of a
--- set-based lock that lost a race. A statement that waits on several rows fails as a whole (40001, "already
--- moved to another partition", history.sql) when any of them moves to history while it waits, and while
--- workers keep ending those rows (a fan-in onto 200 running parents) every new try can fail on the next
--- one. Here each lock taken stays taken, so the call gets through; the id order is the one every locker
--- of several jobs keeps (no deadlock). Returns the jobs that exist. (A subtransaction per row: only after
--- a lost race.)
-CREATE OR REPLACE FUNCTION pgjobs._lock_jobs_in_turn(ids bigint[])
-RETURNS TABLE (id bigint, state pgjobs.job_state)
-LANGUAGE plpgsql
-SET search_path = pg_catalog, pgjobs, pg_temp
-SET jit = off
-AS $$
-#variable_conflict use_column
-DECLARE
-    v_id    bigint;
-    v_state job_state;
-BEGIN
-    FOR v_id IN SELECT DISTINCT u.x FROM unnest(ids) AS u(x) WHERE u.x IS NOT NULL ORDER BY 1 LOOP
-        FOR i IN 1..20 LOOP
-            BEGIN
-                SELECT j.state INTO v_state FROM jobs AS j WHERE j.id = v_id FOR NO KEY UPDATE;
-                IF FOUND THEN
-                    id := v_id;
-                    state := v_state;
-                    RETURN NEXT;
-                END IF;
-                EXIT;
-            EXCEPTION WHEN serialization_failure THEN
-                PERFORM _lost_race(i, SQLERRM);  -- (sql/history.sql, ROW MOVEMENT)
-            END;
-        END LOOP;
-    END LOOP;
-END;
-$$;
-
 -- 4-5b. The existing parents, locked (FOR NO KEY UPDATE, in id order): the race with a parent settling
 -- while an edge to it is added is closed by this lock (see the header). Jobs with the siblings their
 -- continuations are held for (held siblings become extra `complete` dependencies: d_* grow), then
@@ -237,7 +201,7 @@ BEGIN
     --    (add_to_batch(..., before_continuations)), locked in id order: see the header.
     -- A parent may be ending (a worker completing it). A row that moves to history while we wait
     -- on its lock fails the statement with 40001 in READ COMMITTED (history.sql): again, in a new snapshot that sees it moved.
-    -- After one lost race the locks are taken row by row (_lock_jobs_in_turn): with workers completing
+    -- After one lost race the locks are taken row by row (_lock_jobs_in_turn, history.sql): with workers completing
     -- the parents all the time, the whole statement again could lose on every try.
     FOR i IN 1..20 LOOP
         BEGIN

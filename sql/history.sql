@@ -44,8 +44,8 @@
 --   * complete_many also runs without sequential scans: on a small table without statistics its generic
 --     plan read jobs_live as the join's outer side and locked rows out of id order (a deadlock with
 --     cancel_batch, tests/runtime/test_lease_races.py);
---   * cancel_batch flags the running members no one holds in one statement, then each held one alone (40001
---     there: it ended); a fan-in enqueue locks its parents row by row after a lost race (graph.sql);
+--   * cancel_batch (its running members) and a fan-in enqueue (its parents) lock row by row in id order
+--     after one lost race (_lock_jobs_in_turn, below), each lock kept: the call gets through;
 --   * admin paths and cascades (cancel, retry, delete, cancel_batch, reap_workers, deregister_worker,
 --     _propagate's children, _graph_lock_parents, _graph_link's holders): the call or statement again.
 -- Each block is a subtransaction (one per call, not per row); tests/sql/test_history.py races them.
@@ -431,6 +431,42 @@ BEGIN
     RETURN EXISTS (SELECT 1 FROM jobs AS h
                     WHERE h.id = job_id AND h.lease_token = token
                       AND h.state::text = 'active' AND h.state = ANY ('{waiting,scheduled,pending,active}'::job_state[]));
+END;
+$$;
+
+-- Jobs locked one at a time in id order, each lock in its own subtransaction: the fallback of a
+-- set-based lock that lost a race. A statement that waits on several rows fails as a whole (40001, "already
+-- moved to another partition", history.sql) when any of them moves to history while it waits, and while
+-- workers keep ending those rows (a fan-in onto 200 running parents, cancel_batch of a batch whose members keep completing) every new try can fail on the next
+-- one. Here each lock taken stays taken, so the call gets through; the id order is the one every locker
+-- of several jobs keeps (no deadlock). Returns the jobs that exist. (A subtransaction per row: only after
+-- a lost race.)
+CREATE OR REPLACE FUNCTION pgjobs._lock_jobs_in_turn(ids bigint[])
+RETURNS TABLE (id bigint, state pgjobs.job_state)
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pgjobs, pg_temp
+SET jit = off
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_id    bigint;
+    v_state job_state;
+BEGIN
+    FOR v_id IN SELECT DISTINCT u.x FROM unnest(ids) AS u(x) WHERE u.x IS NOT NULL ORDER BY 1 LOOP
+        FOR i IN 1..20 LOOP
+            BEGIN
+                SELECT j.state INTO v_state FROM jobs AS j WHERE j.id = v_id FOR NO KEY UPDATE;
+                IF FOUND THEN
+                    id := v_id;
+                    state := v_state;
+                    RETURN NEXT;
+                END IF;
+                EXIT;
+            EXCEPTION WHEN serialization_failure THEN
+                PERFORM _lost_race(i, SQLERRM);  -- (sql/history.sql, ROW MOVEMENT)
+            END;
+        END LOOP;
+    END LOOP;
 END;
 $$;
 

@@ -250,11 +250,23 @@ DECLARE
     v_own  xid8 := pg_current_xact_id_if_assigned();
     v_cur  pg_snapshot;
     v_base bigint;
+    v_hi   bigint;
 BEGIN
     SELECT t.snap, t.last_id INTO v_prev, newest FROM event_ticks AS t ORDER BY t.tick_id DESC LIMIT 1;
     SELECT r.slot INTO v_slot FROM event_rotations AS r ORDER BY r.rotation_id DESC LIMIT 1;
     IF v_prev IS NULL THEN
         RAISE EXCEPTION USING ERRCODE = 'PJ003', MESSAGE = 'the status stream has no tick: run pgjobs migrate';
+    END IF;
+    -- The block this tick may hand ids from without a flush of its own (header, "IDS AND CRASHES").
+    SELECT b.hi INTO v_hi FROM event_id_block_live AS b;
+    IF v_hi IS NULL THEN
+        -- No live block: a crash (or a failover, or a restored backup) emptied it, or none was reserved
+        -- yet. Ticks whose commits the crash lost may have shown readers ids up to the last reserved end,
+        -- and event_id_seq may have come back below them (its WAL was not flushed): start above that end.
+        SELECT b.hi INTO v_base FROM event_id_block AS b;
+        IF v_base > coalesce(pg_sequence_last_value('pgjobs.event_id_seq'), 0) THEN
+            PERFORM setval('pgjobs.event_id_seq', v_base);
+        END IF;
     END IF;
     v_xip := ARRAY(SELECT pg_snapshot_xip(v_prev));
     -- ONE statement: the snapshot recorded is the one the inbox is read with.
@@ -282,6 +294,17 @@ BEGIN
         newest := v_base + events - 1;
         -- The block base .. newest is ours: the next tick's nextval starts after it.
         PERFORM setval('pgjobs.event_id_seq', newest);
+        IF v_hi IS NULL OR newest > v_hi THEN
+            -- Reserve the next million ids, and make this commit wait for its WAL flush (stronger, never
+            -- weaker, than the caller's setting): the new end is on disk before any id up to it is read.
+            v_hi := newest + 1000000;
+            UPDATE event_id_block AS b SET hi = v_hi;
+            INSERT INTO event_id_block_live AS b (hi) VALUES (v_hi)
+                ON CONFLICT (singleton) DO UPDATE SET hi = excluded.hi;
+            IF current_setting('synchronous_commit') NOT IN ('on', 'remote_apply') THEN
+                PERFORM set_config('synchronous_commit', 'on', true);
+            END IF;
+        END IF;
     END IF;
     IF v_own IS NOT NULL AND pg_visible_in_snapshot(v_own, v_cur) THEN
         -- Our own rows were left out: record our transaction as in progress, so the tick after our

@@ -282,7 +282,14 @@ async def subscribe(
     )
     if st.done():
         return
-    listener = Listener(dsn, [STATUS_CHANNEL], application_name=application_name)
+    # synchronous_commit off on this connection: its reads' ticks then return without waiting for their
+    # own WAL flush (under load the largest part of the delivery time). Safe for every event: ids come
+    # from blocks whose end is flushed before they are handed out, and a crash makes the next tick start
+    # above that end (sql/stream.sql, "IDS AND CRASHES"; the tick that reserves a block raises the
+    # setting back itself). Nothing else this connection writes needs durability (follower marks).
+    listener = Listener(
+        dsn, [STATUS_CHANNEL], application_name=application_name, options="-c jit=off -c synchronous_commit=off"
+    )
     events = listener.events(tick=poll_interval)
     next_resync = time.monotonic() + resync_interval
     try:

@@ -81,8 +81,8 @@ def _install_listener_hook() -> None:
     class TracingListener(Listener):
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             super().__init__(*args, **kwargs)
-            if os.environ.get("BENCH_FOLLOWER_ASYNC"):  # an experiment: the ticks' commits not waiting for a flush
-                self.options = "-c jit=off -c synchronous_commit=off"
+            if os.environ.get("BENCH_FOLLOWER_SYNC"):  # an experiment: every tick's commit waits for its flush
+                self.options = "-c jit=off -c synchronous_commit=on"
 
         async def events(self, tick: float | None = None) -> AsyncGenerator[ListenEvent, None]:
             async for item in super().events(tick):

@@ -31,6 +31,7 @@
 --   transactional): a tick that rolls back burns its ids, and the next tick gives those events new,
 --   higher ids (a reader inside that rolled-back transaction may see them again: a duplicate, never a
 --   loss).
+-- * Ids and crashes: see IDS AND CRASHES below (why a tick need not wait for its own WAL flush).
 -- * Own transaction: a snapshot does not list the taking transaction's own xid as in progress, so
 --   a tick inside a transaction that has an xid (worker_heartbeat's maintenance pass, or a user who
 --   enqueued and then read) leaves its own rows out and records its xid as in progress: those rows
@@ -45,10 +46,35 @@
 --   a reader that then left its transaction open would hold every other ticker off (maintain
 --   reports 'busy' with the holder's pid).
 --
+-- IDS AND CRASHES (why a tick's commit need not wait for its WAL flush). A reader must never be shown
+-- an id that names another event after a crash: a tick whose commit the crash lost (committed, seen,
+-- not yet flushed) would let the next tick give its ids to other events, and a follower whose cursor
+-- passed them would skip those. Waiting for every tick's flush prevents that but costs each read a
+-- flush (the largest part of the delivery time under load). Instead ids come from blocks of a million
+-- whose end is on disk before any id of the block is handed out:
+-- * event_id_block.hi (logged) is the end of the block reserved last, and event_id_block_live.hi
+--   (UNLOGGED) a copy of it. A tick whose ids pass the live end, or that finds no live row, reserves
+--   the next block (both rows, once per million ids) and raises its own transaction's
+--   synchronous_commit to on (never lowers it: remote_apply stays), so its commit, and with it the new
+--   end, is flushed before anyone sees those ids. Every other tick may commit asynchronously (when its
+--   session says synchronous_commit = off, as subscribe()'s connection does; other callers keep
+--   their flush): every id a reader ever saw is at most event_id_block.hi as it is on disk.
+-- * PostgreSQL empties an unlogged table in crash recovery, and it is empty on a promoted standby and
+--   in a restored base backup: a tick that finds no live row therefore first moves event_id_seq above
+--   event_id_block.hi (the sequence itself may have come back lower: its WAL was not flushed either),
+--   then reserves. The events of the lost ticks are still in the inbox (their writers' commits were
+--   flushed as usual) and get new, higher ids: a follower may see them twice, never miss one. (A
+--   writer's own asynchronous commit may lose its transition, and with it its event, as before.)
+-- * Order is unaffected: ticks still take turns under the lock, each after the previous one's commit
+--   is visible; a tick after the crash starts above every id before it. maintain()'s passes commit with
+--   a flush (the workers' sessions), and a flush covers every earlier commit: an inbox partition is
+--   truncated only when the ticks that moved its rows are on disk.
+--
 -- WRITE AMPLIFICATION. One inbox row per transition call (a claim of 100 is one row, not 100), one
 -- log row per inbox row written by the ticker off the hot path, one tick row per tick that found
--- events. No row is ever updated: there is no hot single row a held snapshot could turn into a long
--- HOT chain (tick state, presence and rotation state are all insert-only).
+-- events. The only updated rows are the two block ends, once per million ids: there is no hot single
+-- row a held snapshot could turn into a long HOT chain (tick state, presence and rotation state are
+-- all insert-only).
 --
 -- ROTATION (space comes back by TRUNCATE, never DELETE + VACUUM, so a held snapshot cannot stop it).
 -- * event_inbox: 4 partitions picked by the writer's clock (15 s each). `maintain` takes an ACCESS
@@ -66,7 +92,7 @@
 --   (stream_bounds() gives the oldest and newest ids).
 --
 -- FILTERS. read_events' job_ids and batch_id select jobs (either matches); queue narrows further.
--- GIN indexes on the log's ids, batch_ids and queues arrays find a watched job's rows without
+-- GIN indexes on the log's ids and batch_ids arrays find a watched job's rows without
 -- scanning the events of other jobs; the unfiltered and queue-only reads walk event_log(last_id)
 -- in order and stop after max_rows events.
 --
@@ -237,11 +263,17 @@ $$;
 -- under READ COMMITTED. `force` records a tick even when no event became visible (maintain does,
 -- so the newest tick is never in a partition that rotation truncates). Returns how many events
 -- got ids and the newest id.
+-- enable_seqscan off: the inbox partitions are TRUNCATEd every minute, so they never have statistics,
+-- and with none the planner takes `xid >= $1` to match a third of the rows and scans the whole
+-- current partition on every tick (up to 15 s of every writer's rows; its detoasted pg_snapshot on
+-- each row): the largest CPU cost of a follower's read under load, growing with the load. The
+-- index finds the few rows a tick takes; a seq scan stays possible where there is no index.
 CREATE OR REPLACE FUNCTION pgjobs._tick_events(force boolean DEFAULT false, OUT events bigint, OUT newest bigint)
 RETURNS record
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pgjobs, pg_temp
 SET jit = off
+SET enable_seqscan = off
 AS $$
 DECLARE
     v_prev pg_snapshot;

@@ -561,6 +561,52 @@ def test_status_stream_across_a_restart_ends_with_every_watched_job_terminal(
     assert states(conn) == {"succeeded": 30}
 
 
+def test_status_stream_by_queue_across_a_crash_misses_no_event(
+    server: CrashableServer, conn: Reconnecting, chaos_dsn: str, start_worker: StartWorker
+) -> None:
+    """A follower by queue has no re-read of job states to fall back on: every job's ``succeeded`` must reach it
+    from the log itself, across a crash that may lose its last ticks (subscribe() reads with synchronous_commit
+    off: sql/stream.sql, "IDS AND CRASHES"). The crash empties the unlogged block row, so the first tick after it
+    reserves a new block, above every id handed out before."""
+    head = int(conn.one("SELECT coalesce((SELECT newest_id FROM pgjobs.stream_bounds()), 0)"))
+    jobs = enqueue_many(conn, [{"kind": "effect", "queue": "followed"}] * 3000)
+    crashes = server.crashes
+    succeeded: dict[int, int] = {}  # job id -> event id
+    before: list[int] = []  # the block's end before the crash
+
+    async def main() -> None:
+        async with AsyncClient(chaos_dsn) as client:
+            stream = client.subscribe(queue="followed", after_id=head)
+            async with anyio.create_task_group() as tg:
+
+                async def crash_midway() -> None:
+                    with anyio.fail_after(30):
+                        while len(succeeded) < 300:
+                            await anyio.sleep(0.005)
+                    before.append(int(await anyio.to_thread.run_sync(lambda: conn.one(
+                        "SELECT hi FROM pgjobs.event_id_block"))))  # fmt: skip
+                    await anyio.to_thread.run_sync(lambda: server.restart("immediate", down_for=0.5))
+
+                start_worker(name="followed", queues={"followed": 20})
+                tg.start_soon(crash_midway)
+                with anyio.fail_after(90):
+                    async for ev in stream:
+                        if ev.state == JobState.SUCCEEDED:
+                            assert ev.event_id is not None
+                            succeeded[ev.id] = ev.event_id
+                            if len(succeeded) == len(jobs):
+                                break
+                tg.cancel_scope.cancel()
+
+    anyio.run(main)
+    assert server.crashes > crashes
+    assert sorted(succeeded) == sorted(jobs)  # every job's last event, none lost to the crash
+    assert states(conn) == {"succeeded": len(jobs)}
+    hi = int(conn.one("SELECT hi FROM pgjobs.event_id_block"))
+    assert before and hi > before[0]  # a block reserved after the crash (a million ids are far from used up)
+    assert max(succeeded.values()) <= hi
+
+
 # ------------------------------------------------------------------------------------------------- 6. no reaping
 
 

@@ -114,18 +114,19 @@
 -- followers, whose marks the busy one overwrote, hear of them. Marks last 10 s (a follower calls
 -- read_events at least every few seconds). pgjobs_wake is not affected.
 --
--- DELIVERY TIME (commit -> a follower's receipt). A read ticks, and its tick's rows must be durable
--- before anyone sees their ids (a tick lost in a crash would let the next one reuse them, and a
--- follower whose cursor passed them would skip the events they then name), so every read that
--- ticked waits for its commit's WAL flush before it returns: 2-7 ms on the development machine's
--- disk, the largest part. A busy follower reads back to back, so an event waits for the read in
--- progress, then a whole read. `at` is the writer's now(), its transaction's start: receipt - at
+-- DELIVERY TIME (commit -> a follower's receipt). A busy follower reads back to back, so an event
+-- waits for the read in progress, then a whole read: about 1.5 reads. A read ticks, and until
+-- 2026-12-01 every read that ticked waited for its commit's WAL flush before it returned (6 ms of a
+-- 13 ms p50 under load, the largest part): now subscribe()'s connection says synchronous_commit =
+-- off and only the tick that reserves a block of ids waits for it (IDS AND CRASHES). The tick also
+-- scanned the whole current inbox partition (no statistics: see _tick_events), a CPU cost per read
+-- that grew with the write rate. `at` is the writer's now(), its transaction's start: receipt - at
 -- also counts the writer's statement and commit (3-6 ms for the worker's claims and completions),
--- so bench/stream.py measures from a probe enqueue's commit. Split (bench/stream.py with
--- BENCH_STREAM_TRACE=1, worker at full speed, machine at a load of ~6): p50 3.5 ms waiting for the
--- read in progress, 4 ms the read_events statement (the tick ~1 ms of it), 6 ms its commit's flush,
--- under 0.5 ms of Python; p50 13 ms in all (25 ms when subscribe() slept 5 ms between reads). An
--- idle follower: 8 ms p50 (hint, wake-up, tick, flush, read).
+-- so bench/stream.py measures from a probe enqueue's commit. Split before this change
+-- (bench/stream.py with BENCH_STREAM_TRACE=1, worker at full speed, machine at a load of ~6): p50
+-- 3.5 ms waiting for the read in progress, 4 ms the read_events statement (the tick ~1 ms of it), 6 ms
+-- its commit's flush, under 0.5 ms of Python. What is left on a loaded 2-core machine is mostly CPU:
+-- each round trip waits for the follower's process and its backend to be scheduled.
 
 -- MEASURED (this 2-core machine, shared with other work, so same-run ratios; bench/worker.py,
 -- bench/soak.py). Worker, concurrency 50, 30,000 no-op jobs, no subscriber: 1 process 15.9-17.3k
@@ -142,6 +143,15 @@
 -- costs ~15 us (a plain INSERT 7 us, the follower probe 3 us). Soak at 1,000 jobs/s with a
 -- snapshot held 60 s: event_inbox stays under 2 MB (truncated every pass), event_ticks flat,
 -- event_log grows ~120 kB/s until its retention, and none of them has a dead tuple, snapshot or not.
+-- Ids from reserved blocks (asynchronous ticks) and the tick's index scan, against main, same run
+-- (bench/stream.py, BENCH_STREAM_ROUNDS=1, 50,000 jobs a run, three alternating A/B pairs, 2026-12-01,
+-- machine at a load of 4-6 from parallel work): delivery from commit p50 13.2/17.6/16.0 ms against
+-- 29.6/23.9/34.6 (0.54x of the median); p99 0.3-2.0 s against 0.5-1.3 s (a follower starved of CPU
+-- falls behind either way, and catches up page by page); an idle follower p50 6.7-9.0 ms against
+-- 9.3-11.1. Throughput with the subscriber 0.64/0.90/0.65x of none against 0.62/0.76/0.94x: noise
+-- larger than any difference; the follower, reading more often, used 25-40% more CPU per run (2.6-3.2 s
+-- in its process, 3.0-4.4 s in its backend per 100,000 events). A tick's backend CPU per read of 90
+-- events (30 inbox rows, a 12,000-row inbox partition): 2.6-3.0 ms by the index against 4.9-5.9 ms.
 
 -- The advisory lock of the ticker and of maintenance ("pgjobs" + 1).
 CREATE OR REPLACE FUNCTION pgjobs._stream_lock()

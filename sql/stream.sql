@@ -340,7 +340,8 @@ BEGIN
             -- Reserve the next million ids, and make this commit wait for its WAL flush (stronger, never
             -- weaker, than the caller's setting): the new end is on disk before any id up to it is read.
             v_hi := newest + 1000000;
-            UPDATE event_id_block AS b SET hi = v_hi;
+            INSERT INTO event_id_block AS b (hi) VALUES (v_hi)
+                ON CONFLICT (singleton) DO UPDATE SET hi = excluded.hi;
             INSERT INTO event_id_block_live AS b (hi) VALUES (v_hi)
                 ON CONFLICT (singleton) DO UPDATE SET hi = excluded.hi;
             IF current_setting('synchronous_commit') NOT IN ('on', 'remote_apply') THEN

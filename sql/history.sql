@@ -435,12 +435,12 @@ END;
 $$;
 
 -- Jobs locked one at a time in id order, each lock in its own subtransaction: the fallback of a
--- set-based lock that lost a race. A statement that waits on several rows fails as a whole (40001, "already
--- moved to another partition", history.sql) when any of them moves to history while it waits, and while
--- workers keep ending those rows (a fan-in onto 200 running parents, cancel_batch of a batch whose members keep completing) every new try can fail on the next
--- one. Here each lock taken stays taken, so the call gets through; the id order is the one every locker
--- of several jobs keeps (no deadlock). Returns the jobs that exist. (A subtransaction per row: only after
--- a lost race.)
+-- set-based lock that lost a race (ROW MOVEMENT above). A statement that waits on several rows fails as
+-- a whole when any of them moves to history while it waits, and while workers keep ending those rows (a
+-- fan-in onto 200 running parents, cancel_batch of a batch whose members keep completing) every new try
+-- can fail on the next one. Here each lock taken stays taken, so the call gets through; the id order is
+-- the one every locker of several jobs keeps (no deadlock). Returns the jobs that exist. (A
+-- subtransaction per row: only after a lost race.)
 CREATE OR REPLACE FUNCTION pgjobs._lock_jobs_in_turn(ids bigint[])
 RETURNS TABLE (id bigint, state pgjobs.job_state)
 LANGUAGE plpgsql

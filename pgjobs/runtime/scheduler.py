@@ -309,6 +309,11 @@ class Scheduler:
             # A fresh event before the pass: a NOTIFY that arrives during the pass wakes the next sleep.
             self._wakeup = anyio.Event()
             try:
+                # First a connection, unshielded: while the database is down that wait lasts up to the
+                # pool's timeout (30 s by default), and a stop must not sit it out. The pass then takes
+                # the same idle connection from the pool.
+                async with self.client.pool.connection():
+                    pass
                 # A pass is a few short transactions: shielded (for PASS_SHIELD seconds at most), a stop that
                 # arrives meanwhile waits for its end instead of interrupting a query (psycopg then logs a
                 # "query cancellation interrupted" warning and throws the connection away); the stop lands

@@ -64,18 +64,23 @@ def violations(conn: Conn) -> dict[str, list[tuple[Any, ...]]]:
 
 
 def digest(conn: Conn) -> str:
-    """A cheap digest of every row of every pgjobs table (to prove a refused call changed nothing)."""
+    """A cheap digest of every row of every pgjobs table (to prove a refused call changed nothing).
+
+    Leaf tables only: a partitioned parent's rows are its partitions' rows, and planning the parents into the
+    UNION ALL cost 20 ms a call where the leaves alone, prepared, cost 0.5 (the fuzz and model tests call it
+    thousands of times)."""
     tables = [
         str(r[0])
         for r in conn.execute(
             "SELECT c.oid::regclass::text FROM pg_class AS c WHERE c.relnamespace = 'pgjobs'::regnamespace"
-            " AND c.relkind IN ('r', 'p') ORDER BY 1"
+            " AND c.relkind = 'r' ORDER BY 1"
         ).fetchall()
     ]
     parts = " UNION ALL ".join(
         f"SELECT {i} AS t, coalesce(md5(string_agg(md5(x::text), '' ORDER BY md5(x::text))), '') AS h FROM {t} AS x"
         for i, t in enumerate(tables)
     )
-    row = conn.execute(f"SELECT md5(string_agg(h, ',' ORDER BY t)) FROM ({parts}) AS d").fetchone()  # type: ignore[arg-type]
+    query = f"SELECT md5(string_agg(h, ',' ORDER BY t)) FROM ({parts}) AS d"
+    row = conn.execute(query, prepare=True).fetchone()
     assert row is not None
     return str(row[0])

@@ -655,8 +655,10 @@ def test_cli_scheduler_runs_until_sigterm(dsn: str, conn: psycopg.Connection[Any
 
 
 def test_run_survives_a_database_that_is_not_there_yet(dsn: str, conn: psycopg.Connection[Any]) -> None:
-    """A scheduler started before the database answers keeps retrying (and a later sync succeeds)."""
+    """A scheduler started before the database answers keeps retrying (and a later sync succeeds), and a stop
+    meanwhile is not held up by the pool's wait for a connection (30 s by default)."""
     app = FakeApp([PeriodicSpec(name="later", cron="0 * * * *")])
+    stop_began: list[float] = []
 
     async def main() -> None:
         async with anyio.create_task_group() as tg:
@@ -668,6 +670,10 @@ def test_run_survives_a_database_that_is_not_there_yet(dsn: str, conn: psycopg.C
             with anyio.fail_after(20):
                 while not conn.execute("SELECT count(*) FROM pgjobs.schedules").fetchone()[0]:  # type: ignore[index]
                     await anyio.sleep(0.05)
+            stop_began.append(time.monotonic())
             tg.cancel_scope.cancel()
+        stop_began.append(time.monotonic())
 
     anyio.run(main)
+    # the broken scheduler was waiting for a connection (pool timeout 30 s) when the stop came
+    assert stop_began[1] - stop_began[0] < 10.0

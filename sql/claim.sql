@@ -419,10 +419,13 @@ BEGIN
       FROM _claim_floor_plan(v_plain, v_plain::text || '|*') AS f;
     v_sf := CASE WHEN v_why IS NULL AND v_st ->> 'sk' = v_all::text THEN (v_st ->> 's')::timestamptz
                  ELSE '-infinity' END;
-    SELECT EXISTS (SELECT 1 FROM jobs AS j
-                    WHERE j.state = 'active' AND j.queue = ANY (v_all)
-                      AND j.lease_expires_at < now() AND j.lease_expires_at >= v_sf
-                      AND (j.attempt >= j.max_attempts OR j.cancel_requested)),
+    -- (A fair-only claim whose session keeps the queues' active counts skips it: the count it kept,
+    -- under a held snapshot, saw no lease run out; fairness.sql, "Active counts under a held snapshot".)
+    SELECT NOT (v_plain IS NULL AND _fair_counts_fresh(v_controlled))
+           AND EXISTS (SELECT 1 FROM jobs AS j
+                        WHERE j.state = 'active' AND j.queue = ANY (v_all)
+                          AND j.lease_expires_at < now() AND j.lease_expires_at >= v_sf
+                          AND (j.attempt >= j.max_attempts OR j.cancel_requested)),
            v_plain IS NOT NULL
            AND EXISTS (SELECT 1 FROM jobs AS j
                         WHERE j.state = 'scheduled' AND j.queue = ANY (v_plain) AND j.run_at <= now())

@@ -87,10 +87,15 @@
 -- (queue, group_key, seq) in a partition ring rotated by TRUNCATE under stream.sql's maintenance lock,
 -- the latest stamp per group carried forward at rotation, so cursors are never updated; a per-group
 -- floor on jobs_group_idx (for the head probes and the sweep; new jobs below it are seen by
--- _discover_fresh, but a job released or promoted back to pending keeps its old run_at); and an
--- active count that does not pass completed jobs (a lease floor on jobs_active_idx is not safe: a later
--- claim with a shorter lease, or a lease moved back, lands below it; an insert-only lease log needs the
--- completion paths in lifecycle.sql to take part). tests/sql/test_fair_snapshot.py holds the bar.
+-- _discover_fresh, but a job released or promoted back to pending keeps its old run_at); and, for
+-- capped queues, an active count that does not pass completed jobs (a lease floor on jobs_active_idx
+-- is not safe: a later claim with a shorter lease, or a lease moved back, lands below it; an
+-- insert-only lease log needs the completion paths in lifecycle.sql to take part).
+-- Built since (2026-12-02): on queues without caps a session keeps a count that proved dear for a
+-- second (see "Active counts under a held snapshot" below), and claim()'s probe for leases to settle
+-- is skipped on the same terms: after 3,000 jobs under a held snapshot one claim read 284 blocks
+-- instead of 2,493 (74 before the snapshot; what grew is the claimed group's own: its cursor's versions
+-- 157 and its claimed jobs' heap fetches 60). tests/sql/test_fair_snapshot.py holds the bars.
 
 -- Due scheduled jobs and expired leases of a controlled queue become pending before the pick, so
 -- the pick reads one index per group, and an expired job no longer counts as active (the lease
@@ -314,6 +319,99 @@ BEGIN
      ORDER BY s.priority, s.run_at, s.id
      LIMIT 1;
 END;
+$$;
+
+-- Active counts under a held snapshot. A fair claim counts the queue's active jobs per group (for the
+-- noisy rule; caps count them too) in one pass over jobs_active_idx, and that pass meets the dead entry
+-- of every job completed since the oldest snapshot: under a snapshot held for minutes it grows to
+-- hundreds of thousands of entries, and every claim paid for it (measured: a fair claimer fell from
+-- ~670 to ~190 claims a second within 80 s of a held snapshot). So when a count visited far more
+-- entries than the active jobs it found (2 x total + 1,000), a claimer session keeps the counts, in
+-- the session setting pgjobs.fair_active (jsonb: queue -> [counted at, total, top, keys, counts]), and
+-- its claims on the queue reuse them for pgjobs.fair_count_every seconds (default 1; read at each
+-- claim) instead of counting again. Only on queues without caps: max_active and max_active_per_group are
+-- never overshot, so a capped queue counts on every claim as before. What a kept count can miss for
+-- that second: which group turned noisy (fairness is a ranking; a group that took the majority of the
+-- active jobs is ranked after the others at most one second late) and a lease that ran out (its job
+-- is handed out again at most one second later; claim()'s probe for leases to settle is skipped on
+-- the same terms: _fair_counts_fresh). Without a held snapshot (or with autovacuum keeping up) a count
+-- visits about what it finds, and nothing is kept: every claim counts. Set like SET, so a rolled-back
+-- claim leaves the setting as it was.
+-- Entries of jobs_active_idx this backend's scans have visited in this transaction (live or dead).
+CREATE OR REPLACE FUNCTION pgjobs._fair_active_visits()
+RETURNS bigint
+LANGUAGE sql
+STABLE
+SET search_path = pg_catalog, pgjobs, pg_temp
+AS $$
+    -- (to_regclass: an index renamed or gone leaves 0, and no count is ever kept)
+    SELECT coalesce(pg_stat_get_xact_tuples_returned(to_regclass('pgjobs.jobs_active_idx')), 0);
+$$;
+
+CREATE OR REPLACE FUNCTION pgjobs._fair_counts_kept(v_q text, OUT total int, OUT top int, OUT keys text[],
+                                                    OUT cnts int[])
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pgjobs, pg_temp
+AS $$
+DECLARE
+    v_e jsonb := nullif(current_setting('pgjobs.fair_active', true), '')::jsonb -> v_q;
+BEGIN
+    IF v_e IS NULL OR (v_e ->> 0)::numeric + _fair_count_every() <= extract(epoch FROM clock_timestamp()) THEN
+        RETURN;   -- all NULL: count
+    END IF;
+    total := (v_e ->> 1)::int;
+    top := (v_e ->> 2)::int;
+    keys := ARRAY(SELECT jsonb_array_elements_text(v_e -> 3));
+    cnts := ARRAY(SELECT x::int FROM jsonb_array_elements_text(v_e -> 4) AS x);
+END;
+$$;
+
+-- After a count: keep it (see above) when it visited far more entries than it found, else forget any
+-- count kept for the queue. `visited` is the growth of jobs_active_idx's returned entries across it.
+CREATE OR REPLACE FUNCTION pgjobs._fair_counts_keep(v_q text, visited bigint, v_total int, v_top int,
+                                                    a_key text[], a_cnt int[])
+RETURNS void
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pgjobs, pg_temp
+AS $$
+DECLARE
+    v_all jsonb := coalesce(nullif(current_setting('pgjobs.fair_active', true), '')::jsonb, '{}');
+BEGIN
+    IF visited > 2 * v_total + 1000 AND _fair_count_every() > 0 THEN
+        v_all := v_all || jsonb_build_object(v_q, jsonb_build_array(
+                     extract(epoch FROM clock_timestamp()), v_total, v_top,
+                     coalesce(to_jsonb(a_key), '[]'), coalesce(to_jsonb(a_cnt), '[]')));
+    ELSIF v_all ? v_q THEN
+        v_all := v_all - v_q;
+    ELSE
+        RETURN;
+    END IF;
+    PERFORM set_config('pgjobs.fair_active', v_all::text, false);
+END;
+$$;
+
+-- Whether every one of these queues has a kept count that is still good (claim() then skips its probe
+-- for leases to settle on them: the count it keeps for saw none that ran out).
+CREATE OR REPLACE FUNCTION pgjobs._fair_counts_fresh(queues text[])
+RETURNS boolean
+LANGUAGE sql
+STABLE
+SET search_path = pg_catalog, pgjobs, pg_temp
+AS $$
+    SELECT coalesce(bool_and(coalesce(
+               (nullif(current_setting('pgjobs.fair_active', true), '')::jsonb -> q ->> 0)::numeric
+               + _fair_count_every() > extract(epoch FROM clock_timestamp()), false)), false)
+      FROM unnest(queues) AS q;
+$$;
+
+-- pgjobs.fair_count_every: how long a kept count serves, in seconds (default 1; 0 keeps none).
+CREATE OR REPLACE FUNCTION pgjobs._fair_count_every()
+RETURNS numeric
+LANGUAGE sql
+STABLE
+SET search_path = pg_catalog, pgjobs, pg_temp
+AS $$
+    SELECT greatest(coalesce(nullif(current_setting('pgjobs.fair_count_every', true), '')::numeric, 1), 0);
 $$;
 
 -- The queue state a claim keeps for the session's next claim on the queue (seen_max_id, quiet_claims,
@@ -1320,6 +1418,7 @@ DECLARE
     v_total   int;                         -- the queue's active jobs
     a_key     text[];                      -- active jobs per group at the start
     a_cnt     int[];
+    v_v0      bigint;                      -- jobs_active_idx entries visited before the count (NULL: kept)
     v_fq      fair_queues;
     v_pos     text;                        -- where the next claim's discovery resumes
     v_maxid   bigint;                      -- the highest job id now
@@ -1352,7 +1451,26 @@ BEGIN
     -- caller leaves that probe to it: a second walk of jobs_active_idx, whose dead entries a held
     -- snapshot keeps, see the top of this file): then the due jobs become pending first
     -- (_promote_due), and the active jobs are counted again.
+    -- A count this session kept (see _fair_counts_kept: under a held snapshot) saves the pass over the
+    -- active jobs on a queue without caps.
+    SELECT k.total, k.top, k.keys, k.cnts INTO v_total, v_top, a_key, a_cnt FROM _fair_counts_kept(v_q) AS k;
+    IF v_total IS NOT NULL THEN
+        SELECT c.max_active, c.max_active_per_group, c.noisy_share, c.noisy_min_active,
+               f.queue, f.ungrouped_seq, f.ungrouped_empty, f.ring_from, f.discover_after, f.discover_found,
+               f.discover_productive, f.seen_max_id, f.quiet_claims, (SELECT max(j.id) FROM jobs AS j)
+          INTO v_cfg.max_active, v_cfg.max_active_per_group, v_cfg.noisy_share, v_cfg.noisy_min_active,
+               v_fq.queue, v_fq.ungrouped_seq, v_fq.ungrouped_empty, v_fq.ring_from, v_fq.discover_after,
+               v_fq.discover_found, v_fq.discover_productive, v_fq.seen_max_id, v_fq.quiet_claims, v_maxid
+          FROM queues AS c
+          LEFT JOIN fair_queues AS f ON f.queue = c.queue
+         WHERE c.queue = v_q;
+        IF v_cfg.max_active IS NOT NULL OR v_cfg.max_active_per_group IS NOT NULL THEN
+            v_total := NULL;   -- capped since: count
+        END IF;
+    END IF;
+    v_v0 := CASE WHEN v_total IS NULL THEN _fair_active_visits() END;
     LOOP
+        EXIT WHEN v_total IS NOT NULL AND v_v0 IS NULL;
         SELECT c.max_active, c.max_active_per_group, c.noisy_share, c.noisy_min_active,
                f.queue, f.ungrouped_seq, f.ungrouped_empty, f.ring_from, f.discover_after, f.discover_found,
                f.discover_productive, f.seen_max_id, f.quiet_claims,
@@ -1379,6 +1497,11 @@ BEGIN
         PERFORM _promote_due(v_q);
         v_promoted := true;
     END LOOP;
+    IF v_v0 IS NOT NULL AND NOT v_promoted THEN
+        IF v_cfg.max_active IS NULL AND v_cfg.max_active_per_group IS NULL THEN
+            PERFORM _fair_counts_keep(v_q, _fair_active_visits() - v_v0, v_total, v_top, a_key, a_cnt);
+        END IF;
+    END IF;
     IF v_cfg.max_active IS NOT NULL THEN
         room := least(room, v_cfg.max_active - v_total);
     END IF;

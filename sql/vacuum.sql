@@ -12,9 +12,9 @@
 -- tenth of the live ones (autovacuum's own rule, with its defaults scaled down for small hot tables), not
 -- vacuumed (by anyone) in the last 10 seconds, when autovacuum will not do it: autovacuum off, the table's
 -- autovacuum_enabled off, or its dead tuples 10 times past autovacuum's threshold (autovacuum is behind).
--- The workers (pgjobs/runtime/vacuum.py: one call per heartbeat, VACUUM (SKIP_LOCKED) of each table on an
--- autocommit connection of its own, since VACUUM cannot run in a function or a transaction) and `pgjobs
--- maintain` call it. Only tables the calling login role may vacuum are listed (PostgreSQL 15/16: the owner,
+-- The workers (pgjobs/runtime/vacuum.py: one call per heartbeat, VACUUM (SKIP_LOCKED, ANALYZE) of each
+-- table on an autocommit connection of its own, since VACUUM cannot run in a function or a transaction;
+-- ANALYZE because autoanalyze does not run either: pgjobs/client/vacuum.py) and `pgjobs maintain` call it. Only tables the calling login role may vacuum are listed (PostgreSQL 15/16: the owner,
 -- or a superuser; 17+: also the MAINTAIN privilege): a worker that logs in as a role without that lists
 -- nothing, and the owner (a cron of `pgjobs maintain`, or autovacuum) must do it.
 --

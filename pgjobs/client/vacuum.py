@@ -1,8 +1,15 @@
 """Vacuum of the hot tables when autovacuum will not (sql/vacuum.sql): what is due, and the VACUUM itself.
 
 VACUUM cannot run inside a function or a transaction block, so the statement is the client's: ``VACUUM
-(SKIP_LOCKED)`` of each listed table on an autocommit connection (a table another VACUUM or autovacuum holds is
-skipped, not waited for). The workers (pgjobs/runtime/vacuum.py) and ``pgjobs maintain`` use these.
+(SKIP_LOCKED, ANALYZE)`` of each listed table on an autocommit connection (a table another VACUUM or autovacuum
+holds is skipped, not waited for). The workers (pgjobs/runtime/vacuum.py) and ``pgjobs maintain`` use these.
+
+ANALYZE too: where autovacuum does not vacuum, it does not analyze either, and a table never analysed has no
+column statistics. The planner then guesses every equality at 0.5 % and two indexes tie; on a fair queue the
+group head probe took ``jobs_pending_idx`` (passing every pending entry of the queue, dead ones included)
+instead of ``jobs_group_idx`` (that group's only): after 6,000 jobs under a held snapshot one claim of 10 was
+handed 61,700 index entries instead of 820 (10 ms against 2.1). The sample costs less than the VACUUM it
+rides on, which reads the whole table anyway.
 """
 
 from __future__ import annotations
@@ -40,7 +47,7 @@ def vacuum_due_call(vacuumed_under: str | None = None) -> Call[list[VacuumDue]]:
 
 
 def vacuum_statement(relation: str) -> sql.Composed:
-    return sql.SQL("VACUUM (SKIP_LOCKED) {}").format(sql.Identifier("pgjobs", relation))
+    return sql.SQL("VACUUM (SKIP_LOCKED, ANALYZE) {}").format(sql.Identifier("pgjobs", relation))
 
 
 def vacuum_due_now(conn: SyncConn, vacuumed_under: str | None = None) -> list[VacuumDue]:

@@ -1,8 +1,8 @@
 """The vacuumer: the hot tables vacuumed from the worker when autovacuum will not (sql/vacuum.sql).
 
 Every ``heartbeat_interval``: ``vacuum_due(vacuumed_under)`` on the pool; when it lists tables, ``VACUUM
-(SKIP_LOCKED)`` of each on a connection of its own (autocommit, closed after; a VACUUM takes seconds on a big
-table, and must not hold a pool connection the claims need). ``vacuumed_under`` is the horizon of this worker's
+(SKIP_LOCKED, ANALYZE)`` of each on a connection of its own (autocommit, closed after; a VACUUM takes seconds on
+a big table, and must not hold a pool connection the claims need). ``vacuumed_under`` is the horizon of this worker's
 last pass: while the same snapshot holds the dead versions, vacuuming again would remove nothing. Several
 workers may list the same table; SKIP_LOCKED makes the second one pass. Off with ``Worker(vacuum=False)``.
 """

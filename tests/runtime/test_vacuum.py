@@ -120,3 +120,8 @@ def test_a_worker_vacuums_the_hot_table_when_autovacuum_will_not(conn: Conn, dsn
 
     run_worker(app, dsn, body, heartbeat_interval=0.2, vacuum=vacuum, concurrency=50)
     assert (_stats(conn)[1] is not None) is vacuum
+    # analysed on the same pass (autoanalyze does not run either): the planner gets column statistics
+    analyzed = conn.execute(
+        "SELECT last_analyze FROM pg_stat_all_tables WHERE relid = 'pgjobs.jobs_live'::regclass"
+    ).fetchone()
+    assert analyzed is not None and (analyzed[0] is not None) is vacuum

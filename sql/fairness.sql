@@ -30,8 +30,10 @@
 --   * the ring is read in served_seq order on group_cursors_seq_idx, a chunk at a time, from
 --     ring_from (fair_queues', or the session's hint when higher: every live cursor's served_seq is
 --     at least that, so the index entries that earlier stamps left behind below it are skipped); a
---     group's head is one probe of jobs_group_idx, and the heads of a run of groups are locked, and
---     their cursors stamped, in one statement;
+--     group's head is one probe of jobs_group_idx (given column statistics: on a table never
+--     analysed the planner ties it with jobs_pending_idx and may take that one, passing every pending
+--     entry of the queue; the workers' vacuum analyses, pgjobs/client/vacuum.py), and the heads of a
+--     run of groups are locked, and their cursors stamped, in one statement;
 --   * a group arriving with a new job gets its cursor at the next claim: the jobs inserted since
 --     the session's previous claim on the queue (ids above its seen_max_id: the session's hint, see
 --     _fair_save_hint, else fair_queues'; up to 2,048 of them) are read by id

@@ -406,6 +406,51 @@ AS $$
       FROM unnest(queues) AS q;
 $$;
 
+-- The look for ungrouped work on an all-grouped queue (every 8th quiet claim: work that came back
+-- without a new job id, a release or a retry) walks jobs_pending_idx from the queue's front to the
+-- first ungrouped job, past every grouped one and, under a held snapshot, past the dead entry of every
+-- job claimed since. When a look visited more than 1,000 entries, the session's 8th claims skip it for
+-- pgjobs.fair_count_every seconds (session setting pgjobs.fair_ungrouped_look: queue -> when): such
+-- work is then found that much later, or at once by a claim that comes up short (its second pass looks).
+CREATE OR REPLACE FUNCTION pgjobs._fair_look_note(v_q text, visited bigint)
+RETURNS void
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pgjobs, pg_temp
+AS $$
+DECLARE
+    v_all jsonb := coalesce(nullif(current_setting('pgjobs.fair_ungrouped_look', true), '')::jsonb, '{}');
+BEGIN
+    IF visited > 1000 AND _fair_count_every() > 0 THEN
+        v_all := v_all || jsonb_build_object(v_q, extract(epoch FROM clock_timestamp()));
+    ELSIF v_all ? v_q THEN
+        v_all := v_all - v_q;
+    ELSE
+        RETURN;
+    END IF;
+    PERFORM set_config('pgjobs.fair_ungrouped_look', v_all::text, false);
+END;
+$$;
+
+CREATE OR REPLACE FUNCTION pgjobs._fair_look_recent(v_q text)
+RETURNS boolean
+LANGUAGE sql
+STABLE
+SET search_path = pg_catalog, pgjobs, pg_temp
+AS $$
+    SELECT coalesce((nullif(current_setting('pgjobs.fair_ungrouped_look', true), '')::jsonb ->> v_q)::numeric
+                    + _fair_count_every() > extract(epoch FROM clock_timestamp()), false);
+$$;
+
+-- Entries of jobs_pending_idx this backend's scans have visited in this transaction (live or dead).
+CREATE OR REPLACE FUNCTION pgjobs._fair_pending_visits()
+RETURNS bigint
+LANGUAGE sql
+STABLE
+SET search_path = pg_catalog, pgjobs, pg_temp
+AS $$
+    SELECT coalesce(pg_stat_get_xact_tuples_returned(to_regclass('pgjobs.jobs_pending_idx')), 0);
+$$;
+
 -- pgjobs.fair_count_every: how long a kept count serves, in seconds (default 1; 0 keeps none).
 CREATE OR REPLACE FUNCTION pgjobs._fair_count_every()
 RETURNS numeric
@@ -1421,6 +1466,7 @@ DECLARE
     a_key     text[];                      -- active jobs per group at the start
     a_cnt     int[];
     v_v0      bigint;                      -- jobs_active_idx entries visited before the count (NULL: kept)
+    v_v1      bigint;                      -- jobs_pending_idx entries visited before the look for U
     v_fq      fair_queues;
     v_pos     text;                        -- where the next claim's discovery resumes
     v_maxid   bigint;                      -- the highest job id now
@@ -1548,11 +1594,18 @@ BEGIN
     IF NOT v_quiet AND v_fq.ungrouped_empty AND NOT u_fresh
        AND (v_maxid IS NOT DISTINCT FROM v_fq.seen_max_id OR v_fresh) THEN
         -- the 8th quiet claim looks for ungrouped work that came back without a new job, whether
-        -- or not the ungrouped turn comes in this claim
-        SELECT h.hp, h.hr, h.hi INTO u_hp, u_hr, u_hi FROM _fair_ungrouped_head(v_q, v_open, '{}') AS h;
-        u_probed := true;
-        u_empty := u_hi IS NULL;
-        u_out := u_empty;
+        -- or not the ungrouped turn comes in this claim; unless this session's last look proved
+        -- dear and is recent (_fair_look_note): then as a quiet claim
+        IF _fair_look_recent(v_q) THEN
+            u_out := true;
+        ELSE
+            v_v1 := _fair_pending_visits();
+            SELECT h.hp, h.hr, h.hi INTO u_hp, u_hr, u_hi FROM _fair_ungrouped_head(v_q, v_open, '{}') AS h;
+            u_probed := true;
+            u_empty := u_hi IS NULL;
+            u_out := u_empty;
+            PERFORM _fair_look_note(v_q, _fair_pending_visits() - v_v1);
+        END IF;
     END IF;
 
     -- New groups join the ring as never served (on a queue without the claim lock, one

@@ -20,7 +20,7 @@ import pytest
 from conftest import ConnectFactory
 
 from pgjobs.ops import migrate as m
-from tests.helpers.foundation import call, expire, run_threads
+from tests.helpers.foundation import call, expire, run_threads, scalar
 
 Conn = psycopg.Connection[Any]
 
@@ -142,6 +142,53 @@ def test_a_fair_claimer_keeps_its_active_counts_while_a_held_snapshot_makes_coun
         assert stuck["id"] in seen
         again = conn.execute("SELECT attempt, leased_by FROM pgjobs.jobs WHERE id = %s", [stuck["id"]]).fetchone()
         assert again == (2, "w")
+    finally:
+        holder.execute("ROLLBACK")
+
+
+def _pending_entries(conn: Conn) -> int:
+    """Entries of jobs_pending_idx (live or dead) one fair claim of one job was handed."""
+    q = "SELECT pg_stat_get_xact_tuples_returned('pgjobs.jobs_pending_idx'::regclass)"
+    with conn.transaction():
+        before = conn.execute(q).fetchone()[0]  # type: ignore[index]
+        call(conn, "claim", worker="probe", queues=["q"], max_jobs=1)
+        return int(conn.execute(q).fetchone()[0] - before)  # type: ignore[index]
+
+
+def test_the_look_for_ungrouped_work_is_not_paid_every_8th_claim_under_a_held_snapshot(
+    conn: Conn, connect: ConnectFactory
+) -> None:
+    """On an all-grouped queue every 8th claim looks for ungrouped work that came back without a new job: a walk
+    of jobs_pending_idx past every job claimed since the held snapshot. Once such a look proved dear, the
+    session skips it for pgjobs.fair_count_every seconds; an ungrouped job released back to pending meanwhile
+    is claimed once that time is up."""
+    call(conn, "configure_queue", queue="q", fair=True)
+    (u,) = call(conn, "enqueue", kind="k", queue="q")  # ungrouped, claimed by a worker before the snapshot
+    call(conn, "enqueue_many", jobs=[{"kind": "k", "queue": "q", "group_key": f"g{i % GROUPS}"} for i in range(5000)])
+    other = connect()
+    taken = call(other, "claim", worker="x", queues=["q"], max_jobs=1)
+    assert [r["id"] for r in taken] == [u["id"]]  # never served, the ungrouped turn goes first
+    conn.execute("SET pgjobs.fair_count_every = 3600")
+    holder = connect()
+    holder.execute("BEGIN")
+    holder.execute("SELECT txid_current()")
+    try:
+        assert _work(conn, CLAIMS_UNDER_SNAPSHOT) == CLAIMS_UNDER_SNAPSHOT * PER_CLAIM
+        entries = [_pending_entries(conn) for _ in range(16)]  # two 8th claims among them
+        assert max(entries) <= 100, entries
+        fresh = connect()
+        looked = [_pending_entries(fresh) for _ in range(16)]
+        assert max(looked) >= CLAIMS_UNDER_SNAPSHOT * PER_CLAIM, looked  # a session without the note pays
+
+        # the ungrouped job back to pending with its old id (no new job tells of it)
+        assert scalar(other, "release", id=u["id"], lease_token=taken[0]["lease_token"]) is True
+        conn.execute("SET pgjobs.fair_count_every = 0.2")
+        seen: set[int] = set()
+        deadline = time.monotonic() + 10
+        while u["id"] not in seen and time.monotonic() < deadline:
+            seen.update(r["id"] for r in call(conn, "claim", worker="w", queues=["q"], max_jobs=PER_CLAIM))
+            time.sleep(0.02)
+        assert u["id"] in seen
     finally:
         holder.execute("ROLLBACK")
 

@@ -95,7 +95,8 @@
 -- insert-only lease log needs the completion paths in lifecycle.sql to take part).
 -- Built since (2026-12-02): on queues without caps a session keeps a count that proved dear for a
 -- second (see "Active counts under a held snapshot" below), and claim()'s probe for leases to settle
--- is skipped on the same terms: after 3,000 jobs under a held snapshot one claim read 284 blocks
+-- is skipped on the same terms; so is the 8th claim's look for ungrouped work once it proved dear
+-- (_fair_look_note); the head probe takes jobs_group_idx given statistics (the workers analyse): after 3,000 jobs under a held snapshot one claim read 284 blocks
 -- instead of 2,493 (74 before the snapshot; what grew is the claimed group's own: its cursor's versions
 -- 157 and its claimed jobs' heap fetches 60). tests/sql/test_fair_snapshot.py holds the bars.
 

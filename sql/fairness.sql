@@ -95,8 +95,9 @@
 -- insert-only lease log needs the completion paths in lifecycle.sql to take part).
 -- Built since (2026-12-02): on queues without caps a session keeps a count that proved dear for a
 -- second (see "Active counts under a held snapshot" below), and claim()'s probe for leases to settle
--- is skipped on the same terms; so is the 8th claim's look for ungrouped work once it proved dear
--- (_fair_look_note); the head probe takes jobs_group_idx given statistics (the workers analyse): after 3,000 jobs under a held snapshot one claim read 284 blocks
+-- is skipped on the same terms; so are the 8th claim's look for ungrouped work and its discovery
+-- sweep once they proved dear (_fair_look_note); the head probe takes jobs_group_idx given
+-- statistics (the workers analyse). After 3,000 jobs under a held snapshot one claim read 284 blocks
 -- instead of 2,493 (74 before the snapshot; what grew is the claimed group's own: its cursor's versions
 -- 157 and its claimed jobs' heap fetches 60). tests/sql/test_fair_snapshot.py holds the bars.
 
@@ -407,49 +408,52 @@ AS $$
       FROM unnest(queues) AS q;
 $$;
 
--- The look for ungrouped work on an all-grouped queue (every 8th quiet claim: work that came back
--- without a new job id, a release or a retry) walks jobs_pending_idx from the queue's front to the
--- first ungrouped job, past every grouped one and, under a held snapshot, past the dead entry of every
--- job claimed since. When a look visited more than 1,000 entries, the session's 8th claims skip it for
--- pgjobs.fair_count_every seconds (session setting pgjobs.fair_ungrouped_look: queue -> when): such
--- work is then found that much later, or at once by a claim that comes up short (its second pass looks).
-CREATE OR REPLACE FUNCTION pgjobs._fair_look_note(v_q text, visited bigint)
+-- Two reads of every 8th quiet claim find work that came back without a new job id (a release, a
+-- retry, a due scheduled job): the look for ungrouped work on an all-grouped queue walks
+-- jobs_pending_idx from the queue's front to the first ungrouped job, past every grouped one; the
+-- discovery sweep walks 16 groups' prefixes of jobs_group_idx. Under a held snapshot both pass the dead
+-- entry of every job claimed since. When one visited more than 1,000 entries, the session's 8th claims
+-- skip it for pgjobs.fair_count_every seconds (session setting pgjobs.fair_looks: 'u ' or 's ' and the
+-- queue -> when): such work is then found that much later, or at once by a claim that comes up short
+-- (its second pass looks and sweeps). New groups that come with new jobs are found by id as before.
+CREATE OR REPLACE FUNCTION pgjobs._fair_look_note(v_key text, visited bigint)
 RETURNS void
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pgjobs, pg_temp
 AS $$
 DECLARE
-    v_all jsonb := coalesce(nullif(current_setting('pgjobs.fair_ungrouped_look', true), '')::jsonb, '{}');
+    v_all jsonb := coalesce(nullif(current_setting('pgjobs.fair_looks', true), '')::jsonb, '{}');
 BEGIN
     IF visited > 1000 AND _fair_count_every() > 0 THEN
-        v_all := v_all || jsonb_build_object(v_q, extract(epoch FROM clock_timestamp()));
-    ELSIF v_all ? v_q THEN
-        v_all := v_all - v_q;
+        v_all := v_all || jsonb_build_object(v_key, extract(epoch FROM clock_timestamp()));
+    ELSIF v_all ? v_key THEN
+        v_all := v_all - v_key;
     ELSE
         RETURN;
     END IF;
-    PERFORM set_config('pgjobs.fair_ungrouped_look', v_all::text, false);
+    PERFORM set_config('pgjobs.fair_looks', v_all::text, false);
 END;
 $$;
 
-CREATE OR REPLACE FUNCTION pgjobs._fair_look_recent(v_q text)
+CREATE OR REPLACE FUNCTION pgjobs._fair_look_recent(v_key text)
 RETURNS boolean
 LANGUAGE sql
 STABLE
 SET search_path = pg_catalog, pgjobs, pg_temp
 AS $$
-    SELECT coalesce((nullif(current_setting('pgjobs.fair_ungrouped_look', true), '')::jsonb ->> v_q)::numeric
+    SELECT coalesce((nullif(current_setting('pgjobs.fair_looks', true), '')::jsonb ->> v_key)::numeric
                     + _fair_count_every() > extract(epoch FROM clock_timestamp()), false);
 $$;
 
--- Entries of jobs_pending_idx this backend's scans have visited in this transaction (live or dead).
-CREATE OR REPLACE FUNCTION pgjobs._fair_pending_visits()
+-- Entries of an index of jobs_live that this backend's scans have visited in this transaction (live or
+-- dead); 0 for an index renamed or gone.
+CREATE OR REPLACE FUNCTION pgjobs._fair_index_visits(index_name text)
 RETURNS bigint
 LANGUAGE sql
 STABLE
 SET search_path = pg_catalog, pgjobs, pg_temp
 AS $$
-    SELECT coalesce(pg_stat_get_xact_tuples_returned(to_regclass('pgjobs.jobs_pending_idx')), 0);
+    SELECT coalesce(pg_stat_get_xact_tuples_returned(to_regclass('pgjobs.' || index_name)), 0);
 $$;
 
 -- pgjobs.fair_count_every: how long a kept count serves, in seconds (default 1; 0 keeps none).
@@ -1467,7 +1471,7 @@ DECLARE
     a_key     text[];                      -- active jobs per group at the start
     a_cnt     int[];
     v_v0      bigint;                      -- jobs_active_idx entries visited before the count (NULL: kept)
-    v_v1      bigint;                      -- jobs_pending_idx entries visited before the look for U
+    v_v1      bigint;                      -- index entries visited before the look for U, the sweep
     v_fq      fair_queues;
     v_pos     text;                        -- where the next claim's discovery resumes
     v_maxid   bigint;                      -- the highest job id now
@@ -1597,15 +1601,15 @@ BEGIN
         -- the 8th quiet claim looks for ungrouped work that came back without a new job, whether
         -- or not the ungrouped turn comes in this claim; unless this session's last look proved
         -- dear and is recent (_fair_look_note): then as a quiet claim
-        IF _fair_look_recent(v_q) THEN
+        IF _fair_look_recent('u ' || v_q) THEN
             u_out := true;
         ELSE
-            v_v1 := _fair_pending_visits();
+            v_v1 := _fair_index_visits('jobs_pending_idx');
             SELECT h.hp, h.hr, h.hi INTO u_hp, u_hr, u_hi FROM _fair_ungrouped_head(v_q, v_open, '{}') AS h;
             u_probed := true;
             u_empty := u_hi IS NULL;
             u_out := u_empty;
-            PERFORM _fair_look_note(v_q, _fair_pending_visits() - v_v1);
+            PERFORM _fair_look_note('u ' || v_q, _fair_index_visits('jobs_pending_idx') - v_v1);
         END IF;
     END IF;
 
@@ -1616,9 +1620,17 @@ BEGIN
     v_pos := v_fq.discover_after;
     v_found := v_fq.discover_found;
     v_productive := v_fq.discover_productive;
-    IF NOT v_quiet OR v_found OR v_productive THEN
+    IF (NOT v_quiet OR v_found OR v_productive)
+       -- (the 8th claim's sweep, when the last one proved dear: see _fair_look_note; not a sweep that
+       -- stands in for _discover_fresh, nor one while the sweeps keep finding groups)
+       AND NOT (NOT v_found AND NOT v_productive AND (v_maxid IS NOT DISTINCT FROM v_fq.seen_max_id OR v_fresh)
+                AND _fair_look_recent('s ' || v_q)) THEN
+        v_v1 := _fair_index_visits('jobs_group_idx');
         SELECT * INTO v_pos, v_found, v_productive
           FROM _fair_sweep(v_q, serialized, c_discover_steps, v_pos, v_found, v_productive);
+        IF NOT v_found AND (v_maxid IS NOT DISTINCT FROM v_fq.seen_max_id OR v_fresh) THEN
+            PERFORM _fair_look_note('s ' || v_q, _fair_index_visits('jobs_group_idx') - v_v1);
+        END IF;
     END IF;
 
     -- Read now, not with the state above: cursors a concurrent discovery committed meanwhile are

@@ -146,22 +146,28 @@ def test_a_fair_claimer_keeps_its_active_counts_while_a_held_snapshot_makes_coun
         holder.execute("ROLLBACK")
 
 
-def _pending_entries(conn: Conn) -> int:
-    """Entries of jobs_pending_idx (live or dead) one fair claim of one job was handed."""
-    q = "SELECT pg_stat_get_xact_tuples_returned('pgjobs.jobs_pending_idx'::regclass)"
+def _pending_entries(conn: Conn) -> tuple[int, int]:
+    """Entries of jobs_pending_idx and of jobs_group_idx (live or dead) one fair claim of one job was handed."""
+    q = (
+        "SELECT pg_stat_get_xact_tuples_returned('pgjobs.jobs_pending_idx'::regclass),"
+        " pg_stat_get_xact_tuples_returned('pgjobs.jobs_group_idx'::regclass)"
+    )
     with conn.transaction():
-        before = conn.execute(q).fetchone()[0]  # type: ignore[index]
+        before = conn.execute(q).fetchone()
         call(conn, "claim", worker="probe", queues=["q"], max_jobs=1)
-        return int(conn.execute(q).fetchone()[0] - before)  # type: ignore[index]
+        after = conn.execute(q).fetchone()
+    assert before is not None and after is not None
+    return int(after[0] - before[0]), int(after[1] - before[1])
 
 
-def test_the_look_for_ungrouped_work_is_not_paid_every_8th_claim_under_a_held_snapshot(
+def test_the_8th_claims_looks_are_not_paid_again_and_again_under_a_held_snapshot(
     conn: Conn, connect: ConnectFactory
 ) -> None:
-    """On an all-grouped queue every 8th claim looks for ungrouped work that came back without a new job: a walk
-    of jobs_pending_idx past every job claimed since the held snapshot. Once such a look proved dear, the
-    session skips it for pgjobs.fair_count_every seconds; an ungrouped job released back to pending meanwhile
-    is claimed once that time is up."""
+    """On an all-grouped queue every 8th claim looks for ungrouped work that came back without a new job (a walk
+    of jobs_pending_idx past every job claimed since the held snapshot) and sweeps 16 groups for work without a
+    cursor (their prefixes of jobs_group_idx). Once such a read proved dear, the session skips it for
+    pgjobs.fair_count_every seconds; an ungrouped job released back to pending meanwhile is claimed once that
+    time is up."""
     call(conn, "configure_queue", queue="q", fair=True)
     (u,) = call(conn, "enqueue", kind="k", queue="q")  # ungrouped, claimed by a worker before the snapshot
     call(conn, "enqueue_many", jobs=[{"kind": "k", "queue": "q", "group_key": f"g{i % GROUPS}"} for i in range(5000)])
@@ -175,10 +181,15 @@ def test_the_look_for_ungrouped_work_is_not_paid_every_8th_claim_under_a_held_sn
     try:
         assert _work(conn, CLAIMS_UNDER_SNAPSHOT) == CLAIMS_UNDER_SNAPSHOT * PER_CLAIM
         entries = [_pending_entries(conn) for _ in range(16)]  # two 8th claims among them
-        assert max(entries) <= 100, entries
         fresh = connect()
         looked = [_pending_entries(fresh) for _ in range(16)]
-        assert max(looked) >= CLAIMS_UNDER_SNAPSHOT * PER_CLAIM, looked  # a session without the note pays
+        # the look for ungrouped work: a session without the note pays for the dead entries
+        assert max(e[0] for e in entries) <= 100, entries
+        assert max(e[0] for e in looked) >= CLAIMS_UNDER_SNAPSHOT * PER_CLAIM, looked
+        # the 8th claim's sweep of 16 groups (each claim's own head probe passes its group's claimed jobs)
+        per_group = CLAIMS_UNDER_SNAPSHOT * PER_CLAIM // GROUPS
+        assert max(e[1] for e in entries) <= 2 * per_group + 100, entries
+        assert max(e[1] for e in looked) >= 4 * per_group, looked
 
         # the ungrouped job back to pending with its old id (no new job tells of it)
         assert scalar(other, "release", id=u["id"], lease_token=taken[0]["lease_token"]) is True

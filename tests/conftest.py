@@ -370,7 +370,8 @@ class _ClonePool:
                 if self._to_drop:
                     return ("drop", self._to_drop.pop(0))
                 if self._stopping:
-                    return None
+                    # (a clone finished after close() took the ready list is dropped here, not left behind)
+                    return ("drop", self._ready.pop(0)) if self._ready else None
                 if len(self._ready) < self.AHEAD and self._error is None:
                     return ("create", f"pgjobs_t_{_TOKEN}_{next(_db_counter)}")
                 self._cond.wait()

@@ -420,8 +420,9 @@ BEGIN
     v_sf := CASE WHEN v_why IS NULL AND v_st ->> 'sk' = v_all::text THEN (v_st ->> 's')::timestamptz
                  ELSE '-infinity' END;
     -- (A fair-only claim whose session keeps the queues' active counts skips it: the count it kept,
-    -- under a held snapshot, saw no lease run out; fairness.sql, "Active counts under a held snapshot".)
-    SELECT NOT (v_plain IS NULL AND _fair_counts_fresh(v_controlled))
+    -- under a held snapshot, saw no lease run out; fairness.sql, "Reads a claim skips for a while".)
+    SELECT NOT (v_plain IS NULL AND coalesce(current_setting('pgjobs.fair_kept', true), '') NOT IN ('', '{}')
+                AND _fair_counts_fresh(v_controlled))
            AND EXISTS (SELECT 1 FROM jobs AS j
                         WHERE j.state = 'active' AND j.queue = ANY (v_all)
                           AND j.lease_expires_at < now() AND j.lease_expires_at >= v_sf

@@ -49,7 +49,8 @@
 --     within 8 * (groups / 16) claims, or at once when the queue has nothing else to give. A claim
 --     looks for ungrouped work on the same terms once none was found;
 --   * the queue's active jobs are counted once per claim (jobs_active_idx), for max_active, the
---     per-group caps and the noisy threshold.
+--     per-group caps and the noisy threshold (on a queue without caps, a count that proved dear under
+--     a held snapshot is reused for a second: "Reads a claim skips for a while" below).
 --   * the usual claim (no caps, no noisy group, no never-served cursor, no kind quota that can run
 --     out) skips the pick-by-pick walk: one statement reads the ring, locks the first free cursors
 --     and their heads, one stamps them; the walk takes over from there when that falls short.
@@ -96,7 +97,7 @@
 -- Built since (2026-12-02): on queues without caps a session keeps a count that proved dear for a
 -- second (see "Active counts under a held snapshot" below), and claim()'s probe for leases to settle
 -- is skipped on the same terms; so are the 8th claim's look for ungrouped work and its discovery
--- sweep once they proved dear (_fair_look_note); the head probe takes jobs_group_idx given
+-- sweep once they proved dear (_fair_keep); the head probe takes jobs_group_idx given
 -- statistics (the workers analyse). After 3,000 jobs under a held snapshot one claim read 284 blocks
 -- instead of 2,493 (74 before the snapshot; what grew is the claimed group's own: its cursor's versions
 -- 157 and its claimed jobs' heap fetches 60). tests/sql/test_fair_snapshot.py holds the bars.
@@ -325,128 +326,75 @@ BEGIN
 END;
 $$;
 
--- Active counts under a held snapshot. A fair claim counts the queue's active jobs per group (for the
--- noisy rule; caps count them too) in one pass over jobs_active_idx, and that pass meets the dead entry
--- of every job completed since the oldest snapshot: under a snapshot held for minutes it grows to
--- hundreds of thousands of entries, and every claim paid for it (measured: a fair claimer fell from
--- ~670 to ~190 claims a second within 80 s of a held snapshot). So when a count visited far more
--- entries than the active jobs it found (2 x total + 1,000), a claimer session keeps the counts, in
--- the session setting pgjobs.fair_active (jsonb: queue -> [counted at, total, top, keys, counts]), and
--- its claims on the queue reuse them for pgjobs.fair_count_every seconds (default 1; read at each
--- claim) instead of counting again. Only on queues without caps: max_active and max_active_per_group are
--- never overshot, so a capped queue counts on every claim as before. What a kept count can miss for
--- that second: which group turned noisy (fairness is a ranking; a group that took the majority of the
--- active jobs is ranked after the others at most one second late) and a lease that ran out (its job
--- is handed out again at most one second later; claim()'s probe for leases to settle is skipped on
--- the same terms: _fair_counts_fresh). Without a held snapshot (or with autovacuum keeping up) a count
--- visits about what it finds, and nothing is kept: every claim counts. Set like SET, so a rolled-back
--- claim leaves the setting as it was.
--- Entries of jobs_active_idx this backend's scans have visited in this transaction (live or dead).
-CREATE OR REPLACE FUNCTION pgjobs._fair_active_visits()
-RETURNS bigint
+-- Reads a claim skips for a while under a held snapshot. A held snapshot keeps the dead entry of every
+-- job completed (or claimed) since it was taken, and three reads of a fair claim pass them all:
+--   * 'a': the count of the queue's active jobs per group (for the noisy rule; caps count them too) in
+--     one pass over jobs_active_idx, and claim()'s probe for leases to settle (measured: a fair claimer
+--     fell from ~670 to ~190 claims a second within 80 s of a held snapshot);
+--   * 'u': every 8th quiet claim's look for ungrouped work on an all-grouped queue (work that came back
+--     without a new job id: a release, a retry), a walk of jobs_pending_idx from the queue's front to the
+--     first ungrouped job, past every grouped one;
+--   * 's': every 8th quiet claim's discovery sweep of 16 groups' prefixes of jobs_group_idx.
+-- When such a read proved dear (the count visited more than 2 x the active jobs it found + 1,000
+-- entries; the look or the sweep more than 1,000), the session keeps it for pgjobs.fair_count_every
+-- seconds (default 1; read at each claim; 0 keeps nothing): one session setting, pgjobs.fair_kept (jsonb:
+-- kind and queue, e.g. 'a q1' -> [kept at, what was read...]). Meanwhile its claims reuse the count
+-- (and skip claim()'s probe: the count saw no lease run out) and skip the look and the sweep. Only on
+-- queues without caps for the count: max_active and max_active_per_group are never overshot, so a capped
+-- queue counts every claim. What that second can miss: a group turning noisy (fairness is a ranking; it
+-- is ranked after the others at most one second late), a lease that ran out, ungrouped work or a group
+-- without a cursor that came back without a new job (a claim that comes up short still looks and sweeps
+-- at once; groups that come with new jobs are found by their ids as before). Without a held snapshot
+-- (or with autovacuum keeping up) these reads visit about what they find, nothing is kept, and the
+-- setting stays empty: the claim pays one current_setting() for it. Set like SET, so a rolled-back claim
+-- leaves it as it was.
+
+-- A kept read ('a ', 'u ' or 's ' and the queue) while still good: [kept at, what was read...]; else NULL.
+CREATE OR REPLACE FUNCTION pgjobs._fair_kept(v_key text)
+RETURNS jsonb
 LANGUAGE sql
 STABLE
 SET search_path = pg_catalog, pgjobs, pg_temp
 AS $$
-    -- (to_regclass: an index renamed or gone leaves 0, and no count is ever kept)
-    SELECT coalesce(pg_stat_get_xact_tuples_returned(to_regclass('pgjobs.jobs_active_idx')), 0);
+    SELECT k.e
+      FROM (SELECT nullif(current_setting('pgjobs.fair_kept', true), '')::jsonb -> v_key AS e) AS k
+     WHERE (k.e ->> 0)::numeric + _fair_count_every() > extract(epoch FROM clock_timestamp());
 $$;
 
-CREATE OR REPLACE FUNCTION pgjobs._fair_counts_kept(v_q text, OUT total int, OUT top int, OUT keys text[],
-                                                    OUT cnts int[])
-LANGUAGE plpgsql
-SET search_path = pg_catalog, pgjobs, pg_temp
-AS $$
-DECLARE
-    v_e jsonb := nullif(current_setting('pgjobs.fair_active', true), '')::jsonb -> v_q;
-BEGIN
-    IF v_e IS NULL OR (v_e ->> 0)::numeric + _fair_count_every() <= extract(epoch FROM clock_timestamp()) THEN
-        RETURN;   -- all NULL: count
-    END IF;
-    total := (v_e ->> 1)::int;
-    top := (v_e ->> 2)::int;
-    keys := ARRAY(SELECT jsonb_array_elements_text(v_e -> 3));
-    cnts := ARRAY(SELECT x::int FROM jsonb_array_elements_text(v_e -> 4) AS x);
-END;
-$$;
-
--- After a count: keep it (see above) when it visited far more entries than it found, else forget any
--- count kept for the queue. `visited` is the growth of jobs_active_idx's returned entries across it.
-CREATE OR REPLACE FUNCTION pgjobs._fair_counts_keep(v_q text, visited bigint, v_total int, v_top int,
-                                                    a_key text[], a_cnt int[])
+-- After a read: keep it (with `payload`, a jsonb array) when it proved dear, else forget what was kept.
+CREATE OR REPLACE FUNCTION pgjobs._fair_keep(v_key text, dear boolean, payload jsonb DEFAULT '[]')
 RETURNS void
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pgjobs, pg_temp
 AS $$
 DECLARE
-    v_all jsonb := coalesce(nullif(current_setting('pgjobs.fair_active', true), '')::jsonb, '{}');
+    v_all jsonb := coalesce(nullif(current_setting('pgjobs.fair_kept', true), '')::jsonb, '{}');
 BEGIN
-    IF visited > 2 * v_total + 1000 AND _fair_count_every() > 0 THEN
-        v_all := v_all || jsonb_build_object(v_q, jsonb_build_array(
-                     extract(epoch FROM clock_timestamp()), v_total, v_top,
-                     coalesce(to_jsonb(a_key), '[]'), coalesce(to_jsonb(a_cnt), '[]')));
-    ELSIF v_all ? v_q THEN
-        v_all := v_all - v_q;
+    IF dear AND _fair_count_every() > 0 THEN
+        v_all := v_all || jsonb_build_object(v_key, jsonb_build_array(extract(epoch FROM clock_timestamp()))
+                                                    || coalesce(payload, '[]'));
+    ELSIF v_all ? v_key THEN
+        v_all := v_all - v_key;
     ELSE
         RETURN;
     END IF;
-    PERFORM set_config('pgjobs.fair_active', v_all::text, false);
+    PERFORM set_config('pgjobs.fair_kept', v_all::text, false);
 END;
 $$;
 
 -- Whether every one of these queues has a kept count that is still good (claim() then skips its probe
--- for leases to settle on them: the count it keeps for saw none that ran out).
+-- for leases to settle on them). Callers test the setting first: empty, nothing is kept.
 CREATE OR REPLACE FUNCTION pgjobs._fair_counts_fresh(queues text[])
 RETURNS boolean
 LANGUAGE sql
 STABLE
 SET search_path = pg_catalog, pgjobs, pg_temp
 AS $$
-    SELECT coalesce(bool_and(coalesce(
-               (nullif(current_setting('pgjobs.fair_active', true), '')::jsonb -> q ->> 0)::numeric
-               + _fair_count_every() > extract(epoch FROM clock_timestamp()), false)), false)
-      FROM unnest(queues) AS q;
-$$;
-
--- Two reads of every 8th quiet claim find work that came back without a new job id (a release, a
--- retry, a due scheduled job): the look for ungrouped work on an all-grouped queue walks
--- jobs_pending_idx from the queue's front to the first ungrouped job, past every grouped one; the
--- discovery sweep walks 16 groups' prefixes of jobs_group_idx. Under a held snapshot both pass the dead
--- entry of every job claimed since. When one visited more than 1,000 entries, the session's 8th claims
--- skip it for pgjobs.fair_count_every seconds (session setting pgjobs.fair_looks: 'u ' or 's ' and the
--- queue -> when): such work is then found that much later, or at once by a claim that comes up short
--- (its second pass looks and sweeps). New groups that come with new jobs are found by id as before.
-CREATE OR REPLACE FUNCTION pgjobs._fair_look_note(v_key text, visited bigint)
-RETURNS void
-LANGUAGE plpgsql
-SET search_path = pg_catalog, pgjobs, pg_temp
-AS $$
-DECLARE
-    v_all jsonb := coalesce(nullif(current_setting('pgjobs.fair_looks', true), '')::jsonb, '{}');
-BEGIN
-    IF visited > 1000 AND _fair_count_every() > 0 THEN
-        v_all := v_all || jsonb_build_object(v_key, extract(epoch FROM clock_timestamp()));
-    ELSIF v_all ? v_key THEN
-        v_all := v_all - v_key;
-    ELSE
-        RETURN;
-    END IF;
-    PERFORM set_config('pgjobs.fair_looks', v_all::text, false);
-END;
-$$;
-
-CREATE OR REPLACE FUNCTION pgjobs._fair_look_recent(v_key text)
-RETURNS boolean
-LANGUAGE sql
-STABLE
-SET search_path = pg_catalog, pgjobs, pg_temp
-AS $$
-    SELECT coalesce((nullif(current_setting('pgjobs.fair_looks', true), '')::jsonb ->> v_key)::numeric
-                    + _fair_count_every() > extract(epoch FROM clock_timestamp()), false);
+    SELECT coalesce(bool_and(_fair_kept('a ' || q) IS NOT NULL), false) FROM unnest(queues) AS q;
 $$;
 
 -- Entries of an index of jobs_live that this backend's scans have visited in this transaction (live or
--- dead); 0 for an index renamed or gone.
+-- dead); 0 for an index renamed or gone (then nothing is ever kept).
 CREATE OR REPLACE FUNCTION pgjobs._fair_index_visits(index_name text)
 RETURNS bigint
 LANGUAGE sql
@@ -456,7 +404,7 @@ AS $$
     SELECT coalesce(pg_stat_get_xact_tuples_returned(to_regclass('pgjobs.' || index_name)), 0);
 $$;
 
--- pgjobs.fair_count_every: how long a kept count serves, in seconds (default 1; 0 keeps none).
+-- pgjobs.fair_count_every: how long a kept read serves, in seconds (default 1; 0 keeps none).
 CREATE OR REPLACE FUNCTION pgjobs._fair_count_every()
 RETURNS numeric
 LANGUAGE sql
@@ -1471,6 +1419,9 @@ DECLARE
     a_key     text[];                      -- active jobs per group at the start
     a_cnt     int[];
     v_v0      bigint;                      -- jobs_active_idx entries visited before the count (NULL: kept)
+    v_any_kept boolean;                    -- this session keeps some read (pgjobs.fair_kept is not empty)
+    v_kept    jsonb;                       -- the count it kept for this queue, if still good
+    v_dear    boolean;                     -- the count just taken proved dear
     v_v1      bigint;                      -- index entries visited before the look for U, the sweep
     v_fq      fair_queues;
     v_pos     text;                        -- where the next claim's discovery resumes
@@ -1504,10 +1455,15 @@ BEGIN
     -- caller leaves that probe to it: a second walk of jobs_active_idx, whose dead entries a held
     -- snapshot keeps, see the top of this file): then the due jobs become pending first
     -- (_promote_due), and the active jobs are counted again.
-    -- A count this session kept (see _fair_counts_kept: under a held snapshot) saves the pass over the
+    -- A count this session kept (see _fair_keep: under a held snapshot) saves the pass over the
     -- active jobs on a queue without caps.
-    SELECT k.total, k.top, k.keys, k.cnts INTO v_total, v_top, a_key, a_cnt FROM _fair_counts_kept(v_q) AS k;
-    IF v_total IS NOT NULL THEN
+    v_any_kept := coalesce(current_setting('pgjobs.fair_kept', true), '') NOT IN ('', '{}');
+    v_kept := CASE WHEN v_any_kept THEN _fair_kept('a ' || v_q) END;
+    IF v_kept IS NOT NULL THEN
+        v_total := (v_kept ->> 1)::int;
+        v_top := (v_kept ->> 2)::int;
+        a_key := ARRAY(SELECT jsonb_array_elements_text(v_kept -> 3));
+        a_cnt := ARRAY(SELECT x::int FROM jsonb_array_elements_text(v_kept -> 4) AS x);
         SELECT c.max_active, c.max_active_per_group, c.noisy_share, c.noisy_min_active,
                f.queue, f.ungrouped_seq, f.ungrouped_empty, f.ring_from, f.discover_after, f.discover_found,
                f.discover_productive, f.seen_max_id, f.quiet_claims, (SELECT max(j.id) FROM jobs AS j)
@@ -1521,7 +1477,7 @@ BEGIN
             v_total := NULL;   -- capped since: count
         END IF;
     END IF;
-    v_v0 := CASE WHEN v_total IS NULL THEN _fair_active_visits() END;
+    v_v0 := CASE WHEN v_total IS NULL THEN _fair_index_visits('jobs_active_idx') END;
     LOOP
         EXIT WHEN v_total IS NOT NULL AND v_v0 IS NULL;
         SELECT c.max_active, c.max_active_per_group, c.noisy_share, c.noisy_min_active,
@@ -1550,9 +1506,13 @@ BEGIN
         PERFORM _promote_due(v_q);
         v_promoted := true;
     END LOOP;
-    IF v_v0 IS NOT NULL AND NOT v_promoted THEN
-        IF v_cfg.max_active IS NULL AND v_cfg.max_active_per_group IS NULL THEN
-            PERFORM _fair_counts_keep(v_q, _fair_active_visits() - v_v0, v_total, v_top, a_key, a_cnt);
+    IF v_v0 IS NOT NULL AND NOT v_promoted
+       AND v_cfg.max_active IS NULL AND v_cfg.max_active_per_group IS NULL THEN
+        v_dear := _fair_index_visits('jobs_active_idx') - v_v0 > 2 * v_total + 1000;
+        IF v_dear OR v_any_kept THEN   -- (the payload is built only when kept: not on every claim)
+            PERFORM _fair_keep('a ' || v_q, v_dear,
+                               CASE WHEN v_dear THEN jsonb_build_array(v_total, v_top,
+                                   coalesce(to_jsonb(a_key), '[]'), coalesce(to_jsonb(a_cnt), '[]')) END);
         END IF;
     END IF;
     IF v_cfg.max_active IS NOT NULL THEN
@@ -1600,8 +1560,8 @@ BEGIN
        AND (v_maxid IS NOT DISTINCT FROM v_fq.seen_max_id OR v_fresh) THEN
         -- the 8th quiet claim looks for ungrouped work that came back without a new job, whether
         -- or not the ungrouped turn comes in this claim; unless this session's last look proved
-        -- dear and is recent (_fair_look_note): then as a quiet claim
-        IF _fair_look_recent('u ' || v_q) THEN
+        -- dear and is recent (_fair_keep): then as a quiet claim
+        IF v_any_kept AND _fair_kept('u ' || v_q) IS NOT NULL THEN
             u_out := true;
         ELSE
             v_v1 := _fair_index_visits('jobs_pending_idx');
@@ -1609,7 +1569,7 @@ BEGIN
             u_probed := true;
             u_empty := u_hi IS NULL;
             u_out := u_empty;
-            PERFORM _fair_look_note('u ' || v_q, _fair_index_visits('jobs_pending_idx') - v_v1);
+            PERFORM _fair_keep('u ' || v_q, _fair_index_visits('jobs_pending_idx') - v_v1 > 1000);
         END IF;
     END IF;
 
@@ -1621,15 +1581,15 @@ BEGIN
     v_found := v_fq.discover_found;
     v_productive := v_fq.discover_productive;
     IF (NOT v_quiet OR v_found OR v_productive)
-       -- (the 8th claim's sweep, when the last one proved dear: see _fair_look_note; not a sweep that
+       -- (the 8th claim's sweep, when the last one proved dear: see _fair_keep; not a sweep that
        -- stands in for _discover_fresh, nor one while the sweeps keep finding groups)
        AND NOT (NOT v_found AND NOT v_productive AND (v_maxid IS NOT DISTINCT FROM v_fq.seen_max_id OR v_fresh)
-                AND _fair_look_recent('s ' || v_q)) THEN
+                AND v_any_kept AND _fair_kept('s ' || v_q) IS NOT NULL) THEN
         v_v1 := _fair_index_visits('jobs_group_idx');
         SELECT * INTO v_pos, v_found, v_productive
           FROM _fair_sweep(v_q, serialized, c_discover_steps, v_pos, v_found, v_productive);
         IF NOT v_found AND (v_maxid IS NOT DISTINCT FROM v_fq.seen_max_id OR v_fresh) THEN
-            PERFORM _fair_look_note('s ' || v_q, _fair_index_visits('jobs_group_idx') - v_v1);
+            PERFORM _fair_keep('s ' || v_q, _fair_index_visits('jobs_group_idx') - v_v1 > 1000);
         END IF;
     END IF;
 

@@ -103,6 +103,20 @@ def count(conn: Conn, where: str = "true", params: Any = None) -> int:
     return int(row[0])
 
 
+@contextlib.contextmanager
+def held_snapshot(connect: Callable[..., Conn]) -> Iterator[None]:
+    """A foreign session idle in a transaction with a snapshot (``BEGIN; SELECT txid_current();`` and nothing
+    more): what keeps every version newer than it, with no pruning, no VACUUM and no killed index entry."""
+    h = connect()
+    h.autocommit = False
+    h.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
+    h.execute("SELECT txid_current()")
+    try:
+        yield
+    finally:
+        h.rollback()
+
+
 def expire(conn: Conn, id: int) -> None:
     """Makes a leased job's lease lapse now (instead of sleeping through it)."""
     conn.execute("UPDATE pgjobs.jobs SET lease_expires_at = now() - interval '1 second' WHERE id = %s", [id])

@@ -13,18 +13,17 @@ once a scan from the front wasted 500 index visits) and push the safety net out 
 
 from __future__ import annotations
 
-import contextlib
 import json
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import psycopg
 import pytest
 from conftest import ConnectFactory
 
-from tests.helpers.foundation import call, claim, enqueue, enqueue_n, scalar
+from tests.helpers.foundation import call, claim, enqueue, enqueue_n, held_snapshot, scalar
 
 Conn = psycopg.Connection[Any]
 PAST = "2001-02-03T04:05:06Z"
@@ -37,19 +36,6 @@ def floored(conn: Conn, every: str = "1 hour") -> Conn:
     conn.execute("SET pgjobs.claim_full_scan_claims = 0")
     conn.execute("SELECT set_config('pgjobs.claim_full_scan_every', %s, false)", [every])
     return conn
-
-
-@contextlib.contextmanager
-def held_snapshot(connect: ConnectFactory) -> Iterator[None]:
-    """A foreign session idle in a transaction with a snapshot (what keeps dead versions)."""
-    h = connect()
-    h.autocommit = False
-    h.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
-    h.execute("SELECT txid_current()")
-    try:
-        yield
-    finally:
-        h.rollback()
 
 
 def state(conn: Conn) -> dict[str, Any]:

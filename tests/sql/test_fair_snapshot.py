@@ -20,7 +20,7 @@ import pytest
 from conftest import ConnectFactory
 
 from pgjobs.ops import migrate as m
-from tests.helpers.foundation import call, expire, run_threads, scalar
+from tests.helpers.foundation import call, expire, held_snapshot, run_threads, scalar
 
 Conn = psycopg.Connection[Any]
 
@@ -81,16 +81,11 @@ def test_fair_claim_reads_grow_only_per_group_under_a_held_snapshot(conn: Conn, 
     _setup(conn)
     # a kept count serves this session for the whole test (by default for 1 s: a claim then may count again)
     conn.execute("SET pgjobs.fair_count_every = 3600")
-    holder = connect()
-    holder.execute("BEGIN")
-    holder.execute("SELECT txid_current()")
-    try:
+    with held_snapshot(connect):
         _probe(conn)
         b0, r0 = _probe(conn)
         assert _work(conn, CLAIMS_UNDER_SNAPSHOT) == CLAIMS_UNDER_SNAPSHOT * PER_CLAIM
         b1, r1 = _probe(conn)
-    finally:
-        holder.execute("ROLLBACK")
     # the relations whose reads grew, for the failure message
     grew = {k: (r0.get(k, 0), v) for k, v in r1.items() if v > r0.get(k, 0) + 4}
     assert set(grew) <= _PER_GROUP, (b0, b1, grew)
@@ -118,10 +113,7 @@ def test_a_fair_claimer_keeps_its_active_counts_while_a_held_snapshot_makes_coun
     settle. A lease that runs out meanwhile is handed out again once the kept count is older than that."""
     _setup(conn)
     conn.execute("SET pgjobs.fair_count_every = 3600")
-    holder = connect()
-    holder.execute("BEGIN")
-    holder.execute("SELECT txid_current()")
-    try:
+    with held_snapshot(connect):
         assert _work(conn, CLAIMS_UNDER_SNAPSHOT) == CLAIMS_UNDER_SNAPSHOT * PER_CLAIM
         fresh = connect()
         counted, _ = _active_entries(fresh)
@@ -142,8 +134,6 @@ def test_a_fair_claimer_keeps_its_active_counts_while_a_held_snapshot_makes_coun
         assert stuck["id"] in seen
         again = conn.execute("SELECT attempt, leased_by FROM pgjobs.jobs WHERE id = %s", [stuck["id"]]).fetchone()
         assert again == (2, "w")
-    finally:
-        holder.execute("ROLLBACK")
 
 
 def _pending_entries(conn: Conn) -> tuple[int, int]:
@@ -175,10 +165,7 @@ def test_the_8th_claims_looks_are_not_paid_again_and_again_under_a_held_snapshot
     taken = call(other, "claim", worker="x", queues=["q"], max_jobs=1)
     assert [r["id"] for r in taken] == [u["id"]]  # never served, the ungrouped turn goes first
     conn.execute("SET pgjobs.fair_count_every = 3600")
-    holder = connect()
-    holder.execute("BEGIN")
-    holder.execute("SELECT txid_current()")
-    try:
+    with held_snapshot(connect):
         assert _work(conn, CLAIMS_UNDER_SNAPSHOT) == CLAIMS_UNDER_SNAPSHOT * PER_CLAIM
         entries = [_pending_entries(conn) for _ in range(16)]  # two 8th claims among them
         fresh = connect()
@@ -200,8 +187,6 @@ def test_the_8th_claims_looks_are_not_paid_again_and_again_under_a_held_snapshot
             seen.update(r["id"] for r in call(conn, "claim", worker="w", queues=["q"], max_jobs=PER_CLAIM))
             time.sleep(0.02)
         assert u["id"] in seen
-    finally:
-        holder.execute("ROLLBACK")
 
 
 def test_without_a_held_snapshot_every_fair_claim_counts(conn: Conn) -> None:
@@ -209,7 +194,7 @@ def test_without_a_held_snapshot_every_fair_claim_counts(conn: Conn) -> None:
     noisy rule and expired leases see the state of the moment, as before."""
     _setup(conn)
     _work(conn, 30)
-    assert conn.execute("SELECT current_setting('pgjobs.fair_active', true)").fetchone()[0] in (None, "", "{}")
+    assert conn.execute("SELECT current_setting('pgjobs.fair_kept', true)").fetchone()[0] in (None, "", "{}")
 
 
 def _fresh_jobs(conn: Conn, n: int, offset: int) -> None:
@@ -242,10 +227,7 @@ def test_new_groups_are_found_without_reading_what_a_held_snapshot_keeps(conn: C
     group's cursor, passing its versions): on main the entries one such claim is handed grow by about 16
     times what its own head probe passes (2,500 instead of 150 here)."""
     _setup(conn)
-    holder = connect()
-    holder.execute("BEGIN")
-    holder.execute("SELECT txid_current()")
-    try:
+    with held_snapshot(connect):
         for _ in range(8):  # past the every-8th-claim sweep, whichever claim it falls on
             _discovery_entries(conn)
         e0 = [_discovery_entries(conn) for _ in range(8)]
@@ -253,8 +235,6 @@ def test_new_groups_are_found_without_reading_what_a_held_snapshot_keeps(conn: C
             _fresh_jobs(conn, PER_CLAIM, i)
             _work(conn, 1)
         e1 = [_discovery_entries(conn) for _ in range(8)]
-    finally:
-        holder.execute("ROLLBACK")
     # the claim's own head probe passes its group's claimed jobs (CLAIMS_UNDER_SNAPSHOT * PER_CLAIM / GROUPS
     # of them, still open); a skip scan over 16 groups would pass 16 times that
     grew = min(e["jobs_group_idx"] for e in e1) - min(e["jobs_group_idx"] for e in e0)
@@ -357,16 +337,11 @@ def test_the_fair_queues_row_is_written_only_when_a_shared_setting_moves(conn: C
     hint = conn.execute("SELECT current_setting('pgjobs.fair_hint', true)::jsonb -> 'q'").fetchone()
     assert hint is not None and hint[0] is not None and len(hint[0]) == 3
 
-    holder = connect()
-    holder.execute("BEGIN")
-    holder.execute("SELECT txid_current()")
-    try:
+    with held_snapshot(connect):
         _probe(conn)
         _, r0 = _probe(conn)
         assert _work(conn, CLAIMS_UNDER_SNAPSHOT) == CLAIMS_UNDER_SNAPSHOT * PER_CLAIM
         _, r1 = _probe(conn)
-    finally:
-        holder.execute("ROLLBACK")
     # main: one version per claim, 300 claims later the lookups read ~10 more blocks; here at most 300 / 8
     # versions, and the row is found in a block or two more
     assert r1.get("fair_queues", 0) <= r0.get("fair_queues", 0) + 3, (r0, r1)

@@ -117,6 +117,24 @@ def test_one_log_row_per_transition_call(conn: Conn) -> None:
     assert sorted(r["id"] for r in rows[5:10]) == sorted(g["id"] for g in got)
 
 
+def test_a_bulk_calls_event_arrays_are_stored_with_lz4_where_the_server_has_it(conn: Conn) -> None:
+    """1,000 events in one inbox row put its arrays past the TOAST threshold: compressed with lz4 (event_lz4
+    migration), in the inbox and in the log the ticker copies them to, and read back whole."""
+    try:
+        conn.execute("SET LOCAL default_toast_compression = 'lz4'")
+    except psycopg.errors.InvalidParameterValue:
+        pytest.skip("this server is built without lz4")
+    assert len(call(conn, "enqueue_many", jobs=[{"kind": "bulk", "queue": "lz"}] * 1000)) == 1000
+    inbox = conn.execute(
+        "SELECT pg_column_compression(ids), pg_column_compression(queues) FROM pgjobs.event_inbox"
+    ).fetchall()
+    assert inbox == [("lz4", "lz4")]
+    rows = events(conn, queue="lz")
+    assert len(rows) == 1000 and {r["state"] for r in rows} == {"pending"}
+    logged = conn.execute("SELECT pg_column_compression(ids) FROM pgjobs.event_log WHERE cardinality(ids) = 1000")
+    assert logged.fetchall() == [("lz4",)]
+
+
 def test_filters_by_queue_jobs_and_batch(conn: Conn) -> None:
     a = enqueue(conn, queue="qa")["id"]
     b = enqueue(conn, queue="qb")["id"]

@@ -1,0 +1,33 @@
+-- Deploy pgjobs:event_lz4 to pg
+-- requires: event_log
+-- The event arrays compressed with lz4 where the server has it. An inbox row holds one array per field
+-- of every event of a call: a bulk enqueue of 1,000 jobs writes six arrays of 4-12 kB, past the 2 kB
+-- TOAST threshold, and pglz compressing them was 7 % of the server's time of the call (perf, 1,000 plain
+-- specs): 1.2 ms of 9.5. lz4 compresses them in a fraction of that; the ticker's copies into event_log
+-- and every read decompress faster too. A server built without lz4 keeps pglz (the DO block below
+-- returns before altering anything). SET COMPRESSION on a partitioned table does not reach its existing
+-- partitions, so each is altered too; rows written before keep their pglz data (both read the same).
+BEGIN;
+DO $$
+DECLARE
+    t regclass;
+BEGIN
+    BEGIN
+        PERFORM set_config('default_toast_compression', 'lz4', true);
+    EXCEPTION WHEN invalid_parameter_value THEN
+        RETURN;   -- built without lz4
+    END;
+    FOR t IN
+        SELECT c.oid::regclass FROM pg_class AS c
+         WHERE c.oid IN ('pgjobs.event_inbox'::regclass, 'pgjobs.event_log'::regclass)
+            OR c.oid IN (SELECT i.inhrelid FROM pg_inherits AS i
+                          WHERE i.inhparent IN ('pgjobs.event_inbox'::regclass, 'pgjobs.event_log'::regclass))
+    LOOP
+        EXECUTE format('ALTER TABLE %s ALTER COLUMN ids SET COMPRESSION lz4, ALTER COLUMN states SET COMPRESSION lz4,'
+                       ' ALTER COLUMN queues SET COMPRESSION lz4, ALTER COLUMN kinds SET COMPRESSION lz4,'
+                       ' ALTER COLUMN attempts SET COMPRESSION lz4, ALTER COLUMN batch_ids SET COMPRESSION lz4,'
+                       ' ALTER COLUMN progress SET COMPRESSION lz4', t);
+    END LOOP;
+END;
+$$;
+COMMIT;

@@ -32,6 +32,19 @@
 --   for the events, the insert into the leaf). enqueue without a key is unchanged (two fresh databases,
 --   alternating: 1.01-1.05x, noise). The client's share of a 1,000-spec enqueue_many fell more (its rows
 --   read by name: 6.0 -> 1.9 ms per 1,000; README, Benchmarks).
+-- * Per committed call, server only (2026-12-02, a quiet machine, load 0.4: pgbench, one client, prepared
+--   statements, one call per transaction, so the commit's WAL flush counts; latency per transaction, three
+--   rounds): a bare one-row INSERT 175-185 us (286 bytes of WAL); the same row into pgjobs.jobs 200-220 (374
+--   bytes; into the leaf with nextval() the same); that INSERT inside a PL/pgSQL function 240-265, with
+--   pg_notify 240-250 (no listener: the NOTIFY itself is cheap); enqueue on a queue with status_events =
+--   'none' 295-345 (376 bytes); enqueue 385-400 (708 bytes: the event_inbox row is 55-80 us of it, inlined
+--   into enqueue or not). So one by one is 2.2x the bare INSERT at the server, and a client adds the same
+--   ~200 us of psycopg and asyncio to both: 0.61-0.65x the bare INSERT and 0.90-0.94x pgqueuer through
+--   AsyncClient (bench peers). What the contract asks of every enqueue (a status event, pgjobs_wake, the
+--   checks) is the difference; the client's own share is ~50 us (cProfile: 16 us in pgjobs' frames).
+-- * enqueue_many of 1,000, server only, the same way: 9.5-10.2 ms (bare INSERT from the JSON 3.0-4.0; the
+--   rows alone into jobs_live 5.4-6.3; on a queue without events 6.5). pglz compressing the inbox row's
+--   arrays was 7 % of it (perf): the event_lz4 migration gives those columns lz4, 7.8-8.5 ms.
 --
 -- Inserts: those whose ids are drawn first (nextval: enqueue with a unique key, _insert_plain_specs,
 -- _insert_specs) name the leaf pgjobs.jobs_live, not the partitioned parent: a new job is waiting,

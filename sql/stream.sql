@@ -152,6 +152,17 @@
 -- larger than any difference; the follower, reading more often, used 25-40% more CPU per run (2.6-3.2 s
 -- in its process, 3.0-4.4 s in its backend per 100,000 events). A tick's backend CPU per read of 90
 -- events (30 inbox rows, a 12,000-row inbox partition): 2.6-3.0 ms by the index against 4.9-5.9 ms.
+-- THE P99 (2026-12-02). On a quiet machine (load 0.4) p50 was 4.3-4.5 ms and p99 216-285 ms. Probes
+-- timed by commit showed the cause: once every few seconds, for ~250 ms, no event arrived, and then all
+-- of them arrived at once. The follower's read was on CPU the whole time, in its tick's INSERT into
+-- event_log: 412,000 buffer hits (auto_explain). A GIN index keeps new entries in a pending list, and the
+-- insert that takes the list past gin_pending_list_limit (4 MB by default) merges all of it into the
+-- index. The maintenance pass hit the same merge (209 ms). Autovacuum would empty the lists, but it never
+-- runs on an insert-only table, and it is off on some servers. The migration event_log_gin sets a
+-- 128 kB list on every log partition's GIN index, so a merge is 1/32 of that.
+-- Two alternating pairs of bench/stream.py: p99 12.4-12.5 ms against 256-272, p50 unchanged at 4.4-4.5,
+-- throughput with the follower 0.82-0.83x against 0.77-0.82x. tests/sql/test_events.py holds the list
+-- to its limit (17 pages at most, against 120 without).
 
 -- The advisory lock of the ticker and of maintenance ("pgjobs" + 1).
 CREATE OR REPLACE FUNCTION pgjobs._stream_lock()

@@ -17,6 +17,29 @@ BEGIN
     EXCEPTION WHEN invalid_parameter_value THEN
         RETURN;   -- built without lz4
     END;
+    -- Both trees at once, inbox first, as a tick takes them (inbox read, then log written): altering them
+    -- one by one in catalog order could take a log partition before an inbox one and deadlock with a tick.
+    -- 200 ms a try: a lock request waiting behind a transaction left open on the inbox (a user's enqueue,
+    -- idle) would stall every writer queued behind it; between tries they run. After 50 tries the
+    -- migration fails, naming the holders, and changes nothing.
+    FOR try IN 1..50 LOOP
+        BEGIN
+            PERFORM set_config('lock_timeout', '200ms', true);
+            LOCK TABLE pgjobs.event_inbox, pgjobs.event_log IN ACCESS EXCLUSIVE MODE;
+            PERFORM set_config('lock_timeout', '0', true);
+            EXIT;
+        EXCEPTION WHEN lock_not_available THEN
+            IF try = 50 THEN
+                RAISE EXCEPTION USING ERRCODE = 'lock_not_available', MESSAGE = format(
+                    'event_lz4: the event tables stayed locked by pid(s) %s; end those transactions and migrate again',
+                    (SELECT string_agg(DISTINCT l.pid::text, ', ') FROM pg_locks AS l
+                      WHERE l.granted AND l.pid <> pg_backend_pid()
+                        AND l.relation IN (SELECT c.oid FROM pg_class AS c JOIN pg_namespace AS n ON n.oid = c.relnamespace
+                                            WHERE n.nspname = 'pgjobs' AND c.relname ~ '^event_(inbox|log)')));
+            END IF;
+            PERFORM pg_sleep(0.1);
+        END;
+    END LOOP;
     FOR t IN
         SELECT c.oid::regclass FROM pg_class AS c
          WHERE c.oid IN ('pgjobs.event_inbox'::regclass, 'pgjobs.event_log'::regclass)

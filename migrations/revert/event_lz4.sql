@@ -5,6 +5,7 @@ DO $$
 DECLARE
     t regclass;
 BEGIN
+    LOCK TABLE pgjobs.event_inbox, pgjobs.event_log IN ACCESS EXCLUSIVE MODE;  -- as deploy: inbox first
     FOR t IN
         SELECT c.oid::regclass FROM pg_class AS c
          WHERE c.oid IN ('pgjobs.event_inbox'::regclass, 'pgjobs.event_log'::regclass)

@@ -248,6 +248,14 @@ def _only_leaf(exc: BaseException) -> BaseException:
     return exc
 
 
+def _lost_server(exc: psycopg.OperationalError) -> bool:
+    """No server to talk to: a failure on the client's side (no SQLSTATE), a connection exception (class 08)
+    or a server shutting down or starting (57P01-57P03). A lock timeout or a cancelled statement is an
+    OperationalError too, but from a server that answered."""
+    state = exc.sqlstate
+    return state is None or state.startswith("08") or state in ("57P01", "57P02", "57P03")
+
+
 def _expected(exc: BaseException, args: argparse.Namespace) -> CliError | None:
     """The one-line error for a failure a user can expect, or None for a bug (its traceback is shown)."""
     if isinstance(exc, CliError):
@@ -256,7 +264,7 @@ def _expected(exc: BaseException, args: argparse.Namespace) -> CliError | None:
         return not_migrated(args.dsn, dsnmod.first_line(str(exc)), args.where)
     if isinstance(exc, PgJobsError):
         return CliError(str(exc), EXIT_ERROR)
-    if isinstance(exc, psycopg.OperationalError | PoolTimeout):
+    if isinstance(exc, PoolTimeout) or (isinstance(exc, psycopg.OperationalError) and _lost_server(exc)):
         return unreachable(args.dsn, exc, args.where)
     if isinstance(
         exc, psycopg.errors.UndefinedTable | psycopg.errors.UndefinedFunction | psycopg.errors.UndefinedColumn

@@ -71,6 +71,25 @@ def test_unreachable_database_also_fails_migrate_and_enqueue(capsys: pytest.Capt
     assert len(err) == 2 and all(line.startswith("pgjobs: cannot connect") for line in err)
 
 
+def test_a_server_error_of_class_operational_is_not_called_unreachable(dsn: str) -> None:
+    """psycopg files a lock timeout (55P03) under OperationalError, as it does a refused connection: the
+    command line says what the server said, not "cannot connect"."""
+    import argparse
+
+    from pgjobs.cli.main import _expected
+
+    with psycopg.connect(dsn) as holder, psycopg.connect(dsn, autocommit=True) as waiter:
+        holder.execute("LOCK TABLE pgjobs.queues IN ACCESS EXCLUSIVE MODE")
+        waiter.execute("SET lock_timeout = '50ms'")
+        with pytest.raises(psycopg.OperationalError) as caught:
+            waiter.execute("SELECT count(*) FROM pgjobs.queues")
+    err = _expected(caught.value, argparse.Namespace(dsn=dsn, where=None))
+    assert err is not None
+    assert "cannot connect" not in str(err) and "[55P03]" in str(err), err
+    refused = _expected(psycopg.OperationalError("connection refused"), argparse.Namespace(dsn=dsn, where=None))
+    assert refused is not None and "cannot connect" in str(refused)
+
+
 @pytest.mark.smoke
 def test_unmigrated_database_is_exit_3(blank_dsn: str, capsys: pytest.CaptureFixture[str]) -> None:
     for command in (["stats"], ["jobs"], ["enqueue", "k"], ["status", "1"], ["cancel", "1"]):

@@ -454,3 +454,33 @@ def test_job_history_upgrades_in_place_under_load(blank_dsn: str) -> None:
             1,
         )
         assert conn.execute("SELECT count(*) FROM pgjobs.jobs_live").fetchone() == (0,)
+
+
+def test_event_lz4_waits_out_a_writer_left_open_without_stalling_the_others(blank_dsn: str) -> None:
+    """The change locks both event trees in tries of 200 ms: a transaction that enqueued and sits open holds
+    it off (it is applied once that commits), and a writer arriving meanwhile is not stuck behind it."""
+    m.migrate(blank_dsn)
+    assert m.rollback(blank_dsn, to="event_id_blocks") == ["event_log_gin", "event_lz4"]
+    with psycopg.connect(blank_dsn) as holder, psycopg.connect(blank_dsn, autocommit=True) as other:
+        holder.execute("SELECT * FROM pgjobs.enqueue(kind => 'open')")  # its transaction stays open
+        other.execute("SET statement_timeout = '2s'")  # queued behind a lock request that waits: fails, not hangs
+        result: dict[str, Any] = {}
+
+        def run() -> None:
+            t0 = time.monotonic()
+            result["applied"] = m.migrate(blank_dsn).applied
+            result["took"] = time.monotonic() - t0
+
+        t = threading.Thread(target=run)
+        t.start()
+        time.sleep(0.5)
+        t0 = time.monotonic()
+        other.execute("SELECT * FROM pgjobs.enqueue(kind => 'meanwhile')")  # between two tries
+        assert time.monotonic() - t0 < 1.0
+        time.sleep(0.5)
+        assert t.is_alive()  # still waiting for the open transaction
+        holder.commit()
+        t.join(20)
+    assert result["applied"] == ["event_lz4", "event_log_gin"]
+    assert result["took"] >= 1.0
+    assert m.verify(blank_dsn) == PLAN

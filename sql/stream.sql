@@ -416,6 +416,10 @@ RETURNS TABLE (o_event_id bigint, o_at timestamptz, o_id bigint, o_state pgjobs.
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pgjobs, pg_temp
 SET jit = off
+-- Generic plans: a custom plan of the ordered read over the 16 log partitions was planned anew on every
+-- call (the planner was 20-38 % of a busy follower's backend, perf). An empty read 650 -> 470 us; reads of
+-- 1,000 events 1.58 -> 1.35 ms from the start, by job ids 3.47 -> 3.35 ms, near the head the same.
+SET plan_cache_mode = force_generic_plan
 AS $$
 #variable_conflict use_column
 DECLARE
@@ -534,6 +538,7 @@ STABLE
 SECURITY DEFINER
 SET search_path = pg_catalog, pgjobs, pg_temp
 SET jit = off
+SET plan_cache_mode = force_generic_plan  -- as _read_events: every follower read calls it (470 -> 415 us)
 AS $$
 DECLARE
     v_slot smallint;

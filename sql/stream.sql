@@ -126,7 +126,8 @@
 -- (bench/stream.py with BENCH_STREAM_TRACE=1, worker at full speed, machine at a load of ~6): p50
 -- 3.5 ms waiting for the read in progress, 4 ms the read_events statement (the tick ~1 ms of it), 6 ms
 -- its commit's flush, under 0.5 ms of Python. What is left on a loaded 2-core machine is mostly CPU:
--- each round trip waits for the follower's process and its backend to be scheduled.
+-- each round trip waits for the follower's process and its backend to be scheduled. (That is the p50;
+-- the p99 was a GIN pending-list merge in the tick, not CPU: THE P99 below.)
 
 -- MEASURED (this 2-core machine, shared with other work, so same-run ratios; bench/worker.py,
 -- bench/soak.py). Worker, concurrency 50, 30,000 no-op jobs, no subscriber: 1 process 15.9-17.3k

@@ -6,6 +6,7 @@ command are also checked through a real ``python -m pgjobs`` subprocess.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import signal
@@ -22,7 +23,7 @@ import psycopg
 import pytest
 
 from pgjobs import Client
-from pgjobs.cli.main import main, parse_duration, parse_queues, progress_fraction
+from pgjobs.cli.main import _expected, main, parse_duration, parse_queues, progress_fraction
 from pgjobs.ops import dsn as dsnmod
 
 REPO = Path(__file__).resolve().parents[2]
@@ -74,10 +75,6 @@ def test_unreachable_database_also_fails_migrate_and_enqueue(capsys: pytest.Capt
 def test_a_server_error_of_class_operational_is_not_called_unreachable(dsn: str) -> None:
     """psycopg files a lock timeout (55P03) under OperationalError, as it does a refused connection: the
     command line says what the server said, not "cannot connect"."""
-    import argparse
-
-    from pgjobs.cli.main import _expected
-
     with psycopg.connect(dsn) as holder, psycopg.connect(dsn, autocommit=True) as waiter:
         holder.execute("LOCK TABLE pgjobs.queues IN ACCESS EXCLUSIVE MODE")
         waiter.execute("SET lock_timeout = '50ms'")

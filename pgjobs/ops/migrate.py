@@ -182,6 +182,28 @@ def _validate_routines(conn: psycopg.Connection[Any]) -> None:
     # (both settings are LOCAL: the transaction's end restores the session's own)
 
 
+def _run_sql_files(conn: psycopg.Connection[Any], files: list[Path]) -> None:
+    conn.execute("SET LOCAL check_function_bodies = off")
+    # the files' own statements (signatures, defaults, DO blocks) resolve names in pg_catalog first,
+    # never in a schema other roles can create in
+    conn.execute("SET LOCAL search_path = pg_catalog, pgjobs")
+    for f in files:
+        conn.execute(f.read_text())
+
+
+def _drop_routines(conn: psycopg.Connection[Any], stale_only: bool) -> None:
+    """Drops pgjobs' routines: every one, or (``stale_only``) those this transaction did not (re)define,
+    i.e. whose pg_proc row was not written by one of its (sub)transaction ids."""
+    rows = conn.execute(
+        "SELECT p.oid::regprocedure::text FROM pg_proc p WHERE p.pronamespace = 'pgjobs'::regnamespace"
+        " AND NOT (%s AND p.xmin IN (SELECT l.transactionid FROM pg_locks AS l"
+        "                              WHERE l.pid = pg_backend_pid() AND l.locktype = 'transactionid'))",
+        (stale_only,),
+    ).fetchall()
+    for (signature,) in rows:
+        conn.execute(pgsql.SQL("DROP ROUTINE IF EXISTS {} CASCADE").format(pgsql.SQL(signature)))
+
+
 def install_functions(conn: psycopg.Connection[Any], force: bool = False) -> bool:
     """Installs ``sql/`` unless the installed revision matches. Returns whether it installed."""
     digest = sql_digest()
@@ -189,19 +211,23 @@ def install_functions(conn: psycopg.Connection[Any], force: bool = False) -> boo
         current = conn.execute("SELECT digest FROM pgjobs.sql_revision").fetchone()
         if current and current[0] == digest and not force:
             return False
-        # Drop every routine first, so a function whose signature changed leaves no stale
-        # overload behind; the whole swap is one transaction, invisible until commit.
-        rows = conn.execute(
-            "SELECT p.oid::regprocedure::text FROM pg_proc p WHERE p.pronamespace = 'pgjobs'::regnamespace"
-        ).fetchall()
-        for (signature,) in rows:
-            conn.execute(pgsql.SQL("DROP ROUTINE IF EXISTS {} CASCADE").format(pgsql.SQL(signature)))
-        conn.execute("SET LOCAL check_function_bodies = off")
-        # the files' own statements (signatures, defaults, DO blocks) resolve names in pg_catalog first,
-        # never in a schema other roles can create in
-        conn.execute("SET LOCAL search_path = pg_catalog, pgjobs")
-        for f in sql_files():
-            conn.execute(f.read_text())
+        # In place first: CREATE OR REPLACE keeps each routine's oid, so a worker calling it while the
+        # swap commits goes on with the new body. Dropping them all first made such a call fail with
+        # "cache lookup failed for function" (XX000), or deadlock with the CASCADE's locks on the tables
+        # whose trigger it dropped, under load (tests/ops/test_migrations.py). Then the
+        # routines the files no longer define (a changed signature leaves its old overload) are dropped.
+        # A change CREATE OR REPLACE refuses (result type, parameter names, defaults: 42P13) takes the old
+        # way: everything dropped, then created. Either way one transaction, invisible until commit.
+        # (roles.sql, last, rewrites every routine's row with its grants: the stale ones are found before it)
+        *functions, roles = sql_files()
+        try:
+            with conn.transaction():
+                _run_sql_files(conn, functions)
+                _drop_routines(conn, stale_only=True)
+                _run_sql_files(conn, [roles])
+        except psycopg.errors.InvalidFunctionDefinition:
+            _drop_routines(conn, stale_only=False)
+            _run_sql_files(conn, [*functions, roles])
         _validate_routines(conn)
         conn.execute(
             "INSERT INTO pgjobs.sql_revision (digest) VALUES (%s) "

@@ -166,6 +166,18 @@ def test_changed_functions_are_reinstalled_and_the_data_stays(dsn: str) -> None:
         assert conn.execute("SELECT digest FROM pgjobs.sql_revision").fetchone() == (m.sql_digest(),)
 
 
+def test_a_routine_whose_result_type_changed_is_reinstalled_by_drop_and_create(dsn: str) -> None:
+    """CREATE OR REPLACE refuses a new result type (42P13): install then drops everything and creates it
+    all, so an installed revision whose routine returned something else still upgrades to the same catalog."""
+    before = catalog(dsn)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("DROP FUNCTION pgjobs._stream_lock()")
+        conn.execute("CREATE FUNCTION pgjobs._stream_lock() RETURNS int LANGUAGE sql AS 'SELECT 1'")
+        conn.execute("UPDATE pgjobs.sql_revision SET digest = 'an older revision'")
+    assert m.migrate(dsn).functions_installed is True
+    assert catalog(dsn) == before
+
+
 def _migrate_in_a_process(dsn: str, start_at: float) -> subprocess.Popen[str]:
     code = (
         "import sys, time\n"
@@ -484,3 +496,42 @@ def test_event_lz4_waits_out_a_writer_left_open_without_stalling_the_others(blan
     assert result["applied"] == ["event_lz4", "event_log_gin"]
     assert result["took"] >= 1.0
     assert m.verify(blank_dsn) == PLAN
+
+
+def test_functions_reinstalled_while_workers_call_them_fail_no_call(dsn: str) -> None:
+    """A function swap commits while producers and workers are inside pgjobs' functions: the routines are
+    replaced in place (same oids), so no call fails. Dropping them all first, as install did before, made
+    calls in flight fail with "cache lookup failed for function" (XX000) or deadlock with the drop."""
+    stop = threading.Event()
+    errors: list[str] = []
+    done: list[int] = []
+
+    def work() -> None:
+        with psycopg.connect(dsn, autocommit=True) as c:
+            while not stop.is_set():
+                try:
+                    c.execute("SELECT * FROM pgjobs.enqueue(kind => 'swap')")
+                    rows = c.execute("SELECT id, lease_token FROM pgjobs.claim('w', '{default}', 5)").fetchall()
+                    if rows:
+                        c.execute(
+                            "SELECT pgjobs.complete_many(%s::bigint[], %s::uuid[])",
+                            [[r[0] for r in rows], [r[1] for r in rows]],
+                        )
+                        done.extend(r[0] for r in rows)
+                except psycopg.Error as exc:
+                    errors.append(f"{exc.sqlstate}: {exc}")
+
+    threads = [threading.Thread(target=work) for _ in range(3)]
+    for t in threads:
+        t.start()
+    try:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            for _ in range(6):
+                assert m.install_functions(conn, force=True)
+                time.sleep(0.05)
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(30)
+    assert errors == []
+    assert done

@@ -290,6 +290,7 @@ def test_event_log_upgrades_in_place_under_load(blank_dsn: str) -> None:
     stop = threading.Event()
     done: list[int] = []
     errors: list[str] = []
+    unexpected: list[str] = []
 
     def work() -> None:
         with psycopg.connect(blank_dsn, autocommit=True) as c:
@@ -306,6 +307,8 @@ def test_event_log_upgrades_in_place_under_load(blank_dsn: str) -> None:
                 except psycopg.errors.UndefinedTable as exc:  # the functions are newer than the tables, until then
                     errors.append(str(exc))
                     time.sleep(0.01)
+                except psycopg.Error as exc:  # anything else is a failed call: recorded, not a silently dead thread
+                    unexpected.append(f"{exc.sqlstate}: {exc}")
 
     threads = [threading.Thread(target=work) for _ in range(3)]
     for t in threads:
@@ -320,6 +323,7 @@ def test_event_log_upgrades_in_place_under_load(blank_dsn: str) -> None:
     stop.set()
     for t in threads:
         t.join(30)
+    assert unexpected == []
     assert sorted(done) == list(range(1, 3001))  # every job once
     with psycopg.connect(blank_dsn, autocommit=True) as conn:
         assert conn.execute("SELECT count(*), max(attempt) FROM pgjobs.jobs WHERE state = 'succeeded'").fetchone() == (

@@ -8,7 +8,6 @@ import collections
 import json
 import re
 import threading
-import time
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -128,9 +127,11 @@ def test_a_simulated_run_serves_every_group_within_bounded_rounds(connect: Conne
             rows = claim(c, f"w{i}", queues=["q"], max_jobs=2)
             if not rows:
                 return done
-            now = time.monotonic()
+            # ordered by the server's claim time (lease_expires_at: the claim's now() + the same lease for
+            # all), not by when this thread got its answer: a thread descheduled after its claim returned
+            # made the client's clock put a group served early among the late picks
             with lock:
-                served.extend((now, r["group_key"]) for r in rows)
+                served.extend((r["lease_expires_at"].timestamp(), r["group_key"]) for r in rows)
             complete(c, rows)
             done += len(rows)
             if done >= 120:

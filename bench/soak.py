@@ -1,10 +1,10 @@
 """``python -m bench soak``: a fixed offered rate through one worker process for minutes, and how it holds up.
 
 First the worker's clean maximum is measured (a fresh database, 20,000 no-op jobs, one process at concurrency
-50), unless ``--rate`` gives the offered rate; the soak offers 60 % of it (``--share``) for ``--minutes``
-(default 10) on a fresh database: a producer thread enqueues every 100 ms, one worker process (the real
-``pgjobs.Worker``, concurrency 50) runs the jobs, and a probe claims one job every 200 ms to time a claim
-under the same table (its job is completed at once). Every 10 s it prints:
+50; with ``--fair`` on a fair queue of the same 100 groups), unless ``--rate`` gives the offered rate; the soak
+offers 60 % of it (``--share``) for ``--minutes`` (default 10) on a fresh database: a producer thread enqueues
+every 100 ms, one worker process (the real ``pgjobs.Worker``, concurrency 50) runs the jobs, and a probe claims
+one job every 200 ms to time a claim under the same table (its job is completed at once). Every 10 s it prints:
 
 * completion rate (jobs/s finished in the window: enqueued minus the growth of the live backlog),
 * claim p50/p99: the probe's claim call, and the wait of the job it got (now - run_at: the queue delay),
@@ -37,6 +37,7 @@ from .worker import HERE, throughput
 
 QUEUE = "soak"
 WINDOW = 10.0
+GROUPS = 100  # --fair: the fair queue's groups
 _TABLES_SQL = """
 SELECT coalesce(p.relname, c.relname) AS tbl, sum(coalesce(s.n_dead_tup, 0))::bigint,
        sum(pg_total_relation_size(c.oid))::bigint, sum(coalesce(s.n_live_tup, 0))::bigint
@@ -82,10 +83,10 @@ class Producer(threading.Thread):
                 due = int(self.rate * tick * 0.1) - self.enqueued
                 if due > 0:
                     n0 = self.enqueued
-                    specs = [
-                        {"kind": "noop", "queue": QUEUE, **({"group_key": f"g{(n0 + i) % 100}"} if self.fair else {})}
-                        for i in range(due)
-                    ]
+                    specs: list[dict[str, Any]] = [{"kind": "noop", "queue": QUEUE} for _ in range(due)]
+                    if self.fair:
+                        for i, spec in enumerate(specs):
+                            spec["group_key"] = f"g{(n0 + i) % GROUPS}"
                     conn.execute("SELECT count(*) FROM pgjobs.enqueue_many(%s::jsonb)", [json.dumps(specs)])
                     self.enqueued += due
                 wait = start + tick * 0.1 - time.monotonic()
@@ -251,7 +252,8 @@ def main(argv: list[str]) -> int:
     rate = args.rate
     if rate is None:
         with fresh_database(args.dsn, "soakmax") as dsn:
-            clean_max = throughput(dsn, 20_000, 1, args.concurrency, "all")
+            # (--fair: the fair queue's own maximum, 100 groups; it is below the plain queue's)
+            clean_max = throughput(dsn, 20_000, 1, args.concurrency, "all", groups=GROUPS if args.fair else 0)
         rate = args.share * clean_max
         print(f"clean maximum {clean_max:.0f} jobs/s; offering {rate:.0f} jobs/s ({args.share:.0%})", flush=True)
     with fresh_database(args.dsn, "soak") as dsn:

@@ -88,13 +88,16 @@ def _stop(procs: list[subprocess.Popen[bytes]]) -> None:
             p.wait(5)
 
 
-def _fill(conn: psycopg.Connection[Any], n: int) -> None:
+def _fill(conn: psycopg.Connection[Any], n: int, groups: int = 0) -> None:
+    """n no-op jobs on QUEUE; with ``groups``, spread over that many group keys (a fair queue's)."""
     conn.execute("TRUNCATE pgjobs.jobs CASCADE")
     conn.execute("DELETE FROM pgjobs.workers")
-    chunk = json.dumps([{"kind": "noop", "queue": QUEUE}] * 5000)
     for done in range(0, n, 5000):
-        spec = chunk if n - done >= 5000 else json.dumps([{"kind": "noop", "queue": QUEUE}] * (n - done))
-        conn.execute("SELECT count(*) FROM pgjobs.enqueue_many(%s::jsonb)", [spec])
+        spec = [
+            {"kind": "noop", "queue": QUEUE, **({"group_key": f"g{i % groups}"} if groups else {})}
+            for i in range(done, min(n, done + 5000))
+        ]
+        conn.execute("SELECT count(*) FROM pgjobs.enqueue_many(%s::jsonb)", [json.dumps(spec)])
     conn.execute("VACUUM ANALYZE pgjobs.jobs")
 
 
@@ -196,13 +199,23 @@ DELIVERIES: list[Delivery] = []  # per follower run
 
 
 def throughput(
-    dsn: str, n_jobs: int, processes: int, concurrency: int, events: str, durable: bool = True, follower: bool = False
+    dsn: str,
+    n_jobs: int,
+    processes: int,
+    concurrency: int,
+    events: str,
+    durable: bool = True,
+    follower: bool = False,
+    groups: int = 0,
 ) -> float:
-    """Jobs/s for one configuration (see the module docstring)."""
+    """Jobs/s for one configuration (see the module docstring); ``groups``: a fair queue with that many."""
     with connect(dsn) as conn:
-        conn.execute("SELECT pgjobs.configure_queue(%s, paused => true, status_events => %s)", [QUEUE, events])
+        conn.execute(
+            "SELECT pgjobs.configure_queue(%s, paused => true, status_events => %s, fair => %s)",
+            [QUEUE, events, groups > 0],
+        )
         conn.execute("TRUNCATE pgjobs.stream_followers")
-        _fill(conn, n_jobs)
+        _fill(conn, n_jobs, groups)
         conn.execute("SELECT count(*) FROM pgjobs.maintain()")  # the fill's events ticked: not the follower's
         procs = _start_workers(dsn, processes, QUEUE, concurrency, durable)
         out = Path(f"/tmp/pgjobs-bench-follower-{os.getpid()}.json")

@@ -114,6 +114,8 @@ LANGUAGE plpgsql
 SET search_path = pg_catalog, pgjobs, pg_temp
 AS $$
 #variable_conflict use_column
+DECLARE
+    v_noted boolean;
 BEGIN
     WITH sched AS (
         SELECT j.id FROM jobs AS j
@@ -128,7 +130,7 @@ BEGIN
          ORDER BY j.lease_expires_at
          LIMIT 1000
            FOR UPDATE SKIP LOCKED
-    )
+    ), upd AS (
     UPDATE jobs AS j
        SET state = 'pending',
            lease_token = NULL,
@@ -140,7 +142,12 @@ BEGIN
                          ELSE j.errors END,
            last_error = CASE WHEN j.state = 'active' THEN 'lease expired' ELSE j.last_error END
       FROM (SELECT sched.id FROM sched UNION ALL SELECT expired.id FROM expired) AS due
-     WHERE j.id = due.id AND j.state = ANY ('{waiting,scheduled,pending,active}'::job_state[]);
+     WHERE j.id = due.id AND j.state = ANY ('{waiting,scheduled,pending,active}'::job_state[])
+    RETURNING j.run_at
+    )
+    -- their run_at may sort below a fair claimer's head floors (_fair_floors) or a plain
+    -- claimer's scan floors: tell them (claim.sql, "Scan floors")
+    SELECT _claim_floor_note(min(upd.run_at)) INTO v_noted FROM upd;
 END;
 $$;
 
@@ -197,15 +204,17 @@ BEGIN
                               WHERE e.queue = _discover_groups.queue AND e.group_key = f.k
                               LIMIT 1) AS e ON true
          WHERE e.known IS NULL
-    ), ins AS (
-        INSERT INTO group_cursors AS c (queue, group_key)
-        SELECT _discover_groups.queue, n.k FROM new AS n
-        ON CONFLICT DO NOTHING
-        RETURNING 1
     ), known AS (
+        -- fair_groups' key decides who registers a group (see _discover_fresh)
         INSERT INTO fair_groups AS g (queue, group_key)
         SELECT _discover_groups.queue, n.k FROM new AS n
         ON CONFLICT DO NOTHING
+        RETURNING g.group_key
+    ), ins AS (
+        INSERT INTO group_cursors AS c (queue, group_key)
+        SELECT _discover_groups.queue, k.group_key FROM known AS k
+        ON CONFLICT DO NOTHING
+        RETURNING 1
     )
     SELECT count(*)::int, max(f.k), (SELECT count(*)::int FROM ins) INTO met, last_key, added FROM found AS f;
 END;
@@ -248,18 +257,23 @@ BEGIN
                               WHERE g.queue = _discover_fresh.queue AND g.group_key = d.k
                               LIMIT 1) AS g ON true
          WHERE g.known IS NULL
-    ), ins AS (
+    ), known AS (
         -- Race: claims register the groups of the same new jobs side by side (no discovery lock
         -- here); in key order, so one that waits for another's insert of a key never holds a key
-        -- that one waits for (no deadlock), and ON CONFLICT keeps one row per group
-        INSERT INTO group_cursors AS c (queue, group_key)
-        SELECT _discover_fresh.queue, n.k FROM new AS n ORDER BY n.k
-        ON CONFLICT DO NOTHING
-        RETURNING 1
-    ), known AS (
+        -- that one waits for (no deadlock). fair_groups' primary key decides who registers a group:
+        -- only the insert that got the row creates the cursor. group_cursors has no unique key on
+        -- (queue, group_key) (a stamp would check it against every version of the cursor: see
+        -- migrations/deploy/fair_cursor_stamps.sql); a claim whose snapshot missed another's
+        -- registration finds its fair_groups row here, committed or waited for, and adds nothing.
         INSERT INTO fair_groups AS g (queue, group_key)
         SELECT _discover_fresh.queue, n.k FROM new AS n ORDER BY n.k
         ON CONFLICT DO NOTHING
+        RETURNING g.group_key
+    ), ins AS (
+        INSERT INTO group_cursors AS c (queue, group_key)
+        SELECT _discover_fresh.queue, k.group_key FROM known AS k
+        ON CONFLICT DO NOTHING
+        RETURNING 1
     )
     SELECT (SELECT count(*)::int FROM ins), coalesce(bool_or(f.k IS NULL), false) INTO added, ungrouped
       FROM fresh AS f;
@@ -414,6 +428,65 @@ AS $$
     SELECT greatest(coalesce(nullif(current_setting('pgjobs.fair_count_every', true), '')::numeric, 1), 0);
 $$;
 
+-- Head floors (under a held snapshot). A group's head is the first entry of jobs_group_idx for
+-- (queue, group_key) that is pending; a held snapshot keeps, in front of it, the dead entry of every job
+-- of the group claimed since (none can be removed or marked killed), and each probe fetched them all from
+-- the heap: ~200 per group and claim after 20,000 jobs over 100 groups, the fair soak's collapse with
+-- the cursor stamps (migrations/deploy/fair_cursor_stamps.sql). A session whose head probes proved dear
+-- (jobs_group_idx entries visited > 4 x room + 500) keeps, per group, where it last took a head:
+-- 'h <queue>' in pgjobs.fair_kept, [kept at, claim epoch, {group_key: [priority, run_at, id]}], and its
+-- probes start there ((priority, run_at, id) >= the floor: a bound of the index scan, not a filter).
+-- As claim.sql's scan floors, a floor is right about everything but work that appears below it, and
+-- what appears there is announced by the claim epoch (claim_floor_epoch: an enqueue, release, retry or
+-- promotion that files a pending job with a run_at older than 150 ms; here also _promote_due): a moved
+-- epoch, a claim that promoted due jobs itself or that came up short drops the floors, and they serve
+-- for pgjobs.fair_count_every seconds (default 1) from the claim that measured them, after which a
+-- claim probes from the front again (and keeps new floors if that proved dear). A job more urgent than
+-- the floor (a lower priority: a release or a new job of that level) is looked for first, one probe of the
+-- range below the floor's level, and when there is one the group is probed from the front. What that
+-- second can miss: a claim rolled back after this one passed its locked rows, a producer committing over
+-- 300 ms after its transaction began: late by at most that second, never lost. Without a held snapshot a
+-- probe visits about what it takes: nothing is kept, and no probe below a floor runs.
+
+-- After the picks: keep floors from them (merged into the floors used, which keep their age and epoch),
+-- keep fresh ones (the probes proved dear), or forget them (not dear, or a claim with floors came up
+-- short: what it missed may be below them).
+CREATE OR REPLACE FUNCTION pgjobs._fair_floors_save(v_q text, h_kept jsonb, h_floor jsonb, v_epoch bigint,
+                                                    dear boolean, filled boolean, tids tid[])
+RETURNS void
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pgjobs, pg_temp
+AS $$
+DECLARE
+    v_new jsonb;
+BEGIN
+    IF (h_floor IS NULL AND NOT dear) OR (h_floor IS NOT NULL AND NOT filled) OR _fair_count_every() = 0 THEN
+        PERFORM _fair_keep('h ' || v_q, false);
+        RETURN;
+    END IF;
+    -- the picked heads' keys, the first per group (by ctid: the rows are locked, not yet leased)
+    -- (as claim.sql's floors: the head's own key, or (priority, now() - 300 ms, 0) when that is lower,
+    -- for producers whose transaction began before this claim and commits after it)
+    SELECT jsonb_object_agg(h.group_key,
+                            CASE WHEN h.run_at < now() - interval '300 ms'
+                                 THEN jsonb_build_array(h.priority, h.run_at, h.id)
+                                 ELSE jsonb_build_array(h.priority, now() - interval '300 ms', 0) END)
+      INTO v_new
+      FROM (SELECT DISTINCT ON (j.group_key) j.group_key, j.priority, j.run_at, j.id
+              FROM jobs_live AS j
+             WHERE j.ctid = ANY (tids) AND j.group_key IS NOT NULL
+             ORDER BY j.group_key, j.priority, j.run_at, j.id) AS h;
+    PERFORM set_config('pgjobs.fair_kept',
+                       (coalesce(nullif(current_setting('pgjobs.fair_kept', true), '')::jsonb, '{}')
+                        || jsonb_build_object('h ' || v_q,
+                               CASE WHEN h_floor IS NOT NULL
+                                    THEN jsonb_build_array(h_kept -> 0, h_kept -> 1, h_floor || coalesce(v_new, '{}'))
+                                    ELSE jsonb_build_array(extract(epoch FROM clock_timestamp()), v_epoch,
+                                                           coalesce(v_new, '{}')) END))::text,
+                       false);
+END;
+$$;
+
 -- The queue state a claim keeps for the session's next claim on the queue (seen_max_id, quiet_claims,
 -- ring_from), in the session setting pgjobs.fair_hint (jsonb: queue -> [seen_max_id, quiet_claims,
 -- ring_from]); fair_queues gets them only when the claim writes the row anyway (see the top of this file,
@@ -464,7 +537,8 @@ $$;
 -- that filled the claim, having stamped the cursors and saved the queue's state; else ids NULL and the
 -- ring as read (r_*) with the cursors locked (r_locked), from which _fair_walk takes over: what was
 -- locked here is this claim's own and is found again (the served_seq values drawn are skipped: harmless).
-CREATE OR REPLACE FUNCTION pgjobs._fair_fast(v_q text, room int, v_open text[], v_ring_from bigint, v_limit int,
+CREATE OR REPLACE FUNCTION pgjobs._fair_fast(v_q text, room int, v_open text[], h_floor jsonb, v_ring_from bigint,
+                                             v_limit int,
                                              a_key text[], a_cnt int[], u_out boolean, u_seq bigint,
                                              v_pos text, v_found boolean, v_productive boolean, u_empty boolean,
                                              v_maxid bigint, v_quiet boolean, v_quiet_claims int,
@@ -504,11 +578,23 @@ BEGIN
     ), r AS (
         SELECT lk.served_seq, lk.seq, lk.tid, h.id, h.jtid
           FROM lk
+          -- the session's head floor for the group, unless a job more urgent than it is pending
+          -- (one probe of the range below it; none while no floor is kept: see _fair_floors)
+          LEFT JOIN LATERAL (
+                SELECT (h_floor -> lk.group_key ->> 0)::smallint AS p, (h_floor -> lk.group_key ->> 1)::timestamptz AS r,
+                       (h_floor -> lk.group_key ->> 2)::bigint AS i
+                 WHERE h_floor ? lk.group_key
+                   AND NOT EXISTS (SELECT 1 FROM jobs AS u
+                                    WHERE u.state = 'pending' AND u.queue = v_q AND u.group_key = lk.group_key
+                                      AND u.priority < (h_floor -> lk.group_key ->> 0)::smallint)) AS hf ON true
           LEFT JOIN LATERAL (
                 SELECT j.id, j.ctid AS jtid
                   FROM jobs AS j
                  WHERE j.state = 'pending' AND j.queue = v_q AND j.group_key = lk.group_key
                    AND (v_open IS NULL OR j.kind = ANY (v_open))
+                   -- (the session's head floor, under a held snapshot: _fair_floors)
+                   AND (j.priority, j.run_at, j.id)
+                       >= (coalesce(hf.p, (-32768)::smallint), coalesce(hf.r, '-infinity'), coalesce(hf.i, 0))
                  ORDER BY j.priority, j.run_at, j.id
                  LIMIT 1
                    FOR UPDATE SKIP LOCKED) AS h ON true
@@ -702,6 +788,7 @@ $$;
 -- concurrent claimers, who all read the same front of the ring, one statement instead of one per run of
 -- held cursors. A stamped group that ends up not picked gets its old stamp back (_fair_finish).
 CREATE OR REPLACE FUNCTION pgjobs._fair_lock_heads(v_q text, b_i int, v_left int, v_open text[], v_ids bigint[],
+                                                   h_floor jsonb,
                                                    l1_key text[], l1_ctid tid[],
                                                    INOUT l1_done boolean[], INOUT l1_busy boolean[],
                                                    INOUT l1_lid bigint[], INOUT l1_ltid tid[], INOUT l1_lkind text[],
@@ -735,11 +822,22 @@ BEGIN
                   FROM group_cursors AS c
                  WHERE c.ctid = x.ctid AND c.queue = v_q AND c.group_key = x.k
                    FOR UPDATE SKIP LOCKED) AS c
+          -- the session's head floor for the group, unless a job more urgent than it is pending
+          -- (one probe of the range below it; none while no floor is kept: see _fair_floors)
+          LEFT JOIN LATERAL (
+                SELECT (h_floor -> x.k ->> 0)::smallint AS p, (h_floor -> x.k ->> 1)::timestamptz AS r,
+                       (h_floor -> x.k ->> 2)::bigint AS i
+                 WHERE h_floor ? x.k
+                   AND NOT EXISTS (SELECT 1 FROM jobs AS u
+                                    WHERE u.state = 'pending' AND u.queue = v_q AND u.group_key = x.k
+                                      AND u.priority < (h_floor -> x.k ->> 0)::smallint)) AS hf ON true
           LEFT JOIN LATERAL (
                 SELECT j.id, j.kind, j.ctid AS jtid
                   FROM jobs AS j
                  WHERE j.state = 'pending' AND j.queue = v_q AND j.group_key = x.k
                    AND (v_open IS NULL OR j.kind = ANY (v_open)) AND j.id <> ALL (v_ids)
+                   AND (j.priority, j.run_at, j.id)
+                       >= (coalesce(hf.p, (-32768)::smallint), coalesce(hf.r, '-infinity'), coalesce(hf.i, 0))
                  ORDER BY j.priority, j.run_at, j.id
                  LIMIT 1
                    FOR UPDATE SKIP LOCKED) AS h ON true
@@ -873,7 +971,7 @@ $$;
 -- a call): a new batch, its share of the picks left, for it and the groups after it in L2 that have none
 -- locked ahead. Rows locked with SKIP LOCKED; one locked ahead and not taken stays locked until commit:
 -- harmless.
-CREATE OR REPLACE FUNCTION pgjobs._fair_take_again(v_q text, v_key text, v_open text[], v_ids bigint[],
+CREATE OR REPLACE FUNCTION pgjobs._fair_take_again(v_q text, v_key text, v_open text[], v_ids bigint[], h_floor jsonb,
                                                    v_left int, v_rest int, b_src int, b_i int,
                                                    l2_key text[], l2_out boolean[],
                                                    INOUT pf_key text[], INOUT pf_id bigint[], INOUT pf_tid tid[],
@@ -906,12 +1004,23 @@ BEGIN
           INTO l_dead, l_hi, l_lkind, l_tid
           FROM (SELECT x.k, h.id, h.kind, h.jtid
                   FROM unnest(l_key) WITH ORDINALITY AS x(k, ord)
+                 -- the session's head floor for the group, unless a job more urgent than it is pending
+                 -- (one probe of the range below it; none while no floor is kept: see _fair_floors)
+                 LEFT JOIN LATERAL (
+                       SELECT (h_floor -> x.k ->> 0)::smallint AS p, (h_floor -> x.k ->> 1)::timestamptz AS r,
+                              (h_floor -> x.k ->> 2)::bigint AS i
+                        WHERE h_floor ? x.k
+                          AND NOT EXISTS (SELECT 1 FROM jobs AS u
+                                           WHERE u.state = 'pending' AND u.queue = v_q AND u.group_key = x.k
+                                             AND u.priority < (h_floor -> x.k ->> 0)::smallint)) AS hf ON true
                  CROSS JOIN LATERAL (
                        SELECT j.id, j.kind, j.priority, j.run_at, j.ctid AS jtid
                          FROM jobs AS j
                         WHERE j.state = 'pending' AND j.queue = v_q AND j.group_key = x.k
                           AND (v_open IS NULL OR j.kind = ANY (v_open)) AND j.id <> ALL (v_ids)
                           AND j.id <> ALL (pf_id)
+                          AND (j.priority, j.run_at, j.id)
+                              >= (coalesce(hf.p, (-32768)::smallint), coalesce(hf.r, '-infinity'), coalesce(hf.i, 0))
                         ORDER BY j.priority, j.run_at, j.id
                         LIMIT v_per
                           FOR UPDATE SKIP LOCKED) AS h
@@ -1146,7 +1255,7 @@ CREATE OR REPLACE FUNCTION pgjobs._fair_walk(v_q text, room int, kinds text[], q
                                              u_empty boolean, u_hp int, u_hr timestamptz, u_hi bigint,
                                              v_unserved boolean, v_chunk int, v_limit int, l_key text[],
                                              l_ctid tid[], l_seq bigint[], l_act int[], l_dead text[],
-                                             OUT ids bigint[], OUT tids tid[])
+                                             h_floor jsonb, OUT ids bigint[], OUT tids tid[])
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pgjobs, pg_temp
 AS $$
@@ -1281,8 +1390,8 @@ BEGIN
         IF b_src = 1 THEN
             v_key := l1_key[b_i];
             IF NOT l1_done[b_i] THEN
-                v_r := _fair_lock_heads(v_q, b_i, v_left, v_open, v_ids, l1_key, l1_ctid, l1_done, l1_busy, l1_lid,
-                                        l1_ltid, l1_lkind, l1_nseq, l1_oldat, v_stamped);
+                v_r := _fair_lock_heads(v_q, b_i, v_left, v_open, v_ids, h_floor, l1_key, l1_ctid, l1_done, l1_busy,
+                                        l1_lid, l1_ltid, l1_lkind, l1_nseq, l1_oldat, v_stamped);
                 l1_done := v_r.l1_done; l1_busy := v_r.l1_busy; l1_lid := v_r.l1_lid; l1_ltid := v_r.l1_ltid;
                 l1_lkind := v_r.l1_lkind; l1_nseq := v_r.l1_nseq; l1_oldat := v_r.l1_oldat; v_stamped := v_r.v_stamped;
             END IF;
@@ -1334,7 +1443,7 @@ BEGIN
                 END IF;
             END LOOP;
             IF v_id IS NULL THEN
-                v_r := _fair_take_again(v_q, v_key, v_open, v_ids, v_left, cardinality(l2_key) - p2 + 1
+                v_r := _fair_take_again(v_q, v_key, v_open, v_ids, h_floor, v_left, cardinality(l2_key) - p2 + 1
                                         + cardinality(l1_key) - p1 + 1, b_src, b_i, l2_key, l2_out, pf_key, pf_id,
                                         pf_tid, pf_kind);
                 pf_key := v_r.pf_key; pf_id := v_r.pf_id; pf_tid := v_r.pf_tid; pf_kind := v_r.pf_kind;
@@ -1447,6 +1556,11 @@ DECLARE
     l_seq     bigint[];
     l_act     int[];
     l_dead    text[];
+    v_epoch   bigint;                      -- the claim epoch before the heads are probed (_fair_floors)
+    h_kept    jsonb;                       -- this session's head floors for the queue, if still good
+    h_floor   jsonb;                       -- the floors this claim's head probes start from (NULL: none)
+    v_v2      bigint;                      -- jobs_group_idx entries visited before the picks
+    v_dear_h  boolean;                     -- the picks' head probes proved dear
 BEGIN
     -- One statement for everything a claim reads before the walk (each statement has a fixed
     -- cost to start, larger than what most of these reads cost): the queue's settings, its
@@ -1609,6 +1723,12 @@ BEGIN
     IF v_open IS NOT NULL THEN
         SELECT min(q) INTO v_k FROM unnest(v_quota) AS q;
     END IF;
+    -- Head floors (see _fair_floors): kept by a session whose head probes proved dear.
+    v_epoch := coalesce(pg_sequence_last_value(to_regclass('pgjobs.claim_floor_epoch')), 0);
+    h_kept := CASE WHEN v_any_kept THEN _fair_kept('h ' || v_q) END;
+    h_floor := CASE WHEN h_kept IS NOT NULL AND NOT v_promoted AND (h_kept ->> 1)::bigint = v_epoch
+                    THEN h_kept -> 2 END;
+    v_v2 := _fair_index_visits('jobs_group_idx');
     IF NOT serialized AND NOT v_unserved AND v_cfg.max_active IS NULL AND v_cfg.max_active_per_group IS NULL
        AND NOT (v_top >= v_cfg.noisy_min_active AND v_top > v_cfg.noisy_share * v_total)
        AND (v_open IS NULL OR v_k >= room)
@@ -1616,21 +1736,24 @@ BEGIN
        AND current_setting('pgjobs.fair_walk_only', true) IS DISTINCT FROM 'on' THEN
         -- (calls as expressions, here and below: a SELECT ... FROM f() costs a query's start and a
         -- materialised result, twice what the call does)
-        v_f := _fair_fast(v_q, room, v_open, v_fq.ring_from, v_limit, a_key, a_cnt, u_out, u_seq, v_pos, v_found,
-                          v_productive, u_empty, v_maxid, v_quiet, v_fq.quiet_claims);
-        IF v_f.ids IS NOT NULL THEN
-            ids := v_f.ids;
-            tids := v_f.tids;
-            RETURN;
-        END IF;
+        v_f := _fair_fast(v_q, room, v_open, h_floor, v_fq.ring_from, v_limit, a_key, a_cnt, u_out, u_seq, v_pos,
+                          v_found, v_productive, u_empty, v_maxid, v_quiet, v_fq.quiet_claims);
+        ids := v_f.ids;
+        tids := v_f.tids;
         l_key := v_f.r_key; l_ctid := v_f.r_ctid; l_seq := v_f.r_seq; l_act := v_f.r_act; l_dead := v_f.r_locked;
     END IF;
-    v_f := _fair_walk(v_q, room, kinds, quotas, serialized, v_cfg.max_active_per_group, v_cfg.noisy_min_active,
-                      v_cfg.noisy_share, v_fq.ring_from, v_fq.ungrouped_seq, v_total, a_key, a_cnt, v_maxid, v_quiet,
-                      v_pos, v_found, v_fq.quiet_claims, v_productive, u_out, u_probed, u_empty, u_hp, u_hr, u_hi,
-                      v_unserved, v_chunk, v_limit, l_key, l_ctid, l_seq, l_act, l_dead);
-    ids := v_f.ids;
-    tids := v_f.tids;
+    IF ids IS NULL THEN
+        v_f := _fair_walk(v_q, room, kinds, quotas, serialized, v_cfg.max_active_per_group, v_cfg.noisy_min_active,
+                          v_cfg.noisy_share, v_fq.ring_from, v_fq.ungrouped_seq, v_total, a_key, a_cnt, v_maxid,
+                          v_quiet, v_pos, v_found, v_fq.quiet_claims, v_productive, u_out, u_probed, u_empty, u_hp,
+                          u_hr, u_hi, v_unserved, v_chunk, v_limit, l_key, l_ctid, l_seq, l_act, l_dead, h_floor);
+        ids := v_f.ids;
+        tids := v_f.tids;
+    END IF;
+    v_dear_h := _fair_index_visits('jobs_group_idx') - v_v2 > 4 * room + 500;
+    IF v_dear_h OR h_kept IS NOT NULL THEN
+        PERFORM _fair_floors_save(v_q, h_kept, h_floor, v_epoch, v_dear_h, cardinality(ids) >= room, tids);
+    END IF;
 END;
 $$;
 

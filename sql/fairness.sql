@@ -57,7 +57,7 @@
 -- Cursors of groups without live work are deleted when the walk meets them (they drift to the
 -- front of the ring as live groups are served), so the table stays the size of the live groups.
 --
--- Under a held snapshot (issue 10 item 1; partly done). A foreign session idle in a transaction keeps every
+-- Under a held snapshot (issue 10 item 1). A foreign session idle in a transaction keeps every
 -- version newer than its snapshot: no pruning, no VACUUM, and no dead index entry can be marked killed by
 -- the scans that pass it. Measured (README, "Under a held snapshot"): one claim of one job after 20,000
 -- jobs were claimed and completed under the snapshot read 2,301 buffers instead of 83 (this file's part
@@ -66,8 +66,8 @@
 --     the snapshot; claim()'s expired-lease probe, and _claim_controlled's until it was folded into this
 --     count, pass again those whose lease would have run out by now: 1,970 each once the leases lapsed);
 --   * 209: the cursor stamp (served_seq is indexed: every stamp is a new version with a new entry in
---     group_cursors_pkey, whose uniqueness check visits every earlier version of that group's cursor;
---     _fair_finish's updates by key and _forget_group walk them too);
+--     group_cursors_pkey, whose uniqueness check visited every earlier version of that group's cursor;
+--     _fair_finish's updates by key and _forget_group walk them too; no unique key now: below);
 --   * 204: the head probe of jobs_group_idx (the dead entries of the group's claimed jobs);
 --   * about 80: the fair_queues row, rewritten by every claim (its version chain). Now written only
 --     when a sweep ran or the ungrouped jobs' state moved; what changes every claim (seen_max_id,
@@ -86,14 +86,6 @@
 -- fair_groups is not free of versions either: a group that runs out of work loses its cursor and its
 -- row, and gets both again with its next job (in the soak, about 80 such cycles a second over 100
 -- groups); a lookup passes one entry per cycle of that group since the snapshot, not one per serve.
--- What would bound the rest (not built): served order from served_seq_seq plus an insert-only stamp log
--- (queue, group_key, seq) in a partition ring rotated by TRUNCATE under stream.sql's maintenance lock,
--- the latest stamp per group carried forward at rotation, so cursors are never updated; a per-group
--- floor on jobs_group_idx (for the head probes and the sweep; new jobs below it are seen by
--- _discover_fresh, but a job released or promoted back to pending keeps its old run_at); and, for
--- capped queues, an active count that does not pass completed jobs (a lease floor on jobs_active_idx
--- is not safe: a later claim with a shorter lease, or a lease moved back, lands below it; an
--- insert-only lease log needs the completion paths in lifecycle.sql to take part).
 -- Built since (2026-12-02): on queues without caps a session keeps a count that proved dear for a
 -- second (see "Active counts under a held snapshot" below), and claim()'s probe for leases to settle
 -- is skipped on the same terms; so are the 8th claim's look for ungrouped work and its discovery
@@ -101,6 +93,17 @@
 -- statistics (the workers analyse). After 3,000 jobs under a held snapshot one claim read 284 blocks
 -- instead of 2,493 (74 before the snapshot; what grew is the claimed group's own: its cursor's versions
 -- 157 and its claimed jobs' heap fetches 60). tests/sql/test_fair_snapshot.py holds the bars.
+-- Built then: the two per-group costs. A cursor's stamp checks no unique key any more
+-- (migrations/deploy/fair_cursor_stamps.sql: group_cursors is keyed by a plain index on (queue,
+-- group_key, served_seq), and fair_groups' key decides who creates a group's cursor), and head probes
+-- start at the session's per-group floors once they proved dear ("Head floors", below). One claim of 20
+-- after 20,000 jobs under a held snapshot over 100 groups read 639 blocks instead of 8,592 (520 before the
+-- snapshot; the cursors' heap 105 instead of 4,125, the jobs' 179 instead of 4,139);
+-- tests/sql/test_fair_floors.py. What would bound the rest (not built): for capped queues, an active
+-- count that does not pass completed jobs (a lease floor on jobs_active_idx is not safe: a later claim
+-- with a shorter lease, or a lease moved back, lands below it; an insert-only lease log needs the
+-- completion paths in lifecycle.sql to take part); floors shared between sessions (a session that claims
+-- one job now and then probes each group it serves from the front, its floor being for another group).
 
 -- Due scheduled jobs and expired leases of a controlled queue become pending before the pick, so
 -- the pick reads one index per group, and an expired job no longer counts as active (the lease
@@ -440,8 +443,11 @@ $$;
 -- what appears there is announced by the claim epoch (claim_floor_epoch: an enqueue, release, retry or
 -- promotion that files a pending job with a run_at older than 150 ms; here also _promote_due): a moved
 -- epoch, a claim that promoted due jobs itself or that came up short drops the floors, and they serve
--- for pgjobs.fair_count_every seconds (default 1) from the claim that measured them, after which a
--- claim probes from the front again (and keeps new floors if that proved dear). A job more urgent than
+-- for pgjobs.fair_count_every seconds (default 1) from the claim that measured them, or 20 times what the
+-- dear claims since then took when that is longer (the probes from the front that follow a reset cost a
+-- twentieth of the session's time at most, however long the snapshot is held: as claim.sql's safety
+-- net), after which a claim probes from the front again (and keeps new floors if that proved dear).
+-- 'h <queue>' is then [kept at, claim epoch, floors, seconds the dear claims took]. A job more urgent than
 -- the floor (a lower priority: a release or a new job of that level) is looked for first, one probe of the
 -- range below the floor's level, and when there is one the group is probed from the front. What that
 -- second can miss: a claim rolled back after this one passed its locked rows, a producer committing over
@@ -452,7 +458,7 @@ $$;
 -- keep fresh ones (the probes proved dear), or forget them (not dear, or a claim with floors came up
 -- short: what it missed may be below them).
 CREATE OR REPLACE FUNCTION pgjobs._fair_floors_save(v_q text, h_kept jsonb, h_floor jsonb, v_epoch bigint,
-                                                    dear boolean, filled boolean, tids tid[])
+                                                    dear boolean, filled boolean, tids tid[], took numeric)
 RETURNS void
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pgjobs, pg_temp
@@ -480,9 +486,11 @@ BEGIN
                        (coalesce(nullif(current_setting('pgjobs.fair_kept', true), '')::jsonb, '{}')
                         || jsonb_build_object('h ' || v_q,
                                CASE WHEN h_floor IS NOT NULL
-                                    THEN jsonb_build_array(h_kept -> 0, h_kept -> 1, h_floor || coalesce(v_new, '{}'))
+                                    THEN jsonb_build_array(h_kept -> 0, h_kept -> 1, h_floor || coalesce(v_new, '{}'),
+                                                           (h_kept ->> 3)::numeric
+                                                           + CASE WHEN dear THEN took ELSE 0 END)
                                     ELSE jsonb_build_array(extract(epoch FROM clock_timestamp()), v_epoch,
-                                                           coalesce(v_new, '{}')) END))::text,
+                                                           coalesce(v_new, '{}'), took) END))::text,
                        false);
 END;
 $$;
@@ -1561,6 +1569,7 @@ DECLARE
     h_floor   jsonb;                       -- the floors this claim's head probes start from (NULL: none)
     v_v2      bigint;                      -- jobs_group_idx entries visited before the picks
     v_dear_h  boolean;                     -- the picks' head probes proved dear
+    v_t0      timestamptz;                 -- when the picks began
 BEGIN
     -- One statement for everything a claim reads before the walk (each statement has a fixed
     -- cost to start, larger than what most of these reads cost): the queue's settings, its
@@ -1725,10 +1734,15 @@ BEGIN
     END IF;
     -- Head floors (see _fair_floors): kept by a session whose head probes proved dear.
     v_epoch := coalesce(pg_sequence_last_value(to_regclass('pgjobs.claim_floor_epoch')), 0);
-    h_kept := CASE WHEN v_any_kept THEN _fair_kept('h ' || v_q) END;
+    h_kept := CASE WHEN v_any_kept
+                   THEN nullif(current_setting('pgjobs.fair_kept', true), '')::jsonb -> ('h ' || v_q) END;
     h_floor := CASE WHEN h_kept IS NOT NULL AND NOT v_promoted AND (h_kept ->> 1)::bigint = v_epoch
+                     AND (h_kept ->> 0)::numeric + greatest(_fair_count_every(), 20 * (h_kept ->> 3)::numeric)
+                         > extract(epoch FROM clock_timestamp())
+                     AND _fair_count_every() > 0
                     THEN h_kept -> 2 END;
     v_v2 := _fair_index_visits('jobs_group_idx');
+    v_t0 := clock_timestamp();
     IF NOT serialized AND NOT v_unserved AND v_cfg.max_active IS NULL AND v_cfg.max_active_per_group IS NULL
        AND NOT (v_top >= v_cfg.noisy_min_active AND v_top > v_cfg.noisy_share * v_total)
        AND (v_open IS NULL OR v_k >= room)
@@ -1752,7 +1766,8 @@ BEGIN
     END IF;
     v_dear_h := _fair_index_visits('jobs_group_idx') - v_v2 > 4 * room + 500;
     IF v_dear_h OR h_kept IS NOT NULL THEN
-        PERFORM _fair_floors_save(v_q, h_kept, h_floor, v_epoch, v_dear_h, cardinality(ids) >= room, tids);
+        PERFORM _fair_floors_save(v_q, h_kept, h_floor, v_epoch, v_dear_h, cardinality(ids) >= room, tids,
+                                  extract(epoch FROM clock_timestamp() - v_t0));
     END IF;
 END;
 $$;

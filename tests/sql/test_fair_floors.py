@@ -1,0 +1,139 @@
+"""A fair claim under a held snapshot, what it still read per group (issue 10, item 1): the versions of the
+group's cursor (each stamp checked group_cursors' unique key against all of them) and the dead prefix of the
+group's claimed jobs on jobs_group_idx. Cursors now carry no unique key in the index a stamp writes
+(migrations/deploy/fair_cursor_stamps.sql: fair_groups decides who creates a group's cursor), and a session
+whose head probes proved dear starts them at per-group floors (sql/fairness.sql, "Head floors"). Counted
+deterministically: blocks of pgjobs relations one claim fetched, no timings. And the floors hide nothing a
+claim must find: more urgent work, work filed with an old run_at, promoted or released work.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import psycopg
+from conftest import ConnectFactory
+
+from tests.helpers.foundation import call, held_snapshot
+
+Conn = psycopg.Connection[Any]
+
+GROUPS = 20
+PER_CLAIM = 10
+
+_RELS = """
+SELECT c.relname, pg_stat_get_xact_blocks_fetched(c.oid)
+  FROM pg_class AS c JOIN pg_namespace AS n ON n.oid = c.relnamespace AND n.nspname = 'pgjobs'
+ WHERE c.relkind IN ('r', 'i') AND pg_stat_get_xact_blocks_fetched(c.oid) > 0
+"""
+
+
+def _claim(conn: Conn, n: int) -> list[dict[str, Any]]:
+    rows = call(conn, "claim", worker="w", queues=["q"], max_jobs=n)
+    if rows:
+        call(conn, "complete_many", ids=[r["id"] for r in rows], lease_tokens=[r["lease_token"] for r in rows])
+    return rows
+
+
+def _probe(conn: Conn) -> dict[str, int]:
+    """Blocks per pgjobs relation that one fair claim of PER_CLAIM jobs fetched."""
+    with conn.transaction():
+        before = dict(conn.execute(_RELS).fetchall())
+        got = call(conn, "claim", worker="probe", queues=["q"], max_jobs=PER_CLAIM)
+        after = dict(conn.execute(_RELS).fetchall())
+        call(conn, "complete_many", ids=[r["id"] for r in got], lease_tokens=[r["lease_token"] for r in got])
+    assert len(got) == PER_CLAIM
+    return {k: v - before.get(k, 0) for k, v in after.items() if v - before.get(k, 0) > 0}
+
+
+def _setup(conn: Conn, jobs: int = 8000) -> None:
+    call(conn, "configure_queue", queue="q", fair=True)
+    call(
+        conn, "enqueue_many", jobs=[{"kind": "k", "queue": "q", "group_key": f"g{i % GROUPS:02}"} for i in range(jobs)]
+    )
+    for _ in range(4):
+        _claim(conn, PER_CLAIM)  # every group served: the ring is warm
+    _probe(conn)  # the session's plans are cached
+    for t in ("jobs", "group_cursors", "fair_queues"):
+        conn.execute(f"VACUUM pgjobs.{t}")
+    # what a session keeps serves it for the whole test (by default for 1 s)
+    conn.execute("SET pgjobs.fair_count_every = 3600")
+
+
+def _floors(conn: Conn) -> dict[str, Any]:
+    kept = json.loads(conn.execute("SELECT current_setting('pgjobs.fair_kept', true)").fetchone()[0] or "{}")  # type: ignore[index]
+    return kept.get("h q", [None, None, {}])[2]  # type: ignore[no-any-return]
+
+
+def test_a_fair_claim_reads_no_more_after_thousands_of_jobs_under_a_held_snapshot(
+    conn: Conn, connect: ConnectFactory
+) -> None:
+    """After 4,000 jobs claimed and completed over 20 groups under a held snapshot (200 stamps of every cursor,
+    200 dead entries in front of every group's head), one claim of 10 reads what it read when the snapshot was
+    taken, give or take a few blocks per relation. Before: the cursors' heap 10 blocks per stamp and group,
+    the jobs' heap one per dead entry of every group served (~4,200 blocks against ~300)."""
+    _setup(conn)
+    with held_snapshot(connect):
+        r0 = _probe(conn)
+        for _ in range(400):
+            _claim(conn, PER_CLAIM)
+        assert len(_floors(conn)) == GROUPS  # the head probes proved dear: the session keeps floors
+        r1 = _probe(conn)
+    grew = {k: (r0.get(k, 0), v) for k, v in r1.items() if v > r0.get(k, 0) + 2 * PER_CLAIM + 4}
+    assert not grew, (sum(r0.values()), sum(r1.values()), grew)
+    assert sum(r1.values()) <= sum(r0.values()) + 60, (r0, r1)
+
+
+def test_work_below_a_head_floor_is_claimed_at_the_next_claim(conn: Conn, connect: ConnectFactory) -> None:
+    """With floors kept under a held snapshot, a claim that serves every group still takes a group's work that
+    sorts below its floor: a job more urgent than the group's level, a job filed with an old run_at (the claim
+    epoch moves), a scheduled job promoted when due, and the queue's work is all claimed in the end."""
+    _setup(conn, jobs=4000)
+    with held_snapshot(connect):
+        for _ in range(200):
+            _claim(conn, PER_CLAIM)
+        assert len(_floors(conn)) == GROUPS
+        urgent = call(conn, "enqueue", kind="k", queue="q", group_key="g03", priority=-5)[0]["id"]
+        got = _claim(conn, GROUPS)
+        assert urgent in [r["id"] for r in got]
+        old = call(conn, "enqueue", kind="k", queue="q", group_key="g05", run_at="2020-01-01T00:00:00Z")[0]["id"]
+        got = _claim(conn, GROUPS)
+        assert old in [r["id"] for r in got]
+        for _ in range(5):
+            _claim(conn, PER_CLAIM)  # floors again
+        assert _floors(conn)
+        due = call(conn, "enqueue", kind="k", queue="q", group_key="g07", run_at="2020-01-01T00:00:00Z")[0]["id"]
+        conn.execute("UPDATE pgjobs.jobs SET state = 'scheduled' WHERE id = %s", [due])  # as if promoted late
+        got = _claim(conn, GROUPS)
+        assert due in [r["id"] for r in got]
+        while _claim(conn, 100):
+            pass
+    left = conn.execute("SELECT count(*) FROM pgjobs.jobs WHERE queue = 'q' AND state = 'pending'").fetchone()
+    assert left == (0,)
+
+
+def test_without_a_held_snapshot_no_floor_is_kept(conn: Conn) -> None:
+    """Head probes that visit about what they take keep nothing: the usual claim pays no floor."""
+    _setup(conn, jobs=4000)
+    for _ in range(100):
+        conn.execute("VACUUM pgjobs.jobs_live") if _ % 20 == 0 else None
+        _claim(conn, PER_CLAIM)
+    assert _floors(conn) == {}
+
+
+def test_one_never_served_cursor_a_group_whoever_inserts_it(conn: Conn) -> None:
+    """group_cursors has no unique key on (queue, group_key) any more (a stamp would check it against every
+    version of the cursor); a second never-served cursor of a group is still refused by the arbiter that the
+    previous functions' ON CONFLICT DO NOTHING relies on while an upgrade installs the new ones, and a stamped
+    cursor does not enter that index."""
+    call(conn, "configure_queue", queue="q", fair=True)
+    for _ in range(2):
+        conn.execute("INSERT INTO pgjobs.group_cursors (queue, group_key) VALUES ('q', 'a') ON CONFLICT DO NOTHING")
+    assert conn.execute("SELECT count(*) FROM pgjobs.group_cursors WHERE group_key = 'a'").fetchone() == (1,)
+    conn.execute("UPDATE pgjobs.group_cursors SET served_seq = 7 WHERE group_key = 'a'")
+    unique = conn.execute(
+        "SELECT count(*) FROM pg_index WHERE indrelid = 'pgjobs.group_cursors'::regclass AND indisunique"
+        " AND indpred IS NULL"
+    ).fetchone()
+    assert unique == (0,)

@@ -454,6 +454,24 @@ $$;
 -- 300 ms after its transaction began: late by at most that second, never lost. Without a held snapshot a
 -- probe visits about what it takes: nothing is kept, and no probe below a floor runs.
 
+-- Before the picks: the claim epoch now, this session's kept floors of the queue, and the floors this claim
+-- may use (NULL: none): not past their time, not with the epoch moved, not after promoting due jobs.
+CREATE OR REPLACE FUNCTION pgjobs._fair_floors(v_q text, v_any_kept boolean, v_promoted boolean,
+                                               OUT v_epoch bigint, OUT h_kept jsonb, OUT h_floor jsonb)
+LANGUAGE sql
+SET search_path = pg_catalog, pgjobs, pg_temp
+AS $$
+    SELECT e.v, k.h,
+           CASE WHEN k.h IS NOT NULL AND NOT v_promoted AND (k.h ->> 1)::bigint = e.v AND _fair_count_every() > 0
+                     AND (k.h ->> 0)::numeric + greatest(_fair_count_every(), 20 * (k.h ->> 3)::numeric)
+                         > extract(epoch FROM clock_timestamp())
+                THEN k.h -> 2 END
+      FROM (SELECT coalesce(pg_sequence_last_value(to_regclass('pgjobs.claim_floor_epoch')), 0) AS v) AS e,
+           (SELECT CASE WHEN v_any_kept
+                        THEN nullif(current_setting('pgjobs.fair_kept', true), '')::jsonb -> ('h ' || v_q)
+                   END AS h) AS k;
+$$;
+
 -- After the picks: keep floors from them (merged into the floors used, which keep their age and epoch),
 -- keep fresh ones (the probes proved dear), or forget them (not dear, or a claim with floors came up
 -- short: what it missed may be below them).
@@ -589,7 +607,8 @@ BEGIN
           -- the session's head floor for the group, unless a job more urgent than it is pending
           -- (one probe of the range below it; none while no floor is kept: see _fair_floors)
           LEFT JOIN LATERAL (
-                SELECT (h_floor -> lk.group_key ->> 0)::smallint AS p, (h_floor -> lk.group_key ->> 1)::timestamptz AS r,
+                SELECT (h_floor -> lk.group_key ->> 0)::smallint AS p,
+                       (h_floor -> lk.group_key ->> 1)::timestamptz AS r,
                        (h_floor -> lk.group_key ->> 2)::bigint AS i
                  WHERE h_floor ? lk.group_key
                    AND NOT EXISTS (SELECT 1 FROM jobs AS u
@@ -1732,15 +1751,8 @@ BEGIN
     IF v_open IS NOT NULL THEN
         SELECT min(q) INTO v_k FROM unnest(v_quota) AS q;
     END IF;
-    -- Head floors (see _fair_floors): kept by a session whose head probes proved dear.
-    v_epoch := coalesce(pg_sequence_last_value(to_regclass('pgjobs.claim_floor_epoch')), 0);
-    h_kept := CASE WHEN v_any_kept
-                   THEN nullif(current_setting('pgjobs.fair_kept', true), '')::jsonb -> ('h ' || v_q) END;
-    h_floor := CASE WHEN h_kept IS NOT NULL AND NOT v_promoted AND (h_kept ->> 1)::bigint = v_epoch
-                     AND (h_kept ->> 0)::numeric + greatest(_fair_count_every(), 20 * (h_kept ->> 3)::numeric)
-                         > extract(epoch FROM clock_timestamp())
-                     AND _fair_count_every() > 0
-                    THEN h_kept -> 2 END;
+    -- Head floors (see "Head floors"): kept by a session whose head probes proved dear.
+    SELECT * INTO v_epoch, h_kept, h_floor FROM _fair_floors(v_q, v_any_kept, v_promoted);
     v_v2 := _fair_index_visits('jobs_group_idx');
     v_t0 := clock_timestamp();
     IF NOT serialized AND NOT v_unserved AND v_cfg.max_active IS NULL AND v_cfg.max_active_per_group IS NULL

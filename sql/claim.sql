@@ -161,7 +161,11 @@ BEGIN
            array_agg(r.hi ORDER BY r.ord, r.lo)
       INTO rq, rp, rt, ri, rh
       FROM rng AS r;
-    SELECT array_agg(coalesce((st -> 'q' -> q.name ->> 'r')::timestamptz, '-infinity') ORDER BY q.ord)
+    -- A lease floor looked at within pgjobs.claim_lease_every is not looked at again ('infinity': an
+    -- empty range); _claim_floor_save keeps it where it was, so the next look starts there.
+    SELECT array_agg(CASE WHEN _claim_lease_due(st -> 'q' -> q.name ->> 'r')
+                          THEN coalesce((st -> 'q' -> q.name ->> 'r')::timestamptz, '-infinity')
+                          ELSE 'infinity' END ORDER BY q.ord)
       INTO lf
       FROM unnest(queues) WITH ORDINALITY AS q(name, ord);
 END;
@@ -245,7 +249,9 @@ BEGIN
     END IF;
     SELECT jsonb_object_agg(q.name, jsonb_build_object(
                'p', coalesce(l.levels, CASE WHEN exhausted THEN jsonb_build_array(jsonb_build_array(0, v_low, 0)) END, '[]'),
-               'r', CASE WHEN no_expired THEN to_jsonb(v_low) ELSE v_old -> q.name -> 'r' END))
+               -- (not moved past entries a throttled claim did not look at: _claim_lease_due)
+               'r', CASE WHEN no_expired AND _claim_lease_due(v_old -> q.name ->> 'r') THEN to_jsonb(v_low)
+                         ELSE v_old -> q.name -> 'r' END))
       INTO v_q
       FROM unnest(queues) AS q(name)
      CROSS JOIN LATERAL (
@@ -274,6 +280,32 @@ BEGIN
     END IF;
     PERFORM set_config('pgjobs.claim_floor', v_st::text, false);
     RETURN true;
+END;
+$$;
+
+-- Whether a claim with floors looks for expired leases from this lease floor (a floor's 'r', or the
+-- settle probe's 's': the now() of the last look that found none, less the 300 ms margin). Under a
+-- held snapshot every job completed since leaves its old 'active' entry in jobs_active_idx, and the
+-- entries between a floor and now() are the jobs whose (30 s) lease would have run out since the last
+-- look, whether they are done or not: a look per claim read them all, twice (the settle probe and the
+-- reclaim branch), and a session's claims overlap by the margin. Measured in bench/soak.py at 9,500
+-- jobs/s with a snapshot held for minutes: 6,500 entries of jobs_active_idx visited per claim of 50,
+-- against 700 of jobs_pending_idx, and the worker fell to 5,000-8,000 jobs/s done. So a session with
+-- floors looks at most once per pgjobs.claim_lease_every (default 1 s; 0 looks on every claim): a
+-- lease that runs out is reclaimed (or settled) up to that much later, never lost (the floor stays
+-- where the last look left it). Leases moved into the past move the epoch (a scan from the front,
+-- which always looks). A session without floors looks on every claim, as before.
+CREATE OR REPLACE FUNCTION pgjobs._claim_lease_due(floor text)
+RETURNS boolean
+LANGUAGE plpgsql
+STABLE
+SET search_path = pg_catalog, pgjobs, pg_temp
+AS $$
+BEGIN
+    RETURN floor IS NULL
+        OR floor::timestamptz <= now() - interval '300 ms'
+                                 - coalesce(nullif(current_setting('pgjobs.claim_lease_every', true), '')::interval,
+                                            interval '1 second');
 END;
 $$;
 
@@ -417,8 +449,9 @@ BEGIN
     v_v0 := _claim_floor_visits();
     SELECT f.* INTO v_st, v_epoch, v_why, v_full, v_rq, v_rp, v_rt, v_ri, v_rh, v_lf
       FROM _claim_floor_plan(v_plain, v_plain::text || '|*') AS f;
-    v_sf := CASE WHEN v_why IS NULL AND v_st ->> 'sk' = v_all::text THEN (v_st ->> 's')::timestamptz
-                 ELSE '-infinity' END;
+    v_sf := CASE WHEN v_why IS NOT NULL OR v_st ->> 'sk' IS DISTINCT FROM v_all::text THEN '-infinity'
+                 WHEN _claim_lease_due(v_st ->> 's') THEN (v_st ->> 's')::timestamptz
+                 ELSE 'infinity' END;  -- looked at less than pgjobs.claim_lease_every ago
     -- (A fair-only claim whose session keeps the queues' active counts skips it: the count it kept,
     -- under a held snapshot, saw no lease run out; fairness.sql, "Reads a claim skips for a while".)
     SELECT NOT (v_plain IS NULL AND coalesce(current_setting('pgjobs.fair_kept', true), '') NOT IN ('', '{}')
@@ -433,7 +466,7 @@ BEGIN
       INTO v_expired, v_due;
     IF v_expired THEN
         PERFORM _settle_expired(v_all);
-    ELSIF v_st IS NOT NULL THEN
+    ELSIF v_st IS NOT NULL AND v_sf < 'infinity' THEN
         PERFORM set_config('pgjobs.claim_floor', (coalesce(v_st, '{}') || jsonb_build_object(
                                'sk', v_all::text, 's', now() - interval '300 ms'))::text, false);
     END IF;

@@ -254,6 +254,38 @@ def test_reaped_workers_jobs_are_reclaimed(conn: Conn, connect: ConnectFactory, 
 
 
 @KINDS
+def test_a_session_with_floors_looks_for_run_out_leases_once_per_claim_lease_every(
+    conn: Conn, connect: ConnectFactory, kinds: bool
+) -> None:
+    """With floors, a claim looks for expired leases (to reclaim them, or settle those on their last attempt) at
+    most once per ``pgjobs.claim_lease_every``: a look per claim read every completed job's old entry whose lease
+    would have run out since (sql/claim.sql, _claim_lease_due). A claim inside the window neither reclaims nor
+    moves the lease floor; the first claim after it reclaims and settles what ran out meanwhile."""
+    floored(conn)
+    conn.execute("SET pgjobs.claim_lease_every = '1 hour'")
+    extra: dict[str, Any] = {"kind_limits": {"k": 5, "other": 5}} if kinds else {}
+    other = connect()
+    first = enqueue(other)["id"]
+    last = enqueue(other, max_attempts=1)["id"]  # settled (failed) once its lease runs out
+    again = enqueue(other, max_attempts=3)["id"]  # reclaimed once its lease runs out
+    assert take(conn, kinds=kinds) == [first]  # from the front: it looks, and takes the floors
+    floor = state(conn)["q"]["default"]["r"]
+    assert {g["id"] for g in claim(other, "gone", max_jobs=5, lease="0.2 seconds")} == {last, again}
+    assert claim(conn, "w", max_jobs=5, **extra) == []  # nothing ran out yet: the settle probe takes its floor
+    time.sleep(0.5)  # both leases have run out
+    assert claim(conn, "w", max_jobs=5, **extra) == []  # inside the window: not looked at
+    assert state(conn)["q"]["default"]["r"] == floor, "a claim that did not look keeps the lease floor"
+    state_of = "SELECT state::text FROM pgjobs.jobs WHERE id = %s"
+    assert conn.execute(state_of, [last]).fetchone() == ("active",)
+    conn.execute("SET pgjobs.claim_lease_every = '0'")
+    got2 = claim(conn, "w", max_jobs=5, **extra)
+    assert [(g["id"], g["attempt"]) for g in got2] == [(again, 2)]
+    assert conn.execute(state_of, [last]).fetchone() == ("failed",)
+    assert claim(conn, "w", max_jobs=5, **extra) == []
+    assert state(conn)["q"]["default"]["r"] > floor, "a look that found none moves the lease floor"
+
+
+@KINDS
 def test_a_priority_job_behind_a_backlog_is_claimed_first(conn: Conn, connect: ConnectFactory, kinds: bool) -> None:
     floored(conn)
     producer = connect()

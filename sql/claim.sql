@@ -69,7 +69,8 @@ $$;
 --   scan per known level, from its floor up to the next known level, and one for the levels below
 --   the first: a more urgent job, or a level this session never took from, is still read in order.
 -- * expired leases (the reclaim branch) and the settle probe: from the now() of the last claim
---   that found none, less the margin.
+--   that found none, less the margin; and at most once per pgjobs.claim_lease_every (default 1 s:
+--   a lease that runs out is reclaimed up to that much later; _claim_lease_due has why).
 -- Rows that appear below a floor come from statements that move the sequence claim_floor_epoch
 -- (_claim_floor_note/_claim_floor_bump): an enqueue, fail, release, retry or dependency release
 -- that files a pending job with a run_at 150 ms old or more (an explicit past run_at, a transaction
@@ -974,6 +975,46 @@ BEGIN
             UNION ALL
             SELECT (SELECT min(j.lease_expires_at) FROM jobs AS j WHERE j.state = 'active' AND j.queue = q.name)
               FROM unnest(next_due_at.queues) AS q(name)
+        ) AS s);
+END;
+$$;
+
+-- What the worker's poller asks (pgjobs/runtime/listener.py): the earliest run_at of a scheduled job
+-- or lease expiry of an active job of these queues that falls after now and at most `within` later
+-- (NULL: none). The poller sleeps until then, or its poll interval (`within`), whichever is first.
+-- next_due_at's min() reads jobs_active_idx from its front: under a held snapshot that is the old
+-- 'active' entry of every job completed since (millions after minutes at thousands of jobs/s, each a
+-- heap fetch), and the poller asked every few seconds: in bench/soak.py at 9,500 jobs/s, 10-17
+-- million entries of jobs_active_idx visited per 10 s. Bounded to the window, a call visits only the
+-- entries whose lease would run out in it (the jobs claimed a lease ago, over `within`). What is
+-- overdue is not its business: a claim takes it, and the poller wakes every `within` anyway.
+CREATE OR REPLACE FUNCTION pgjobs.next_due_within(queues text[], within interval)
+RETURNS timestamptz
+LANGUAGE plpgsql
+STABLE
+SET search_path = pg_catalog, pgjobs, pg_temp
+SET plan_cache_mode = force_generic_plan
+SET jit = off
+AS $$
+DECLARE
+    v_from timestamptz := clock_timestamp();
+    v_to   timestamptz;
+BEGIN
+    IF within IS NULL OR within <= interval '0' THEN
+        RAISE EXCEPTION USING ERRCODE = 'PJ002',
+            MESSAGE = format('within must be a positive interval, got %s', coalesce(within::text, 'NULL'));
+    END IF;
+    v_to := v_from + within;
+    RETURN (
+        SELECT min(s.t) FROM (
+            SELECT (SELECT min(j.run_at) FROM jobs AS j
+                     WHERE j.state = 'scheduled' AND j.queue = q.name AND j.run_at > v_from AND j.run_at <= v_to) AS t
+              FROM unnest(next_due_within.queues) AS q(name)
+            UNION ALL
+            SELECT (SELECT min(j.lease_expires_at) FROM jobs AS j
+                     WHERE j.state = 'active' AND j.queue = q.name
+                       AND j.lease_expires_at > v_from AND j.lease_expires_at <= v_to)
+              FROM unnest(next_due_within.queues) AS q(name)
         ) AS s);
 END;
 $$;

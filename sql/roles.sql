@@ -64,6 +64,7 @@ DECLARE
         "reap_workers": ["pgjobs_worker"],
         "deregister_worker": ["pgjobs_worker"],
         "next_due_at": ["pgjobs_worker"],
+        "next_due_within": ["pgjobs_worker"],
         "retry_backoff": ["pgjobs_worker"],
         "upsert_schedule": ["pgjobs_worker"],
         "prune_code_schedules": ["pgjobs_worker"],

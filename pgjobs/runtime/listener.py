@@ -4,7 +4,8 @@
   queue's claimer, ``pgjobs_cancel`` (payload: job id) makes the renewer read the held jobs'
   ``cancel_requested`` now (a hint, confirmed in SQL before anything is cancelled); it reconnects with backoff
   and jitter, and wakes every claimer after a reconnect (a wake sent meanwhile is lost);
-* the **poller**: wakes the claimers every ``poll_interval`` and at the next due ``run_at`` (``next_due_at``).
+* the **poller**: wakes the claimers every ``poll_interval`` and at the next due ``run_at`` or lease expiry
+  within it (``next_due_within``).
 """
 
 from __future__ import annotations
@@ -70,7 +71,7 @@ async def poller(w: WorkerState) -> None:
     while True:
         delay = w.poll_interval
         try:
-            due_in = await w._call(next_due_in_call(names))
+            due_in = await w._call(next_due_in_call(names, within=w.poll_interval))
         except Exception as exc:
             if isinstance(exc, psycopg.OperationalError | psycopg.InterfaceError):
                 w.outage.lost("next_due_at", exc)

@@ -443,16 +443,15 @@ BEGIN
     -- plain queues become pending. Both are usually absent: one statement probes for both, and
     -- only what it finds costs a call (two calls per claim were a tenth of a claim of 10). A job
     -- that expires or falls due just after the probe is handled by the next claim.
-    -- The first probe reads leases from the settle floor on (the now() of this session's last probe
-    -- of these queues that found none, less the margin: see "Scan floors" above), not from the
-    -- front of jobs_active_idx, where a held snapshot keeps every completed job's old version.
+    -- The first probe reads leases from the settle floor on (the now() of this session's last probe of
+    -- these queues that found none, less the margin: "Scan floors" above; with floors at most once per
+    -- pgjobs.claim_lease_every), not from the front of jobs_active_idx (each completed job's old version).
     v_all := coalesce(v_plain, '{}') || coalesce(v_controlled, '{}');
     v_v0 := _claim_floor_visits();
     SELECT f.* INTO v_st, v_epoch, v_why, v_full, v_rq, v_rp, v_rt, v_ri, v_rh, v_lf
       FROM _claim_floor_plan(v_plain, v_plain::text || '|*') AS f;
     v_sf := CASE WHEN v_why IS NOT NULL OR v_st ->> 'sk' IS DISTINCT FROM v_all::text THEN '-infinity'
-                 WHEN _claim_lease_due(v_st ->> 's') THEN (v_st ->> 's')::timestamptz
-                 ELSE 'infinity' END;  -- looked at less than pgjobs.claim_lease_every ago
+                 WHEN _claim_lease_due(v_st ->> 's') THEN (v_st ->> 's')::timestamptz ELSE 'infinity' END;
     -- (A fair-only claim whose session keeps the queues' active counts skips it: the count it kept,
     -- under a held snapshot, saw no lease run out; fairness.sql, "Reads a claim skips for a while".)
     SELECT NOT (v_plain IS NULL AND coalesce(current_setting('pgjobs.fair_kept', true), '') NOT IN ('', '{}')

@@ -954,9 +954,11 @@ BEGIN
 END;
 $$;
 
--- When the next job of these queues becomes due (NULL if none is scheduled or leased):
--- the worker's poll fallback sleeps until then instead of polling on a fixed beat.
-CREATE OR REPLACE FUNCTION pgjobs.next_due_at(queues text[] DEFAULT '{default}')
+-- The earliest run_at of a scheduled job or lease expiry of an active job of these queues in
+-- [lo, hi] (NULL: none). One body for next_due_at and next_due_within. PL/pgSQL, not SQL: a SQL
+-- function with SET clauses is planned again on every call (0.3 ms, ten times its run), a PL/pgSQL
+-- one keeps its plan.
+CREATE OR REPLACE FUNCTION pgjobs._next_due(queues text[], lo timestamptz, hi timestamptz)
 RETURNS timestamptz
 LANGUAGE plpgsql
 STABLE
@@ -965,22 +967,34 @@ SET plan_cache_mode = force_generic_plan
 SET jit = off
 AS $$
 BEGIN
-    -- PL/pgSQL, not SQL: a SQL function with SET clauses is planned again on every call (0.3 ms,
-    -- ten times its run), a PL/pgSQL one keeps its plan.
     RETURN (
         SELECT min(s.t) FROM (
-            SELECT (SELECT min(j.run_at) FROM jobs AS j WHERE j.state = 'scheduled' AND j.queue = q.name) AS t
-              FROM unnest(next_due_at.queues) AS q(name)
+            SELECT (SELECT min(j.run_at) FROM jobs AS j
+                     WHERE j.state = 'scheduled' AND j.queue = q.name AND j.run_at BETWEEN lo AND hi) AS t
+              FROM unnest(_next_due.queues) AS q(name)
             UNION ALL
-            SELECT (SELECT min(j.lease_expires_at) FROM jobs AS j WHERE j.state = 'active' AND j.queue = q.name)
-              FROM unnest(next_due_at.queues) AS q(name)
+            SELECT (SELECT min(j.lease_expires_at) FROM jobs AS j
+                     WHERE j.state = 'active' AND j.queue = q.name AND j.lease_expires_at BETWEEN lo AND hi)
+              FROM unnest(_next_due.queues) AS q(name)
         ) AS s);
 END;
 $$;
 
--- What the worker's poller asks (pgjobs/runtime/listener.py): the earliest run_at of a scheduled job
--- or lease expiry of an active job of these queues that falls after now and at most `within` later
--- (NULL: none). The poller sleeps until then, or its poll interval (`within`), whichever is first.
+-- When the next job of these queues becomes due (NULL if none is scheduled or leased), overdue ones
+-- included.
+CREATE OR REPLACE FUNCTION pgjobs.next_due_at(queues text[] DEFAULT '{default}')
+RETURNS timestamptz
+LANGUAGE plpgsql
+STABLE
+SET search_path = pg_catalog, pgjobs, pg_temp
+AS $$
+BEGIN
+    RETURN _next_due(queues, '-infinity', 'infinity');
+END;
+$$;
+
+-- What the worker's poller asks (pgjobs/runtime/listener.py): the next due time from now to `within`
+-- later (NULL: none). The poller sleeps until then, or its poll interval (`within`), whichever is first.
 -- next_due_at's min() reads jobs_active_idx from its front: under a held snapshot that is the old
 -- 'active' entry of every job completed since (millions after minutes at thousands of jobs/s, each a
 -- heap fetch), and the poller asked every few seconds: in bench/soak.py at 9,500 jobs/s, 10-17
@@ -992,28 +1006,14 @@ RETURNS timestamptz
 LANGUAGE plpgsql
 STABLE
 SET search_path = pg_catalog, pgjobs, pg_temp
-SET plan_cache_mode = force_generic_plan
-SET jit = off
 AS $$
 DECLARE
-    v_from timestamptz := clock_timestamp();
-    v_to   timestamptz;
+    v_now timestamptz := clock_timestamp();
 BEGIN
     IF within IS NULL OR within <= interval '0' THEN
         RAISE EXCEPTION USING ERRCODE = 'PJ002',
             MESSAGE = format('within must be a positive interval, got %s', coalesce(within::text, 'NULL'));
     END IF;
-    v_to := v_from + within;
-    RETURN (
-        SELECT min(s.t) FROM (
-            SELECT (SELECT min(j.run_at) FROM jobs AS j
-                     WHERE j.state = 'scheduled' AND j.queue = q.name AND j.run_at > v_from AND j.run_at <= v_to) AS t
-              FROM unnest(next_due_within.queues) AS q(name)
-            UNION ALL
-            SELECT (SELECT min(j.lease_expires_at) FROM jobs AS j
-                     WHERE j.state = 'active' AND j.queue = q.name
-                       AND j.lease_expires_at > v_from AND j.lease_expires_at <= v_to)
-              FROM unnest(next_due_within.queues) AS q(name)
-        ) AS s);
+    RETURN _next_due(queues, v_now, v_now + within);
 END;
 $$;

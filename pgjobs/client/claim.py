@@ -35,17 +35,10 @@ def next_due_at_call(queues: Sequence[str]) -> Call[datetime | None]:
     return Call("SELECT pgjobs.next_due_at(%(queues)s::text[])", {"queues": list(queues)}, scalar)
 
 
-def next_due_in_call(queues: Sequence[str], within: float | None = None) -> Call[float | None]:
-    """Seconds until the next due job of ``queues`` (negative: overdue; None: nothing scheduled), by the
-    server's clock: what the worker's poller sleeps for. With ``within``, only what falls due in the next
-    ``within`` seconds (``pgjobs.next_due_within``: under a held snapshot, next_due_at reads every
-    completed job's old lease entry)."""
-    if within is None:
-        return Call(
-            "SELECT extract(epoch FROM pgjobs.next_due_at(%(queues)s::text[]) - clock_timestamp())::float8",
-            {"queues": list(queues)},
-            scalar,
-        )
+def next_due_in_call(queues: Sequence[str], within: float) -> Call[float | None]:
+    """Seconds until the next job of ``queues`` falls due within the next ``within`` seconds (None: none), by
+    the server's clock: what the worker's poller sleeps for (``pgjobs.next_due_within``: under a held
+    snapshot, next_due_at reads every completed job's old lease entry)."""
     return Call(
         "SELECT extract(epoch FROM pgjobs.next_due_within(%(queues)s::text[], make_interval(secs => %(within)s))"
         " - clock_timestamp())::float8",

@@ -271,7 +271,7 @@ def throughput(
 
 
 def _head(conn: psycopg.Connection[Any]) -> int:
-    row = conn.execute("SELECT coalesce((SELECT newest_id FROM pgjobs.stream_bounds()), 0)").fetchone()
+    row = conn.execute("SELECT coalesce((SELECT newest_id FROM pgjobs.stream_head()), 0)").fetchone()
     return int(row[0]) if row else 0
 
 

@@ -83,6 +83,7 @@ DECLARE
         "get_schedule": ["pgjobs_reader"],
         "read_events": ["pgjobs_reader"],
         "stream_bounds": ["pgjobs_reader"],
+        "stream_head": ["pgjobs_reader"],
 
         "dashboard_jobs": ["pgjobs_reader"],
         "dashboard_count_jobs": ["pgjobs_reader"],

@@ -203,8 +203,8 @@ def has_event_log_call() -> Call[bool]:
 
 
 def stream_head_call() -> Call[int]:
-    """The newest event id of the log (``stream_bounds``), 0 when empty."""
-    return Call("SELECT newest_id FROM pgjobs.stream_bounds()", {}, lambda r: int(scalar(r) or 0))
+    """The newest event id of the log (``stream_head``), 0 when empty."""
+    return Call("SELECT newest_id FROM pgjobs.stream_head()", {}, lambda r: int(scalar(r) or 0))
 
 
 def read_events_call(

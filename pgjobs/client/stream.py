@@ -52,11 +52,11 @@ _PAGE = 1000
 # filter then never rescans what it has already passed).
 _READ_SQL: LiteralString = (
     "SELECT b.newest_id, e.event_id, e.at, e.id, e.state::text, e.queue, e.kind, e.attempt, e.batch_id, e.progress"
-    " FROM pgjobs.stream_bounds() AS b"
+    " FROM pgjobs.stream_head() AS b"
     " LEFT JOIN LATERAL pgjobs.read_events(after_id => %s, max_rows => %s, queue => %s, job_ids => %s::bigint[],"
     " batch_id => %s) AS e ON true"
 )
-_HEAD_SQL: LiteralString = "SELECT coalesce((SELECT newest_id FROM pgjobs.stream_bounds()), 0) AS head"
+_HEAD_SQL: LiteralString = "SELECT coalesce((SELECT newest_id FROM pgjobs.stream_head()), 0) AS head"
 _SNAPSHOT_SQL: LiteralString = (
     "SELECT id, state::text, queue, kind, attempt, batch_id, progress"
     " FROM pgjobs.status_snapshot(job_ids => %s::bigint[], in_batch => %s::bigint, live_only => false)"

@@ -172,7 +172,7 @@ class Hub:
         """The newest event id now: the reader starts there (pages show the present; events are news)."""
         try:
             return await self.dash.stream_head()
-        except SchemaMissing:  # a log without stream_bounds(): read to its end
+        except SchemaMissing:  # a log without stream_head(): read to its end
             pass
         after = 0
         while True:

@@ -490,3 +490,36 @@ def test_stream_bounds_after_a_rotation_with_nothing_ticked_since(conn: Conn) ->
     later = events(conn, after=newest)
     assert len(later) == 1
     assert call(conn, "stream_bounds")[0] == {"oldest_id": oldest, "newest_id": later[0]["event_id"]}
+
+
+def test_a_read_from_any_cursor_across_rotations_returns_exactly_the_rest_of_the_log(conn: Conn) -> None:
+    """A read whose cursor is in the partition the ticker writes now reads that partition alone (the others
+    pruned); one further back reads them all. From every cursor, over two rotations (one of them followed by
+    nothing ticked), each read must be exactly the log after the cursor, filtered or not."""
+    call(conn, "configure_stream", rotate_every="1 second")
+
+    def rotate() -> None:
+        conn.execute("UPDATE pgjobs.event_rotations SET started_at = started_at - interval '10 seconds'")
+        assert "rotate" in [r["action"] for r in call(conn, "maintain")]
+
+    watched = enqueue_n(conn, 3, queue="a") + enqueue_n(conn, 2, queue="b")
+    rotate()
+    enqueue_n(conn, 4, queue="b")
+    watched += enqueue_n(conn, 2, queue="a")
+    rotate()  # and nothing ticked after it: the current partition is empty
+    log = events(conn)
+    first = log[0]["event_id"]
+    slots = {r[0] for r in conn.execute("SELECT DISTINCT slot FROM pgjobs.event_log WHERE last_id >= %s", (first,))}
+    assert len(slots) == 2 and len(log) == 11, (slots, short(log))
+    assert call(conn, "stream_head")[0]["newest_id"] == log[-1]["event_id"]
+    enqueue_n(conn, 3, queue="a")  # into the third partition
+    log = events(conn)
+    assert len(log) == 14 and call(conn, "stream_head")[0]["newest_id"] == log[-1]["event_id"]
+    ids = [r["event_id"] for r in log]
+    assert ids == sorted(ids) and len(set(ids)) == len(ids)
+    for cursor in range(0, ids[-1] + 2):
+        rest = [r for r in log if r["event_id"] > cursor]
+        assert events(conn, after=cursor) == rest, cursor
+        assert events(conn, after=cursor, max_rows=2) == rest[:2], cursor
+        assert events(conn, after=cursor, queue="a") == [r for r in rest if r["queue"] == "a"], cursor
+        assert events(conn, after=cursor, job_ids=watched) == [r for r in rest if r["id"] in watched], cursor

@@ -33,7 +33,7 @@ WORKER = {
 }  # fmt: skip
 READER = {
     "job_status", "batch_status", "status_snapshot", "batch_graph", "stats", "list_jobs", "list_workers",
-    "list_queues", "count_jobs", "list_schedules", "get_schedule", "read_events", "stream_bounds",
+    "list_queues", "count_jobs", "list_schedules", "get_schedule", "read_events", "stream_bounds", "stream_head",
     # the dashboard's reads (sql/dashboard.sql)
     "dashboard_jobs", "dashboard_count_jobs", "dashboard_queues", "dashboard_throughput", "dashboard_groups",
     "dashboard_workers",

@@ -357,6 +357,9 @@ END;
 $$;
 
 -- (called by claim(), history.sql: it retries this when a row it locks moved to another partition)
+-- No sequential scan of jobs_live (as complete_many): a generic plan made on a small or new table, and kept
+-- while no ANALYZE comes (autovacuum off, or a held snapshot that stops VACUUM), updated the picked rows by
+-- reading the whole table, dead versions too, on every claim (tests/sql/test_claim_plan.py).
 CREATE OR REPLACE FUNCTION pgjobs._claim_once(
     worker      text,
     queues      text[] DEFAULT '{default}',
@@ -368,6 +371,7 @@ LANGUAGE plpgsql
 SET search_path = pg_catalog, pgjobs, pg_temp
 SET plan_cache_mode = force_generic_plan
 SET jit = off
+SET enable_seqscan = off  -- (see above)
 AS $$
 #variable_conflict use_column
 DECLARE
@@ -407,7 +411,6 @@ BEGIN
         v_limits := coalesce((SELECT jsonb_object_agg(e.key, least((e.value::text)::numeric, max_jobs)::int)
                                 FROM jsonb_each(kind_limits) AS e), '{}');
     END IF;
-
     -- Paused queues give nothing. Queues with fairness or concurrency caps take the
     -- controlled path (fairness.sql); every other queue takes the plain fast path.
     IF cardinality(queues) = 1 THEN
@@ -633,6 +636,7 @@ LANGUAGE plpgsql
 SET search_path = pg_catalog, pgjobs, pg_temp
 SET plan_cache_mode = force_generic_plan
 SET jit = off
+SET enable_seqscan = off  -- as _claim_once
 AS $$
 #variable_conflict use_column
 DECLARE

@@ -10,6 +10,12 @@
 -- That setting would carry into the functions they call in other files (graph, fairness), so a call
 -- into those first restores the planner's default choice for the rest of the function
 -- (set_config(..., true) inside a function with a SET clause ends with the function).
+-- _claim_once and _claim_plain also run with enable_seqscan = off, as complete_many does: a session
+-- makes its generic plans at its first claim, often on a small or new jobs_live, and keeps them while no
+-- ANALYZE comes (autovacuum off, or a held snapshot that stops VACUUM); the update of the picked rows was
+-- then a sequential scan of the whole table, dead versions too, on every claim (2.5 -> 17 ms per claim in
+-- 35 s under a held snapshot at 3,000 jobs/s; 1.6-2.1 ms flat without it; tests/sql/test_claim_plan.py).
+-- The functions they call inherit it; those in graph.sql and fairness.sql set it off themselves too.
 
 CREATE OR REPLACE FUNCTION pgjobs._check_claim_args(worker text, queues text[], max_jobs int, lease interval,
                                                     kind_limits jsonb)
@@ -357,9 +363,6 @@ END;
 $$;
 
 -- (called by claim(), history.sql: it retries this when a row it locks moved to another partition)
--- No sequential scan of jobs_live (as complete_many): a generic plan made on a small or new table, and kept
--- while no ANALYZE comes (autovacuum off, or a held snapshot that stops VACUUM), updated the picked rows by
--- reading the whole table, dead versions too, on every claim (tests/sql/test_claim_plan.py).
 CREATE OR REPLACE FUNCTION pgjobs._claim_once(
     worker      text,
     queues      text[] DEFAULT '{default}',
@@ -371,7 +374,7 @@ LANGUAGE plpgsql
 SET search_path = pg_catalog, pgjobs, pg_temp
 SET plan_cache_mode = force_generic_plan
 SET jit = off
-SET enable_seqscan = off  -- (see above)
+SET enable_seqscan = off  -- (Plans, at the top of this file)
 AS $$
 #variable_conflict use_column
 DECLARE
@@ -636,7 +639,7 @@ LANGUAGE plpgsql
 SET search_path = pg_catalog, pgjobs, pg_temp
 SET plan_cache_mode = force_generic_plan
 SET jit = off
-SET enable_seqscan = off  -- as _claim_once
+SET enable_seqscan = off  -- (Plans, at the top of this file)
 AS $$
 #variable_conflict use_column
 DECLARE

@@ -164,6 +164,15 @@
 -- Two alternating pairs of bench/stream.py: p99 12.4-12.5 ms against 256-272, p50 unchanged at 4.4-4.5,
 -- throughput with the follower 0.82-0.83x against 0.77-0.82x. tests/sql/test_events.py holds the list
 -- to its limit (17 pages at most, against 120 without).
+-- ONE PARTITION NEAR THE HEAD (2026-12-03). A follower's read set up a scan of every log partition
+-- three times (stream_bounds' oldest id, the tick's newest tick, the read itself), and the executor
+-- start-up of those merges was a third of its backend time (perf). Now the read takes only the current
+-- partition when the cursor is in it, the tick looks for the newest tick there first, and the
+-- subscriber asks stream_head() (the newest id alone). pgbench, one client, a ring of 16 filled
+-- partitions, three alternating rounds: an empty read (the follower at the head) 0.46-0.50 -> 0.35-0.39
+-- ms, a read of 100 events 0.69-0.74 -> 0.59-0.61 ms. bench/stream.py (a fresh log: one or two
+-- partitions, so less to spare) could not tell the two apart: throughput with the follower 0.87/0.81x
+-- against 0.81/0.97x of none, the follower's backend 0.92-0.95 s per run against 0.91-1.39.
 
 -- The advisory lock of the ticker and of maintenance ("pgjobs" + 1).
 CREATE OR REPLACE FUNCTION pgjobs._stream_lock()
@@ -280,16 +289,6 @@ BEGIN
     END IF;
 END;
 $$;
-
--- ONE PARTITION NEAR THE HEAD (2026-12-03). A follower's read set up a scan of every log partition
--- three times (stream_bounds' oldest id, the tick's newest tick, the read itself), and the executor
--- start-up of those merges was a third of its backend time (perf). Now the read takes only the current
--- partition when the cursor is in it, the tick looks for the newest tick there first, and the
--- subscriber asks stream_head() (the newest id alone). pgbench, one client, a ring of 16 filled
--- partitions, three alternating rounds: an empty read (the follower at the head) 0.46-0.50 -> 0.35-0.39
--- ms, a read of 100 events 0.69-0.74 -> 0.59-0.61 ms. bench/stream.py (a fresh log: one or two
--- partitions, so less to spare) could not tell the two apart: throughput with the follower 0.87/0.81x
--- against 0.81/0.97x of none, the follower's backend 0.92-0.95 s per run against 0.91-1.39.
 
 -- One tick (see the header). The caller holds the advisory xact lock _stream_lock() and runs
 -- under READ COMMITTED. `force` records a tick even when no event became visible (maintain does,

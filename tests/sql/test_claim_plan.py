@@ -306,7 +306,7 @@ def test_plans_made_while_the_table_was_nearly_empty_stay_on_the_indexes(conn: p
     """A worker's session makes its generic plans at its first claim, often on a fresh or quiet jobs_live, and
     keeps them until the statistics change: with autovacuum off (or behind), or under a held snapshot that
     stops VACUUM, they never do. The claim's update of the rows it picked once became a sequential scan of
-    jobs_live there, every claim reading the whole table (dead versions too): 3 -> 17 ms per claim in 35 s
+    jobs_live there, every claim reading the whole table (dead versions too): 2.5 -> 17 ms per claim in 35 s
     under a held snapshot at 3,000 jobs/s. Plans made on a one-job table must still read by index once the
     table holds many jobs, no ANALYZE in between."""
     plans = Plans(conn)

@@ -8,6 +8,7 @@ no NOTIFY at all on claim/complete_many when nobody does.
 from __future__ import annotations
 
 import threading
+import time
 from datetime import UTC, datetime
 from typing import Any
 
@@ -251,10 +252,34 @@ def test_a_tick_inside_a_writing_transaction_leaves_its_own_events_for_after_com
     assert [r["kind"] for r in events(reader)] == ["own", "own-after-tick"]
 
 
-def test_concurrent_writers_and_readers_lose_nothing_and_duplicate_nothing(connect: ConnectFactory, dsn: str) -> None:
+@pytest.mark.parametrize("rotating", [False, True], ids=["steady", "rotating"])
+def test_concurrent_writers_and_readers_lose_nothing_and_duplicate_nothing(
+    connect: ConnectFactory, dsn: str, rotating: bool
+) -> None:
+    """Four writers, two followers; with ``rotating``, a third session moves the log on to its next partition
+    as fast as maintain lets it meanwhile, so the followers' reads switch between reading the current
+    partition alone (cursor in it) and all of them (cursor behind a rotation) while rows land."""
     stop = threading.Event()
+    written = threading.Event()
     seen: list[int] = []
     errors: list[BaseException] = []
+    rotations: list[int] = []
+
+    def rotator() -> None:
+        try:
+            with psycopg.connect(dsn, autocommit=True) as c:
+                call(c, "configure_stream", rotate_every="1 second")
+                while not written.is_set():
+                    c.execute("UPDATE pgjobs.event_rotations SET started_at = started_at - interval '10 seconds'")
+                    acts = [r["action"] for r in call(c, "maintain")]  # 'busy' while a follower ticks
+                    rotations.extend(1 for a in acts if a == "rotate")
+                    time.sleep(0 if acts == ["busy"] else 0.05)
+        except BaseException as exc:
+            errors.append(exc)
+
+    spinner = threading.Thread(target=rotator)
+    if rotating:
+        spinner.start()
 
     def follower() -> None:
         try:
@@ -284,10 +309,16 @@ def test_concurrent_writers_and_readers_lose_nothing_and_duplicate_nothing(conne
                 made.append(enqueue(c, f"w{i}")["id"])
                 if n % 3 == 0:
                     c.commit()
+                    if rotating:
+                        time.sleep(0.05)  # writes spread over the rotations
             c.commit()
             return made
 
     made = [j for batch in run_threads(4, writer) for j in batch]
+    written.set()
+    if rotating:
+        spinner.join(60)
+        assert len(rotations) >= 3, rotations  # the reads really crossed rotations
     # one last tick that surely runs (a follower's own may have been skipped while another ticked)
     while call(conn_main := connect(), "maintain")[0]["action"] == "busy":
         conn_main.close()

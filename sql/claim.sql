@@ -1017,9 +1017,11 @@ AS $$
 DECLARE
     v_now timestamptz := clock_timestamp();
 BEGIN
-    IF within IS NULL OR within <= interval '0' THEN
+    -- (an upper bound too: now() + within must stay a timestamp)
+    IF within IS NULL OR within <= interval '0' OR within > interval '100 years' THEN
         RAISE EXCEPTION USING ERRCODE = 'PJ002',
-            MESSAGE = format('within must be a positive interval, got %s', coalesce(within::text, 'NULL'));
+            MESSAGE = format('within must be a positive interval of at most 100 years, got %s',
+                             coalesce(within::text, 'NULL'));
     END IF;
     RETURN _next_due(queues, v_now, v_now + within);
 END;

@@ -13,7 +13,8 @@ Which server (the first that applies):
 The session migrates a template database once with ``pgjobs.ops.migrate.migrate``; each test that asks for
 ``dsn`` (or ``conn``/``connect``) gets ``CREATE DATABASE ... TEMPLATE`` of it, dropped ``WITH (FORCE)``
 afterwards; a background thread makes the next clone while a test runs and drops the used ones
-(``_ClonePool``).
+(``_ClonePool``). Under pytest-xdist (``pytest -n 2``, as CI runs the suite) each worker process is a
+session of its own: its own template, clones and (without ``PGJOBS_TEST_DSN``) its own embedded server.
 
 Fixtures: ``pg_server_dsn`` (session; admin DSN of the server), ``pg_server`` (session; that plus kind and
 version), ``dsn`` (a fresh migrated database), ``blank_dsn`` (a fresh empty database, for migration tests),
@@ -236,6 +237,13 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
 
 # ---------------------------------------------------------------------------------------------------------
 # fixtures
+
+
+@pytest.fixture(autouse=True)
+def _piped_output(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every test sees its output piped, with no terminal width imposed: pytest-xdist's workers inherit
+    ``COLUMNS=80`` from the controller, which would cut the CLI's tables as no user's pipe does."""
+    monkeypatch.delenv("COLUMNS", raising=False)
 
 
 @pytest.fixture(scope="session")

@@ -15,7 +15,14 @@
 -- ANALYZE comes (autovacuum off, or a held snapshot that stops VACUUM); the update of the picked rows was
 -- then a sequential scan of the whole table, dead versions too, on every claim (2.5 -> 17 ms per claim in
 -- 35 s under a held snapshot at 3,000 jobs/s; 1.6-2.1 ms flat without it; tests/sql/test_claim_plan.py).
--- The functions they call inherit it; those in graph.sql and fairness.sql set it off themselves too.
+-- And with enable_bitmapscan = off: the same plans, made when jobs_live held a job or none, estimate one
+-- pending row, and for one row a bitmap of the queue's pending entries plus a sort looks cheaper than the
+-- index read in claim order. Once a backlog builds that bitmap reads all of it, dead versions too, on
+-- every claim, and never marks a dead entry for the next scan to skip: in bench/soak.py at 11,800 jobs/s,
+-- 90 s into a held snapshot, one claim read 1.87 M entries of jobs_pending_idx and 870 k rows to take 50
+-- (570 ms), the backlog grew faster than claims could take it, and completions fell from 11,779 to 28
+-- jobs/s (tests/sql/test_claim_plan.py, the backlog test).
+-- The functions they call inherit both; fairness.sql sets both itself, graph.sql enable_seqscan.
 
 CREATE OR REPLACE FUNCTION pgjobs._check_claim_args(worker text, queues text[], max_jobs int, lease interval,
                                                     kind_limits jsonb)
@@ -375,6 +382,7 @@ SET search_path = pg_catalog, pgjobs, pg_temp
 SET plan_cache_mode = force_generic_plan
 SET jit = off
 SET enable_seqscan = off  -- (Plans, at the top of this file)
+SET enable_bitmapscan = off
 AS $$
 #variable_conflict use_column
 DECLARE
@@ -640,6 +648,7 @@ SET search_path = pg_catalog, pgjobs, pg_temp
 SET plan_cache_mode = force_generic_plan
 SET jit = off
 SET enable_seqscan = off  -- (Plans, at the top of this file)
+SET enable_bitmapscan = off
 AS $$
 #variable_conflict use_column
 DECLARE

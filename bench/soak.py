@@ -8,10 +8,12 @@ one job every 200 ms to time a claim under the same table (its job is completed 
 
 * completion rate (jobs/s the worker's handlers ran in the window, as the worker process counts them),
 * claim p50/p99: the probe's claim call, and the wait of the job it got (now - run_at: the queue delay),
-* queue depth (jobs enqueued and not yet run: the producer's count less the worker's and the probe's). Not
-  a ``count(*)`` over the jobs table: a held snapshot makes that a scan of every dead version (113 ms and
+* queue depth (jobs enqueued and not yet run: the producer's count less the worker's and the probe's; the
+  worker writes its count every 200 ms, so a window's depth may read up to 0.2 s of the offered rate high).
+  Not a ``count(*)`` over the jobs table: a held snapshot makes that a scan of every dead version (113 ms and
   25,000 blocks read from outside shared_buffers 70 s into a hold at 11,800 jobs/s, growing with the hold),
-  a cost of the observer that the worker would pay for; the exact count is taken once, at the end,
+  which the worker would pay for on the same 2 cores. The exact count is taken once, at the end (a 10-minute
+  hold: 1,261,448 counted against 1,261,476 from the counters),
 * ``n_dead_tup`` and total size of every pgjobs table (partitions summed into their parent).
 
 ``--idle-tx SECONDS`` holds a foreign snapshot (``BEGIN; SELECT txid_current();`` then nothing) for that long

@@ -381,8 +381,7 @@ LANGUAGE plpgsql
 SET search_path = pg_catalog, pgjobs, pg_temp
 SET plan_cache_mode = force_generic_plan
 SET jit = off
-SET enable_seqscan = off  -- (Plans, at the top of this file)
-SET enable_bitmapscan = off
+SET enable_seqscan = off SET enable_bitmapscan = off  -- (Plans, at the top of this file)
 AS $$
 #variable_conflict use_column
 DECLARE
@@ -647,8 +646,7 @@ LANGUAGE plpgsql
 SET search_path = pg_catalog, pgjobs, pg_temp
 SET plan_cache_mode = force_generic_plan
 SET jit = off
-SET enable_seqscan = off  -- (Plans, at the top of this file)
-SET enable_bitmapscan = off
+SET enable_seqscan = off SET enable_bitmapscan = off  -- (Plans, at the top of this file)
 AS $$
 #variable_conflict use_column
 DECLARE

@@ -6,7 +6,7 @@ offers 60 % of it (``--share``) for ``--minutes`` (default 10) on a fresh databa
 every 100 ms, one worker process (the real ``pgjobs.Worker``, concurrency 50) runs the jobs, and a probe claims
 one job every 200 ms to time a claim under the same table (its job is completed at once). Every 10 s it prints:
 
-* completion rate (jobs/s the worker's handlers ran in the window, as the worker process counts them),
+* completion rate (jobs/s run in the window: the worker process's count of its handlers' runs, plus the probe's),
 * claim p50/p99: the probe's claim call, and the wait of the job it got (now - run_at: the queue delay),
 * queue depth (jobs enqueued and not yet run: the producer's count less the worker's and the probe's; the
   worker writes its count every 200 ms, so a window's depth may read up to 0.2 s of the offered rate high).
@@ -200,6 +200,10 @@ def soak(dsn: str, rate: float, minutes: float, idle_tx: float, fair: bool, conc
         count_file.unlink(missing_ok=True)
         worker = _start_worker(dsn, concurrency, worker_log, count_file)
         producer, probe = Producer(dsn, rate, fair), Probe(dsn)
+
+        def ran_so_far() -> int:
+            return _ran(count_file) + probe.completed
+
         total = minutes * 60
         idle = IdleTx(dsn, max(0.0, (total - idle_tx) / 2), idle_tx) if idle_tx > 0 else None
         windows: list[dict[str, Any]] = []
@@ -210,11 +214,11 @@ def soak(dsn: str, rate: float, minutes: float, idle_tx: float, fair: bool, conc
             probe.start()
             if idle is not None:
                 idle.start()
-            last_ran, last_enq, last_t = _ran(count_file) + probe.completed, 0, start
+            last_ran, last_enq, last_t = ran_so_far(), 0, start
             while time.monotonic() - start < total:
                 time.sleep(max(0.0, last_t + WINDOW - time.monotonic()))
                 now = time.monotonic()
-                ran, enq = _ran(count_file) + probe.completed, producer.enqueued
+                ran, enq = ran_so_far(), producer.enqueued
                 done, depth = ran - last_ran, max(0, enq - ran)
                 held = idle is not None and idle.began is not None and (idle.ended is None or idle.ended > last_t)
                 tables = [
@@ -258,7 +262,7 @@ def soak(dsn: str, rate: float, minutes: float, idle_tx: float, fair: bool, conc
         # the exact backlog, once (the windows' depth is the counters' difference): the two agree but for
         # jobs whose handler ran and whose completion did not commit before the worker stopped
         final_depth = _depth(conn)
-        not_run = max(0, producer.enqueued - _ran(count_file) - probe.completed)
+        not_run = max(0, producer.enqueued - ran_so_far())
         print(f"end: {final_depth} jobs not terminal (counted), {not_run} not run (counters)")
     count_file.unlink(missing_ok=True)
     tail = worker_log.read_text(errors="replace")[-3000:] if worker_log.exists() else ""

@@ -103,6 +103,17 @@ def count(conn: Conn, where: str = "true", params: Any = None) -> int:
     return int(row[0])
 
 
+def claim_index_visits(conn: Conn) -> int:
+    """Index entries this backend's scans of the two claim indexes returned (live or dead), this transaction
+    included: the difference across a claim is what it walked."""
+    row = conn.execute(
+        "SELECT pg_stat_get_xact_tuples_returned('pgjobs.jobs_pending_idx'::regclass)"
+        " + pg_stat_get_xact_tuples_returned('pgjobs.jobs_active_idx'::regclass)"
+    ).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
 @contextlib.contextmanager
 def held_snapshot(connect: Callable[..., Conn]) -> Iterator[None]:
     """A foreign session idle in a transaction with a snapshot (``BEGIN; SELECT txid_current();`` and nothing

@@ -24,6 +24,7 @@ import pytest
 from conftest import ConnectFactory
 
 from tests.helpers.foundation import call, claim, enqueue, enqueue_n, held_snapshot, scalar
+from tests.helpers.foundation import claim_index_visits as visits
 
 Conn = psycopg.Connection[Any]
 PAST = "2001-02-03T04:05:06Z"
@@ -45,16 +46,6 @@ def state(conn: Conn) -> dict[str, Any]:
 
 def epoch(conn: Conn) -> int:
     row = conn.execute("SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM pgjobs.claim_floor_epoch").fetchone()
-    assert row is not None
-    return int(row[0])
-
-
-def visits(conn: Conn) -> int:
-    """Index entries this backend's scans of the two claim indexes returned (live or dead)."""
-    row = conn.execute(
-        "SELECT pg_stat_get_xact_tuples_returned('pgjobs.jobs_pending_idx'::regclass)"
-        " + pg_stat_get_xact_tuples_returned('pgjobs.jobs_active_idx'::regclass)"
-    ).fetchone()
     assert row is not None
     return int(row[0])
 

@@ -22,6 +22,8 @@ from typing import Any
 import psycopg
 import pytest
 
+from tests.helpers.foundation import claim_index_visits
+
 PENDING = 200_000
 DONE = 100_000
 
@@ -303,16 +305,12 @@ def test_bench_quick_runs_end_to_end(pg_server_dsn: str, tmp_path: Path) -> None
     assert left == []
 
 
-def test_plans_made_while_the_table_was_nearly_empty_stay_on_the_indexes(conn: psycopg.Connection[Any]) -> None:
-    """A worker's session makes its generic plans at its first claim, often on a fresh or quiet jobs_live, and
-    keeps them until the statistics change: with autovacuum off (or behind), or under a held snapshot that
-    stops VACUUM, they never do. The claim's update of the rows it picked once became a sequential scan of
-    jobs_live there, every claim reading the whole table (dead versions too): 2.5 -> 17 ms per claim in 35 s
-    under a held snapshot at 3,000 jobs/s. Plans made on a one-job table must still read by index once the
-    table holds many jobs, no ANALYZE in between."""
+def _plans_made_on_one_job_then_a_backlog(conn: psycopg.Connection[Any]) -> Plans:
+    """The session claims on a table of one job, then of none (its generic plans are made there), and
+    20,000 pending jobs arrive with no ANALYZE after them. Returns the plan collector, emptied."""
     plans = Plans(conn)
     conn.execute("SELECT pgjobs.enqueue('plan.k', '{}', 'plan')")
-    for _ in range(2):  # the session's plans: on a table of one job, then none
+    for _ in range(2):
         rows = conn.execute("SELECT id, lease_token FROM pgjobs.claim('w', '{plan}', 10)").fetchall()
         if rows:
             conn.execute(
@@ -322,6 +320,17 @@ def test_plans_made_while_the_table_was_nearly_empty_stay_on_the_indexes(conn: p
         "INSERT INTO pgjobs.jobs (kind, queue, payload) SELECT 'plan.k', 'plan', '{}' FROM generate_series(1, 20000)"
     )
     plans.clear()
+    return plans
+
+
+def test_plans_made_while_the_table_was_nearly_empty_stay_on_the_indexes(conn: psycopg.Connection[Any]) -> None:
+    """A worker's session makes its generic plans at its first claim, often on a fresh or quiet jobs_live, and
+    keeps them until the statistics change: with autovacuum off (or behind), or under a held snapshot that
+    stops VACUUM, they never do. The claim's update of the rows it picked once became a sequential scan of
+    jobs_live there, every claim reading the whole table (dead versions too): 2.5 -> 17 ms per claim in 35 s
+    under a held snapshot at 3,000 jobs/s. Plans made on a one-job table must still read by index once the
+    table holds many jobs, no ANALYZE in between."""
+    plans = _plans_made_on_one_job_then_a_backlog(conn)
     for _ in range(3):
         rows = conn.execute("SELECT id, lease_token FROM pgjobs.claim('w', '{plan}', 50)").fetchall()
         assert len(rows) == 50
@@ -343,17 +352,7 @@ def test_a_backlog_behind_plans_made_on_an_empty_table_is_read_in_claim_order_no
     completions fell from 11,779 to 28 jobs/s. (A bitmap also never marks dead index entries, so every
     later scan pays for them again.) A claim must read the backlog in index order and stop at what it takes,
     also on the path that scans from the front after a lost race."""
-    plans = Plans(conn)
-    conn.execute("SELECT pgjobs.enqueue('plan.k', '{}', 'plan')")
-    for _ in range(2):  # the session's plans: on a table of one job, then none
-        rows = conn.execute("SELECT id, lease_token FROM pgjobs.claim('w', '{plan}', 10)").fetchall()
-        if rows:
-            conn.execute(
-                "SELECT pgjobs.complete_many(%s::bigint[], %s::uuid[])", ([r[0] for r in rows], [r[1] for r in rows])
-            )
-    conn.execute(
-        "INSERT INTO pgjobs.jobs (kind, queue, payload) SELECT 'plan.k', 'plan', '{}' FROM generate_series(1, 20000)"
-    )
+    plans = _plans_made_on_one_job_then_a_backlog(conn)
     # active jobs whose leases ran out, for the claim's look for leases to settle or reclaim
     conn.execute("SELECT count(*) FROM pgjobs.claim('other', '{plan}', 2000, interval '1 second')")
     time.sleep(1.1)
@@ -361,9 +360,9 @@ def test_a_backlog_behind_plans_made_on_an_empty_table_is_read_in_claim_order_no
         plans.clear()
         with conn.transaction():
             conn.execute("SELECT set_config('pgjobs.claim_lost_race', %s, true)", ["on" if lost_race else ""])
-            v0 = _visits(conn)
+            v0 = claim_index_visits(conn)
             rows = conn.execute("SELECT id, lease_token FROM pgjobs.claim('w', '{plan}', 50)").fetchall()
-            visited = _visits(conn) - v0
+            visited = claim_index_visits(conn) - v0
             assert len(rows) == 50
         bitmaps = [
             (node["Node Type"], node.get("Relation Name") or node.get("Index Name"), query[:300])
@@ -375,12 +374,3 @@ def test_a_backlog_behind_plans_made_on_an_empty_table_is_read_in_claim_order_no
         assert bitmaps == [], bitmaps
         # the 2,000 expired leases and 50 pending jobs it takes, a few times over, not the 18,000 left behind
         assert visited < 10_000, (lost_race, visited)
-
-
-def _visits(conn: psycopg.Connection[Any]) -> int:
-    row = conn.execute(
-        "SELECT pg_stat_get_xact_tuples_returned('pgjobs.jobs_pending_idx'::regclass)"
-        " + pg_stat_get_xact_tuples_returned('pgjobs.jobs_active_idx'::regclass)"
-    ).fetchone()
-    assert row is not None
-    return int(row[0])

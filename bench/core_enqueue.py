@@ -3,7 +3,8 @@
 * one per commit through ``AsyncClient.enqueue`` vs a one-row INSERT on an ``AsyncConnection``, and
   through ``Client.enqueue`` vs the same on a ``Connection`` (psycopg, prepared, autocommit), call by call
   in turns;
-* 1,000 per call through ``Client.enqueue_many`` (JSON) and ``Client.enqueue_copy`` (COPY) vs a bare
+* 1,000 per call through ``Client.enqueue_many`` (plain specs: as columns, ``pgjobs.enqueue_arrays``), the
+  same forced through JSON (``method="json"``) and ``Client.enqueue_copy`` (COPY) vs a bare
   1,000-row INSERT from the JSON of the same Python dicts (``json.dumps`` per call, as the client does),
   returning the ids, call by call in turns.
 
@@ -153,8 +154,11 @@ def run(
 
         specs = [{"kind": KIND, "queue": QUEUE, "payload": {"to": f"user{i}@example.com", "n": i}} for i in range(1000)]
 
-        def json_many() -> None:
+        def columns_many() -> None:
             client.enqueue_many(specs)
+
+        def json_many() -> None:
+            client.enqueue_many(specs, method="json")
 
         def copy_many() -> None:
             client.enqueue_copy(specs)
@@ -164,13 +168,20 @@ def run(
 
         reset()
         for _ in range(2):
+            columns_many()
             json_many()
             copy_many()
             bare_many()
-        s = interleaved({"json": json_many, "copy": copy_many, "bare": bare_many}, bulk_batches, bulk_chunk)
+        s = interleaved(
+            {"columns": columns_many, "json": json_many, "copy": copy_many, "bare": bare_many}, bulk_batches, bulk_chunk
+        )
         s = {k: [v * 1000 for v in vs] for k, vs in s.items()}
         raw["client_enqueue_many"] = s
-        for key, name in (("json", "Client.enqueue_many (JSON)"), ("copy", "Client.enqueue_copy (COPY)")):
+        for key, name in (
+            ("columns", "Client.enqueue_many (plain specs as columns)"),
+            ("json", "Client.enqueue_many (JSON)"),
+            ("copy", "Client.enqueue_copy (COPY)"),
+        ):
             figures.append(
                 figure(
                     f"{name}, batches of 1,000",

@@ -2,7 +2,7 @@
 -- the same transaction that (re)created the functions: no function is ever visible with PUBLIC's EXECUTE.
 --
 -- Four NOLOGIN group roles, cluster-wide (roles are shared by every database of a server):
---   pgjobs_producer  enqueue, enqueue_many, enqueue_staged, the status of jobs and batches
+--   pgjobs_producer  enqueue, enqueue_many, enqueue_staged, enqueue_arrays, the status of jobs and batches
 --   pgjobs_worker    claim, every lease-token call, parent results, heartbeat and reaping, and the
 --                    scheduler's calls (workers run the scheduler: code-defined schedules are upserted
 --                    and pruned, due ones materialised)
@@ -41,6 +41,7 @@ DECLARE
         "enqueue": ["pgjobs_producer"],
         "enqueue_many": ["pgjobs_producer"],
         "enqueue_staged": ["pgjobs_producer"],
+        "enqueue_arrays": ["pgjobs_producer"],
         "job_status": ["pgjobs_producer", "pgjobs_reader"],
         "batch_status": ["pgjobs_producer", "pgjobs_reader"],
         "status_snapshot": ["pgjobs_producer", "pgjobs_reader"],

@@ -21,7 +21,15 @@ from psycopg.conninfo import make_conninfo
 from tests.helpers.foundation import call, enqueue
 
 GROUPS = ("pgjobs_producer", "pgjobs_worker", "pgjobs_reader", "pgjobs_admin")
-PRODUCER = {"enqueue", "enqueue_many", "enqueue_staged", "job_status", "batch_status", "status_snapshot"}
+PRODUCER = {
+    "enqueue",
+    "enqueue_many",
+    "enqueue_staged",
+    "enqueue_arrays",
+    "job_status",
+    "batch_status",
+    "status_snapshot",
+}
 WORKER = {
     "claim", "renew_lease", "renew_leases", "checkpoint", "progress", "complete", "complete_many", "fail",
     "dead_letter", "release", "ack_cancel", "add_to_batch", "parent_results", "parent_results_many",

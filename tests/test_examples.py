@@ -63,6 +63,7 @@ EXPECTED: dict[str, list[str]] = {
         " completed_again \n-----------------\n f",
         '  1 | succeeded |       1 | {"sent": true}',
         " zip        | waiting",
+        " loaded \n--------\n      3",
         "PJ002: job: kind must be a non-empty string, got ''",
     ],
     "sql_worker.sh": ["job 1: HELLO", "job 2: WORLD", "job 3: failed (no word)", "succeeded: 2", "failed: 1"],

@@ -152,7 +152,7 @@ def _at_default(spec: Mapping[str, Any]) -> bool:
     return True
 
 
-Columns = tuple[list[str], Jsonb, list[str], list[Any]]
+Columns = tuple[list[str], Jsonb | None, list[str], list[Any]]
 
 
 def lean_columns(specs: list[Mapping[str, Any]]) -> Columns | None:
@@ -169,7 +169,10 @@ def lean_columns(specs: list[Mapping[str, Any]]) -> Columns | None:
     refs = [s.get("ref") for s in specs]
     if not (_names_ok(kinds) and _names_ok(queues)) or None in payloads or not set(map(type, refs)) <= _REF_TYPES:
         return None
-    return cast(list[str], kinds), Jsonb(payloads), queues, refs
+    # No payload anywhere (all {} or left out): NULL, which the server reads as {} for every job without a
+    # JSON array to parse (3 % of a 1,000-job call at the server, pgbench).
+    doc = None if payloads.count({}) == len(payloads) else Jsonb(payloads)
+    return cast(list[str], kinds), doc, queues, refs
 
 
 # EnqueuedSpec(ref, id, True, None) with its slots set directly: the frozen dataclass's __init__ (four

@@ -60,7 +60,9 @@ def test_plain_specs_and_keys_at_their_defaults_go_as_columns() -> None:
     assert columns is not None
     kinds, payloads, queues, refs = columns
     assert kinds == ["a", "b", "c", "é" * 300] and queues == ["default", "q", "default", "default"]
-    assert payloads.obj == [{}, {"x": 1}, {}, {}] and refs == [None, "r", None, None]
+    assert payloads is not None and payloads.obj == [{}, {"x": 1}, {}, {}] and refs == [None, "r", None, None]
+    bare = lean_columns([{"kind": "a"}, {"kind": "b", "payload": {}}])
+    assert bare is not None and bare[1] is None  # no payload anywhere: NULL, read as {} for every job
     assert lean_columns([]) is None and lean_columns([{"kind": "k"}] * 100_001) is None
 
 
@@ -73,6 +75,9 @@ def test_client_enqueue_many_of_plain_specs_matches_the_json_path(dsn: str, conn
     assert [(s.ref, s.created, s.batch_id) for s in auto] == [(s.ref, s.created, s.batch_id) for s in js]
     assert [s.ref for s in auto] == ["r0", "r1", "r2", "r3", "r4", None]
     assert stored(conn, [s.id for s in auto]) == stored(conn, [s.id for s in js])
+    with Client(dsn) as client:  # no payload anywhere: sent as NULL, stored as {} all the same
+        bare = client.enqueue_many([{"kind": "np"}, {"kind": "np", "payload": {}}])
+    assert [r[:3] for r in stored(conn, [s.id for s in bare])] == [("np", "default", {})] * 2
 
 
 def test_client_refusals_read_the_same_whichever_path(dsn: str, conn: Conn) -> None:

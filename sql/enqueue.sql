@@ -45,14 +45,17 @@
 -- * enqueue_many of 1,000, server only, the same way: 9.5-10.2 ms (bare INSERT from the JSON 3.0-4.0; the
 --   rows alone into jobs_live 5.4-6.3; on a queue without events 6.5). pglz compressing the inbox row's
 --   arrays was 7 % of it (perf): the event_lz4 migration gives those columns lz4, 7.8-8.5 ms.
--- * enqueue_arrays (2026-12-06, quiet machine, PostgreSQL 15), 1,000 plain jobs: server only (pgbench, prepared,
---   three alternating rounds) 5.4-6.5 ms against 3.0-3.6 for the bare INSERT ... RETURNING; its status events
+-- * enqueue_arrays (2026-12-06, quiet machine, PostgreSQL 15), 1,000 plain jobs, first version: server only
+--   (pgbench, prepared, three alternating rounds) 5.4-6.5 ms against 3.0-3.6 for the bare INSERT; its events
 --   are a few tenths of that (a queue with status_events = 'none': 5.6-6.2 ms), drawing ids through the
 --   parent's identity instead of nextval() into the leaf saved nothing (5.4-5.9 ms). Through AsyncClient
 --   (six alternating rounds of 60 calls): 9.2 ms a call against 10.9 through JSON and 4.5 for the bare
 --   INSERT. The client's own share: the routing test 0.4 ms, the ids read into EnqueuedSpec 0.55 ms (the
 --   frozen dataclass's __init__), the two lists 0.3 ms in binary (0.6 as text: psycopg tests every text
---   element for quoting). bench peers, base and new taking turns: bulk 1.51/1.58x pgqueuer -> 1.74/1.71x.
+--   element for quoting). Reading the events from the specs instead of the INSERT's RETURNING rows: 5.35 ->
+--   4.98 ms (pgbench, four alternating rounds); no payload sent as NULL instead of an array of {}: 5.3 -> 5.1.
+--   bench peers, base and new taking turns (README, "pgjobs beside other queues"): bulk 0.51-0.58x the bare
+--   1,000-row INSERT before, 0.67-0.73x after; 1.48-1.90x pgqueuer before, 1.84-2.15x after (its cell is noisy).
 --
 -- Inserts: those whose ids are drawn first (nextval: enqueue with a unique key, _insert_plain_specs,
 -- _insert_specs) name the leaf pgjobs.jobs_live, not the partitioned parent: a new job is waiting,

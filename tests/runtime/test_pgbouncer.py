@@ -75,6 +75,9 @@ def test_producer_lifecycle_through_pgbouncer(pooled_dsn: str, dsn: str) -> None
                     client.enqueue("p", {"n": n, "i": i}, queue="bulk", unique_key=f"{n}-{i}")
                 again = client.enqueue("p", {}, queue="bulk", unique_key=f"{n}-0")
                 assert not again.created
+                for i in range(8):  # plain specs go as columns (pgjobs.enqueue_arrays, binary lists)
+                    made = client.enqueue_many([{"kind": "p", "queue": "cols", "payload": {"n": n, "i": i}}] * 2)
+                    assert len(made) == 2 and all(s.created for s in made)
         except BaseException as exc:
             errors.append(exc)
 
@@ -86,6 +89,7 @@ def test_producer_lifecycle_through_pgbouncer(pooled_dsn: str, dsn: str) -> None
     assert not errors, errors
     with Client(pooled_dsn, prepare=False) as client:
         assert sum(s.jobs for s in client.stats() if s.queue == "bulk") == 60
+        assert sum(s.jobs for s in client.stats() if s.queue == "cols") == 64
         specs = client.enqueue_many(
             [{"ref": "a", "kind": "k"}, {"ref": "b", "kind": "k", "depends_on": [{"ref": "a", "on": "success"}]}],
             as_batch=True,

@@ -1,5 +1,6 @@
--- Producing work: enqueue (one job) and enqueue_many (a set, in one statement).
--- Both run inside the caller's transaction: the job exists, and listeners hear of it, only if
+-- Producing work: enqueue (one job), enqueue_many (a set, in one statement) and enqueue_arrays (a set of
+-- plain jobs as columns).
+-- All run inside the caller's transaction: the job exists, and listeners hear of it, only if
 -- that transaction commits.
 
 -- Plans: the hot functions here run with plan_cache_mode = force_generic_plan (their statements'
@@ -58,8 +59,8 @@
 --   1,000-row INSERT before, 0.67-0.73x after; 1.48-1.90x pgqueuer before, 1.84-2.15x after (its cell is noisy).
 --
 -- Inserts: those whose ids are drawn first (nextval: enqueue with a unique key, _insert_plain_specs,
--- _insert_specs) name the leaf pgjobs.jobs_live, not the partitioned parent: a new job is waiting,
--- scheduled or pending, all of them states of jobs_live (history.sql), and the leaf takes the rows
+-- _insert_specs, enqueue_arrays) name the leaf pgjobs.jobs_live, not the partitioned parent: a new job is
+-- waiting, scheduled or pending, all of them states of jobs_live (history.sql), and the leaf takes the rows
 -- routing would give it, with the same checks: jobs_valid is the leaf's own constraint too, and an insert
 -- into a partition checks its partition constraint (a state outside jobs_live fails the statement
 -- instead of being routed). No trigger is skipped: the only row trigger (jobs_release_key) is on the
@@ -456,9 +457,12 @@ SET jit = off
 AS $$
 #variable_conflict use_column
 DECLARE
-    v_now   timestamptz := now();
-    v_n     int := coalesce(cardinality(kinds), 0);
-    v_quiet text[];
+    v_now    timestamptz := now();
+    v_n      int := coalesce(cardinality(kinds), 0);
+    v_queues text[];  -- `queues`, or 'default' for every job
+    v_quiet  text[];
+    v_queue  text;
+    v_adding int;
 BEGIN
     -- (limits: checks.sql) arrays one-dimensional, at most 100,000 elements
     IF kinds IS NULL OR array_ndims(kinds) > 1 OR v_n > 100000 THEN
@@ -477,34 +481,31 @@ BEGIN
     IF v_n = 0 THEN
         RETURN;
     END IF;
+    v_queues := coalesce(queues, array_fill('default'::text, ARRAY[v_n]));
     -- A bounded queue counts its live jobs under its lock first (_reserve_capacity); queues in name
-    -- order, so two callers filling the same two queues cannot deadlock. One probe when none is bounded.
-    IF EXISTS (SELECT 1 FROM queues AS q WHERE q.max_length IS NOT NULL
-                  AND q.queue = ANY (coalesce(enqueue_arrays.queues, '{default}'))) THEN
-        PERFORM _reserve_capacity(b.queue, b.n)
-           FROM (SELECT u.queue, count(*)::int AS n
-                   FROM unnest(coalesce(enqueue_arrays.queues, array_fill('default'::text, ARRAY[v_n]))) AS u(queue)
-                  GROUP BY u.queue ORDER BY u.queue) AS b;
+    -- order, as _insert_specs takes them, so two callers filling the same two queues cannot deadlock.
+    -- One probe when none is bounded.
+    IF EXISTS (SELECT 1 FROM queues AS q WHERE q.max_length IS NOT NULL AND q.queue = ANY (v_queues)) THEN
+        FOR v_queue, v_adding IN
+            SELECT u.queue, count(*)::int FROM unnest(v_queues) AS u(queue) GROUP BY u.queue ORDER BY u.queue
+        LOOP
+            PERFORM _reserve_capacity(v_queue, v_adding);
+        END LOOP;
     END IF;
     v_quiet := ARRAY(SELECT q.queue FROM queues AS q WHERE q.status_events <> 'all');
 
     RETURN QUERY
     WITH spec AS (
-        -- ROWS FROM zips the three lists in step (their lengths were checked); a NULL list yields no
+        -- ROWS FROM zips the lists in step (their lengths were checked); a NULL `payloads` yields no
         -- rows, so its column is NULL and takes the default. CASE, not OR: a refused element raises.
-        SELECT nextval('pgjobs.jobs_id_seq') AS id, s.kind,
-               CASE WHEN enqueue_arrays.queues IS NULL THEN 'default' ELSE s.queue END AS queue,
-               coalesce(s.payload, '{}') AS payload
-          FROM ROWS FROM (unnest(enqueue_arrays.kinds), unnest(enqueue_arrays.queues),
+        SELECT nextval('pgjobs.jobs_id_seq') AS id, s.kind, s.queue, coalesce(s.payload, '{}') AS payload
+          FROM ROWS FROM (unnest(enqueue_arrays.kinds), unnest(v_queues),
                           jsonb_array_elements(enqueue_arrays.payloads)) WITH ORDINALITY AS s(kind, queue, payload, n)
          -- (limits: checks.sql)
          WHERE CASE WHEN s.kind IS NULL OR s.kind = '' OR octet_length(s.kind) > 1000
-                         OR (enqueue_arrays.queues IS NOT NULL
-                             AND (s.queue IS NULL OR s.queue = '' OR octet_length(s.queue) > 1000))
+                         OR s.queue IS NULL OR s.queue = '' OR octet_length(s.queue) > 1000
                          OR jsonb_typeof(s.payload) = 'null'
-                    THEN _refuse_array_job(s.n, s.kind,
-                                           CASE WHEN enqueue_arrays.queues IS NULL THEN 'default' ELSE s.queue END,
-                                           s.payload)
+                    THEN _refuse_array_job(s.n, s.kind, s.queue, s.payload)
                     ELSE true END
     ), ins AS (
         INSERT INTO jobs_live AS j (id, kind, queue, payload, state, run_at)

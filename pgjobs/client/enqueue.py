@@ -6,7 +6,6 @@ client was made with ``app=`` (:mod:`pgjobs.client.defaults`), else the SQL defa
 
 from __future__ import annotations
 
-import dataclasses
 import weakref
 from collections.abc import Iterable, Mapping
 from datetime import datetime
@@ -22,7 +21,7 @@ from pgjobs.client._call import AsyncConn, AsyncRunner, Call, FastCall, Rows, Sy
 from pgjobs.client.defaults import EnqueueDefaults, fill_spec, resolve
 from pgjobs.client.tracecontext import traced_many, traced_many_async, traced_one, traced_one_async
 from pgjobs.errors import translate
-from pgjobs.records import Enqueued, EnqueuedSpec, JobState
+from pgjobs.records import Enqueued, EnqueuedSpec, JobState, slot_setters
 
 Method = Literal["auto", "json", "copy"]
 Staged = tuple[list[str], list[tuple[Any, ...]]]
@@ -175,13 +174,9 @@ def lean_columns(specs: list[Mapping[str, Any]]) -> Columns | None:
     return cast(list[str], kinds), doc, queues, refs
 
 
-# EnqueuedSpec(ref, id, True, None) with its slots set directly: the frozen dataclass's __init__ (four
-# object.__setattr__ calls) was the largest client cost of a 1,000-job call (0.68 ms; this: 0.49 ms).
-# (pgjobs/client/stream.py makes its StatusEvent rows the same way.)
-_SPEC_SLOTS = ("ref", "id", "created", "batch_id")
-if tuple(f.name for f in dataclasses.fields(EnqueuedSpec)) != _SPEC_SLOTS:  # a new field must be set below too
-    raise RuntimeError("EnqueuedSpec's fields changed: update _made_spec")
-_SET_REF, _SET_ID, _SET_CREATED, _SET_BATCH = (EnqueuedSpec.__dict__[name].__set__ for name in _SPEC_SLOTS)
+# EnqueuedSpec(ref, id, True, None) with its slots set directly (records.slot_setters): the frozen
+# dataclass's __init__ was the largest client cost of a 1,000-job call (0.68 ms; this: 0.49 ms).
+_SET_REF, _SET_ID, _SET_CREATED, _SET_BATCH = slot_setters(EnqueuedSpec, ("ref", "id", "created", "batch_id"))
 _NEW = object.__new__
 
 
@@ -204,6 +199,18 @@ def enqueue_arrays_call(columns: Columns) -> FastCall[list[EnqueuedSpec]]:
         return list(map(_made_spec, refs, [r[0] for r in rows]))
 
     return FastCall(_ENQUEUE_ARRAYS, (kinds, payloads, queues), specs)
+
+
+def bulk_call(
+    jobs: Iterable[Mapping[str, Any]], as_batch: bool, method: Method, defaults: EnqueueDefaults | None
+) -> Call[list[EnqueuedSpec]] | FastCall[list[EnqueuedSpec]]:
+    """What ``enqueue_many`` sends (not ``method="copy"``): plain specs as columns when ``method`` is
+    ``"auto"``, anything else as one JSON document."""
+    if method == "auto" and not as_batch:
+        specs = _with_defaults(jobs, defaults)
+        columns = lean_columns(specs)
+        return enqueue_many_call(specs, as_batch) if columns is None else enqueue_arrays_call(columns)
+    return enqueue_many_call(jobs, as_batch, defaults)
 
 
 # Sessions known to hold the staging table: connection -> its backend pid. On such a session the
@@ -348,13 +355,8 @@ class EnqueueOps(SyncRunner):
         (:meth:`enqueue_copy`)."""
         if method == "copy":
             return self.enqueue_copy(jobs, as_batch=as_batch, conn=conn)
-        if method == "auto" and not as_batch:
-            specs = _with_defaults(jobs, self._enqueue_defaults)
-            columns = lean_columns(specs)
-            if columns is not None:
-                return self._run_fast(enqueue_arrays_call(columns), conn)
-            return self._run(enqueue_many_call(specs, as_batch), conn)
-        return self._run(enqueue_many_call(jobs, as_batch, self._enqueue_defaults), conn)
+        call = bulk_call(jobs, as_batch, method, self._enqueue_defaults)
+        return self._run_fast(call, conn) if isinstance(call, FastCall) else self._run(call, conn)
 
     @traced_many
     def enqueue_copy(
@@ -412,13 +414,8 @@ class AsyncEnqueueOps(AsyncRunner):
     ) -> list[EnqueuedSpec]:
         if method == "copy":
             return await self.enqueue_copy(jobs, as_batch=as_batch, conn=conn)
-        if method == "auto" and not as_batch:
-            specs = _with_defaults(jobs, self._enqueue_defaults)
-            columns = lean_columns(specs)
-            if columns is not None:
-                return await self._run_fast(enqueue_arrays_call(columns), conn)
-            return await self._run(enqueue_many_call(specs, as_batch), conn)
-        return await self._run(enqueue_many_call(jobs, as_batch, self._enqueue_defaults), conn)
+        call = bulk_call(jobs, as_batch, method, self._enqueue_defaults)
+        return await (self._run_fast(call, conn) if isinstance(call, FastCall) else self._run(call, conn))
 
     @traced_many_async
     async def enqueue_copy(

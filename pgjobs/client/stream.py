@@ -25,7 +25,6 @@ stops iterating (``break``, or cancel the task).
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 import time
@@ -39,7 +38,7 @@ import psycopg
 
 from pgjobs.client._call import AsyncRunner, Call, Rows, SyncRunner, scalar
 from pgjobs.client.listen import Connected, Listener, Notifications, Tick
-from pgjobs.records import JobState
+from pgjobs.records import JobState, slot_setters
 
 log = logging.getLogger("pgjobs.stream")
 
@@ -87,11 +86,8 @@ class StatusEvent:
 
 # StatusEvent's fields set straight through its slots: half the cost of the frozen dataclass's __init__
 # (ten object.__setattr__ calls), which was a fifth of a follower's CPU per event. Only for rows of the log.
-_SLOTS = ("id", "state", "queue", "kind", "attempt", "batch_id", "progress", "resync", "event_id", "at")
-if tuple(f.name for f in dataclasses.fields(StatusEvent)) != _SLOTS:  # a new field must be set below too
-    raise RuntimeError("StatusEvent's fields changed: update _logged_event")
-_S_ID, _S_STATE, _S_QUEUE, _S_KIND, _S_ATTEMPT, _S_BATCH, _S_PROGRESS, _S_RESYNC, _S_EVENT, _S_AT = (
-    StatusEvent.__dict__[name].__set__ for name in _SLOTS
+_S_ID, _S_STATE, _S_QUEUE, _S_KIND, _S_ATTEMPT, _S_BATCH, _S_PROGRESS, _S_RESYNC, _S_EVENT, _S_AT = slot_setters(
+    StatusEvent, ("id", "state", "queue", "kind", "attempt", "batch_id", "progress", "resync", "event_id", "at")
 )
 _NEW = object.__new__
 

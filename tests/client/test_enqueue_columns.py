@@ -90,19 +90,14 @@ def test_client_refusals_read_the_same_whichever_path(dsn: str, conn: Conn) -> N
     assert conn.execute("SELECT count(*) FROM pgjobs.jobs").fetchone() == (0,)
 
 
-async def _async_enqueue(dsn: str, specs: list[dict[str, Any]], own: psycopg.AsyncConnection[Any]) -> list[int]:
-    async with AsyncClient(dsn) as client:
-        out = await client.enqueue_many(specs, conn=own)
-    return [s.id for s in out]
-
-
 def test_async_client_enqueue_many_joins_the_callers_transaction(dsn: str, conn: Conn) -> None:
     async def run() -> list[int]:
         own = await psycopg.AsyncConnection.connect(dsn)
         try:
-            ids = await _async_enqueue(dsn, [{"kind": "t"}] * 3, own)
+            async with AsyncClient(dsn) as client:
+                out = await client.enqueue_many([{"kind": "t"}] * 3, conn=own)
             await own.rollback()
-            return ids
+            return [s.id for s in out]
         finally:
             await own.close()
 

@@ -12,6 +12,7 @@ from typing import Any
 
 import psycopg
 import pytest
+from conftest import ConnectFactory
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from psycopg.types.json import Jsonb
@@ -100,7 +101,7 @@ def test_a_bounded_queue_refuses_what_does_not_fit_and_changes_nothing(conn: Con
         arrays(conn, ["k", "k"])  # no queues: every job in 'default'
 
 
-def test_racing_callers_never_overfill_a_bounded_queue(connect: Any, conn: Conn) -> None:
+def test_racing_callers_never_overfill_a_bounded_queue(connect: ConnectFactory, conn: Conn) -> None:
     conn.execute("SELECT pgjobs.configure_queue('race', max_length => 25)")
 
     def fill(i: int) -> int:
@@ -118,7 +119,30 @@ def test_racing_callers_never_overfill_a_bounded_queue(connect: Any, conn: Conn)
     assert live == (sum(made),) and sum(made) == 24  # 12 pairs fit in 25; a 13th pair would not
 
 
-def test_events_and_one_wake_per_queue(connect: Any, conn: Conn) -> None:
+def test_callers_filling_two_bounded_queues_in_opposite_orders_never_deadlock(
+    connect: ConnectFactory, conn: Conn
+) -> None:
+    """Capacity is reserved queue by queue under each queue's lock, in name order on both bulk paths: columns
+    listing the queues either way round, and enqueue_many's JSON, race without a deadlock (40P01)."""
+    for q in ("qa", "qb"):
+        conn.execute("SELECT pgjobs.configure_queue(%s, max_length => 100)", (q,))
+
+    def fill(i: int) -> int:
+        c = connect()
+        queues = ["qb", "qa"] if i % 2 else ["qa", "qb"]
+        for _ in range(10):
+            if i == 3:
+                c.execute("SELECT pgjobs.enqueue_many(%s)", (Jsonb([{"kind": "k", "queue": q} for q in queues]),))
+            else:
+                arrays(c, ["k", "k"], None, queues)
+        return 20
+
+    made = run_threads(4, fill)
+    counts = conn.execute("SELECT queue, count(*) FROM pgjobs.jobs GROUP BY queue ORDER BY queue").fetchall()
+    assert counts == [("qa", sum(made) // 2), ("qb", sum(made) // 2)] and sum(made) == 80
+
+
+def test_events_and_one_wake_per_queue(connect: ConnectFactory, conn: Conn) -> None:
     listener = connect()
     listen(listener, "pgjobs_wake")
     conn.execute("SELECT pgjobs.configure_queue('quiet', status_events => 'none')")
@@ -129,7 +153,7 @@ def test_events_and_one_wake_per_queue(connect: Any, conn: Conn) -> None:
     assert events == [(i, "pending", q, "e", 0) for i, q in zip(ids[:3], ["qa", "qb", "qa"], strict=True)]
 
 
-def test_rolled_back_arrays_leave_no_job_and_no_event(connect: Any, conn: Conn) -> None:
+def test_rolled_back_arrays_leave_no_job_and_no_event(connect: ConnectFactory, conn: Conn) -> None:
     own = connect(autocommit=False)
     arrays(own, ["k"] * 3)
     own.rollback()

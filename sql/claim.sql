@@ -404,6 +404,8 @@ DECLARE
     v_rq text[]; v_rp smallint[]; v_rt timestamptz[]; v_ri bigint[]; v_rh int[]; v_lf timestamptz[];
     v_n          bigint;
     v_v0         bigint;
+    v_kinds      text[];   -- kind_limits that bind no cap: the fast path's kind filter (sorted)
+    v_key        text;     -- the floors' key: these queues and this kind set (_claim_floor_save)
 BEGIN
     -- The common arguments pass these inline tests; only the rest pay for the helper's checks.
     IF worker IS NULL OR worker = '' OR queues IS NULL OR cardinality(queues) = 0
@@ -420,6 +422,14 @@ BEGIN
     IF kind_limits IS NOT NULL THEN
         v_limits := coalesce((SELECT jsonb_object_agg(e.key, least((e.value::text)::numeric, max_jobs)::int)
                                 FROM jsonb_each(kind_limits) AS e), '{}');
+        -- A worker lists every kind it handles at its free capacity (runtime/claimer.py): no cap can
+        -- bind, so the kinds are only a filter and the fast path below takes the call (through
+        -- _claim_plain it cost 15-25 % more per claim and complete_many of 28: an array of rows
+        -- built, then unnested again for the events). Any binding cap leaves v_kinds NULL.
+        SELECT array_agg(e.key ORDER BY e.key) INTO v_kinds
+          FROM jsonb_each_text(v_limits) AS e
+         WHERE e.value::int >= 1
+        HAVING bool_and(e.value::int >= max_jobs);
     END IF;
     -- Paused queues give nothing. Queues with fairness or concurrency caps take the
     -- controlled path (fairness.sql); every other queue takes the plain fast path.
@@ -461,8 +471,10 @@ BEGIN
     -- pgjobs.claim_lease_every), not from the front of jobs_active_idx (each completed job's old version).
     v_all := coalesce(v_plain, '{}') || coalesce(v_controlled, '{}');
     v_v0 := _claim_floor_visits();
+    -- (the same key as _claim_plain's, so that a session taking both paths keeps its floors)
+    v_key := v_plain::text || '|' || coalesce(v_kinds::text, '*');
     SELECT f.* INTO v_st, v_epoch, v_why, v_full, v_rq, v_rp, v_rt, v_ri, v_rh, v_lf
-      FROM _claim_floor_plan(v_plain, v_plain::text || '|*') AS f;
+      FROM _claim_floor_plan(v_plain, v_key) AS f;
     v_sf := CASE WHEN v_why IS NOT NULL OR v_st ->> 'sk' IS DISTINCT FROM v_all::text THEN '-infinity'
                  WHEN _claim_lease_due(v_st ->> 's') THEN (v_st ->> 's')::timestamptz ELSE 'infinity' END;
     -- (A fair-only claim whose session keeps the queues' active counts skips it: the count it kept,
@@ -489,17 +501,17 @@ BEGIN
         PERFORM _promote_scheduled(v_plain, least(1000, greatest(100, 2 * max_jobs)));
         -- It may have moved the epoch (jobs filed below this session's floors): plan again.
         SELECT f.* INTO v_st, v_epoch, v_why, v_full, v_rq, v_rp, v_rt, v_ri, v_rh, v_lf
-          FROM _claim_floor_plan(v_plain, v_plain::text || '|*') AS f;
+          FROM _claim_floor_plan(v_plain, v_key) AS f;
     END IF;
 
-    IF v_controlled IS NULL AND v_limits IS NULL
+    IF v_controlled IS NULL AND (v_limits IS NULL OR v_kinds IS NOT NULL)
        -- (a session can turn this path off: tests/sql/test_claim_paths.py runs the same workload
        -- through both and compares what they pick, the rows they leave and the events they send)
        AND current_setting('pgjobs.claim_fast_path', true) IS DISTINCT FROM 'off' THEN
-        -- The usual call (plain queues, any kind): one statement leases the jobs, sends their
-        -- status events, starts their batches and returns them, with no array of rows in
-        -- between. The same statement as _claim_plain's for any kind (less the scheduled jobs,
-        -- promoted to pending above); kept in step by test_claim_paths.py.
+        -- The usual call (plain queues, any kind or kinds that bind no cap): one statement leases
+        -- the jobs, sends their status events, starts their batches and returns them, with no
+        -- array of rows in between. The same statement as _claim_plain's (less the scheduled
+        -- jobs, promoted to pending above); kept in step by test_claim_paths.py.
         -- Pending jobs are read from the session's floors on, expired leases from its lease floor
         -- (_claim_floor_plan; from the front when it has none), and where this claim found work
         -- is recorded for the next one (_claim_floor_save, in done; below when it took nothing).
@@ -512,6 +524,7 @@ BEGIN
                    SELECT j.id, j.priority, j.run_at FROM jobs AS j
                     WHERE j.state = 'pending' AND j.queue = r.name
                       AND (j.priority, j.run_at, j.id) >= (r.lo, r.t, r.i) AND j.priority < r.hi
+                      AND (v_kinds IS NULL OR j.kind = ANY (v_kinds))
                     ORDER BY j.priority, j.run_at, j.id
                     LIMIT max_jobs
                       FOR UPDATE SKIP LOCKED) AS p
@@ -524,6 +537,7 @@ BEGIN
                     WHERE j.state = 'active' AND j.queue = q.name AND j.lease_expires_at < now()
                       AND j.lease_expires_at >= q.lf
                       AND j.attempt < j.max_attempts AND NOT j.cancel_requested
+                      AND (v_kinds IS NULL OR j.kind = ANY (v_kinds))
                     ORDER BY j.priority, j.run_at, j.id
                     LIMIT max_jobs
                       FOR UPDATE SKIP LOCKED) AS e
@@ -564,7 +578,7 @@ BEGIN
                    (SELECT CASE WHEN bool_or(u.batch_id IS NOT NULL)
                                 THEN _start_batches(array_agg(u.batch_id) FILTER (WHERE u.batch_id IS NOT NULL)) END
                       FROM upd AS u) AS started,
-                   (SELECT _claim_floor_save(v_plain::text || '|*', v_plain, v_full, v_why, v_epoch, v_t0,
+                   (SELECT _claim_floor_save(v_key, v_plain, v_full, v_why, v_epoch, v_t0,
                                              array_agg(p.queue) FILTER (WHERE p.src = 'p'),
                                              array_agg(p.priority) FILTER (WHERE p.src = 'p'),
                                              array_agg(p.run_at) FILTER (WHERE p.src = 'p'),
@@ -581,7 +595,7 @@ BEGIN
         GET DIAGNOSTICS v_n = ROW_COUNT;
         IF v_n = 0 THEN
             -- Nothing taken (done did not run): every range and the lease branch came up empty.
-            PERFORM _claim_floor_save(v_plain::text || '|*', v_plain, v_full, v_why, v_epoch, v_t0,
+            PERFORM _claim_floor_save(v_key, v_plain, v_full, v_why, v_epoch, v_t0,
                                       NULL, NULL, NULL, NULL, true, true, _claim_floor_visits() - v_v0);
         END IF;
         RETURN;

@@ -1,10 +1,11 @@
 """The two copies of the plain claim kept in step: the one-statement path inside ``pgjobs.claim()`` (plain
-queues, any kind) and ``_claim_plain`` (which ``claim()`` takes with kind limits, or beside controlled queues).
+queues, any kind, or kind limits that bind no cap: a worker's call) and ``_claim_plain`` (which ``claim()`` takes
+with a binding kind limit, or beside controlled queues).
 
 A session turns the first off with ``SET pgjobs.claim_fast_path = off``. The same seeded workload runs on two
 sets of queues, one claimed with the switch on and one with it off: priorities, jobs scheduled and falling
 due, expired leases (reclaimed, or settled on their last attempt), batches starting, a queue whose status
-events are filtered, claims over one and two queues of every size. After every step both sides must have
+events are filtered, claims over one and two queues of every size, with and without kind limits. After every step both sides must have
 picked the same jobs in the same order, left the same rows and sent the same status events.
 """
 
@@ -121,6 +122,23 @@ def _load(conn: Conn, sides: dict[str, Side], rnd: random.Random) -> None:
                 side.batches.append(rows[0]["batch_id"])
 
 
+def _limits(rnd: random.Random, size: int) -> dict[str, float] | None:
+    """Kind limits for a claim of ``size``: none; none that binds (a worker's call: every kind at its free
+    capacity or more, one kind alone, a kind at 0); or one that binds (the per-kind path)."""
+    return rnd.choice(
+        [
+            None,
+            None,
+            {"a": size, "b": size},
+            {"a": 1e9, "b": size + 3},
+            {"b": size},
+            {"a": 0, "b": size},
+            {"a": 1, "b": size},
+            {},
+        ]
+    )
+
+
 def _logged(conn: psycopg.Connection[Any], after: int) -> tuple[int, list[dict[str, Any]]]:
     """The status events logged after ``after``, and the new cursor."""
     rows = call(conn, "read_events", after_id=after, max_rows=1_000_000)
@@ -147,12 +165,13 @@ def test_claims_fast_path_and_claim_plain_stay_in_step(connect: ConnectFactory, 
     for step in range(50):
         size = rnd.choice([1, 2, 5, 10, 30])
         order = rnd.choice([["1"], ["2"], ["1", "2"], ["2", "1"]])
+        limits = _limits(rnd, size)
         got = {}
         for s, side in sides.items():
-            rows = claim(side.conn, "w", queues=[s + q for q in order], max_jobs=size, lease=30)
+            rows = claim(side.conn, "w", queues=[s + q for q in order], max_jobs=size, lease=30, kind_limits=limits)
             side.held += rows
             got[s] = [side.row(r) for r in rows]
-        assert got["f"] == got["g"], (seed, step, size, order)
+        assert got["f"] == got["g"], (seed, step, size, order, limits)
         events: dict[str, list[tuple[Any, ...]]] = {s: [] for s in SIDES}
         cursor, logged = _logged(listener, cursor)
         for e in logged:
@@ -203,9 +222,10 @@ def test_claims_fast_path_and_claim_plain_stay_in_step(connect: ConnectFactory, 
     assert reclaimed
 
 
-def test_the_switch_sends_claim_to_claim_plain(connect: ConnectFactory) -> None:
+@pytest.mark.parametrize("limits", [None, {"k": 2, "other": 5}, {"k": 1e9}])
+def test_the_switch_sends_claim_to_claim_plain(connect: ConnectFactory, limits: dict[str, float] | None) -> None:
     """What the comparison above rests on: with the switch off, claim() leases through _claim_plain; with
-    it on (the default), _claim_plain is not called."""
+    it on (the default), _claim_plain is not called, for a worker's call with kind limits that bind no cap too."""
     conn = connect(autocommit=False)
     try:
         conn.execute("SET track_functions = 'pl'")
@@ -217,7 +237,7 @@ def test_the_switch_sends_claim_to_claim_plain(connect: ConnectFactory) -> None:
     calls = []
     for setting in ("on", "off"):
         conn.execute("SELECT set_config('pgjobs.claim_fast_path', %s, false)", [setting])
-        assert len(claim(conn, "w", max_jobs=2)) == 2
+        assert len(claim(conn, "w", max_jobs=2, kind_limits=limits)) == 2
         row = conn.execute(
             "SELECT coalesce(sum(calls), 0) FROM pg_stat_xact_user_functions WHERE funcname = '_claim_plain'"
         ).fetchone()
@@ -225,3 +245,22 @@ def test_the_switch_sends_claim_to_claim_plain(connect: ConnectFactory) -> None:
         calls.append(int(row[0]))
         conn.rollback()
     assert calls == [0, 1]
+
+
+def test_a_binding_kind_limit_takes_claim_plain(connect: ConnectFactory) -> None:
+    """A kind capped below the claim's size needs the per-kind scans: claim() hands it to _claim_plain."""
+    conn = connect(autocommit=False)
+    try:
+        conn.execute("SET track_functions = 'pl'")
+    except psycopg.Error:
+        pytest.skip("track_functions needs a superuser")
+    conn.commit()
+    call(conn, "enqueue_many", jobs=[{"kind": k} for k in "xxxyyy"])
+    conn.commit()
+    got = claim(conn, "w", max_jobs=4, kind_limits={"x": 1, "y": 4})
+    assert sorted(r["kind"] for r in got) == ["x", "y", "y", "y"]
+    row = conn.execute(
+        "SELECT coalesce(sum(calls), 0) FROM pg_stat_xact_user_functions WHERE funcname = '_claim_plain'"
+    ).fetchone()
+    assert row is not None and int(row[0]) == 1
+    conn.rollback()

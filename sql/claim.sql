@@ -149,8 +149,14 @@ BEGIN
         ri := array_fill(0::bigint, ARRAY[v_n]);
         rh := array_fill(32768, ARRAY[v_n]);
         lf := rt;
-        IF current_setting('pgjobs.claim_lost_race', true) = 'on' THEN
+        -- A session with floors scans from the front after a signal or for the safety net, and under a
+        -- held snapshot that is where the long walks are: walked by _claim_front_ranges first, so that
+        -- the claim neither loses its race nor walks the old lease entries twice. (Not for a session
+        -- without floors: its every claim is 'new', and a front scan costs it nothing to speak of.)
+        -- (key NULL: the caller reads only st and why, and scans nothing with these ranges.)
+        IF key IS NOT NULL AND (why IN ('epoch', 'net') OR current_setting('pgjobs.claim_lost_race', true) = 'on') THEN
             SELECT f.rq, f.rp, f.rt, f.ri, f.rh INTO rq, rp, rt, ri, rh FROM _claim_front_ranges(queues) AS f;
+            lf := _claim_front_leases(queues);
         END IF;
         RETURN;
     END IF;
@@ -196,6 +202,8 @@ $$;
 -- first pending job that walk saw, or at (its level, now() - 300 ms, 0) when that is lower (the
 -- floors' margin, "Scan floors" above: a row that sorts lower and commits later moved the epoch or is
 -- within the margin), plus the unbounded range of the more urgent levels below it.
+-- The safety net and a moved epoch scan from the front this way too (_claim_floor_plan), and their
+-- leases through _claim_front_leases, below.
 CREATE OR REPLACE FUNCTION pgjobs._claim_front_ranges(queues text[],
                                                       OUT rq text[], OUT rp smallint[], OUT rt timestamptz[],
                                                       OUT ri bigint[], OUT rh int[])
@@ -227,6 +235,29 @@ BEGIN
       INTO rq, rp, rt, ri, rh
       FROM rng AS r;
 END;
+$$;
+
+-- The lease floors of a scan from the front after a signal, for the safety net or after a lost race
+-- (_claim_floor_plan): per queue, the first run-out lease a walk that locks nothing saw, or now() -
+-- 300 ms when that is lower or when it saw none (the floors' margin, as _claim_floor_save moves a
+-- lease floor after a look that found none). Under a held snapshot the settle probe and the claim's
+-- reclaim branch each walked, from -infinity, the old 'active' entry of every job completed since:
+-- one walk now serves both. (bench/soak.py at 9,400 jobs/s, 120 s into a held snapshot: 5.4 M entries
+-- of jobs_active_idx and 9.9 M of jobs_pending_idx read in 10 s, most by such scans and by claims
+-- that lost their race after one.)
+CREATE OR REPLACE FUNCTION pgjobs._claim_front_leases(queues text[])
+RETURNS timestamptz[]
+LANGUAGE sql
+STABLE
+SET search_path = pg_catalog, pgjobs, pg_temp
+AS $$
+    SELECT array_agg(CASE WHEN x.lease_expires_at < now() - interval '300 ms' THEN x.lease_expires_at
+                          ELSE now() - interval '300 ms' END ORDER BY q.ord)
+      FROM unnest(queues) WITH ORDINALITY AS q(name, ord)
+      LEFT JOIN LATERAL (SELECT j.lease_expires_at FROM jobs AS j
+                          WHERE j.state = 'active' AND j.queue = q.name AND j.lease_expires_at < now()
+                          ORDER BY j.lease_expires_at
+                          LIMIT 1) AS x ON true;
 $$;
 
 -- Records where a claim found work (see "Scan floors" above). key: the queues and kind set the floor
@@ -387,8 +418,6 @@ AS $$
 DECLARE
     v_plain      text[];
     v_controlled text[];
-    v_rows       claimed_job[];
-    v_more       claimed_job[];
     v_limits     jsonb;
     v_expired    boolean;
     v_due        boolean;
@@ -406,6 +435,7 @@ DECLARE
     v_v0         bigint;
     v_kinds      text[];   -- kind_limits that bind no cap: the fast path's kind filter (sorted)
     v_key        text;     -- the floors' key: these queues and this kind set (_claim_floor_save)
+    v_fast       boolean;  -- the one-statement path below takes this call
 BEGIN
     -- The common arguments pass these inline tests; only the rest pay for the helper's checks.
     IF worker IS NULL OR worker = '' OR queues IS NULL OR cardinality(queues) = 0
@@ -471,11 +501,20 @@ BEGIN
     -- pgjobs.claim_lease_every), not from the front of jobs_active_idx (each completed job's old version).
     v_all := coalesce(v_plain, '{}') || coalesce(v_controlled, '{}');
     v_v0 := _claim_floor_visits();
-    -- (the same key as _claim_plain's, so that a session taking both paths keeps its floors)
-    v_key := v_plain::text || '|' || coalesce(v_kinds::text, '*');
+    v_fast := v_controlled IS NULL AND (v_limits IS NULL OR v_kinds IS NOT NULL)
+              -- (a session can turn this path off: tests/sql/test_claim_paths.py runs the same workload
+              -- through both and compares what they pick, the rows they leave and the events they send)
+              AND current_setting('pgjobs.claim_fast_path', true) IS DISTINCT FROM 'off';
+    -- (The same key as _claim_plain's, so that a session taking both paths keeps its floors; NULL when
+    -- _claim_plain takes the call: it plans with its own key, and this plan walks nothing.)
+    v_key := CASE WHEN v_fast THEN v_plain::text || '|' || coalesce(v_kinds::text, '*') END;
+    -- (before the plan: a scan from the front walks there first, and the net is spaced by its whole cost)
+    v_t0 := clock_timestamp();
     SELECT f.* INTO v_st, v_epoch, v_why, v_full, v_rq, v_rp, v_rt, v_ri, v_rh, v_lf
       FROM _claim_floor_plan(v_plain, v_key) AS f;
-    v_sf := CASE WHEN v_why IS NOT NULL OR v_st ->> 'sk' IS DISTINCT FROM v_all::text THEN '-infinity'
+    v_sf := CASE WHEN v_why IN ('epoch', 'net') AND v_controlled IS NULL   -- (the front walk's lease floors)
+                 THEN coalesce((SELECT min(l) FROM unnest(v_lf) AS l), '-infinity')
+                 WHEN v_why IS NOT NULL OR v_st ->> 'sk' IS DISTINCT FROM v_all::text THEN '-infinity'
                  WHEN _claim_lease_due(v_st ->> 's') THEN (v_st ->> 's')::timestamptz ELSE 'infinity' END;
     -- (A fair-only claim whose session keeps the queues' active counts skips it: the count it kept,
     -- under a held snapshot, saw no lease run out; fairness.sql, "Reads a claim skips for a while".)
@@ -504,10 +543,7 @@ BEGIN
           FROM _claim_floor_plan(v_plain, v_key) AS f;
     END IF;
 
-    IF v_controlled IS NULL AND (v_limits IS NULL OR v_kinds IS NOT NULL)
-       -- (a session can turn this path off: tests/sql/test_claim_paths.py runs the same workload
-       -- through both and compares what they pick, the rows they leave and the events they send)
-       AND current_setting('pgjobs.claim_fast_path', true) IS DISTINCT FROM 'off' THEN
+    IF v_fast THEN
         -- The usual call (plain queues, any kind or kinds that bind no cap): one statement leases
         -- the jobs, sends their status events, starts their batches and returns them, with no
         -- array of rows in between. The same statement as _claim_plain's (less the scheduled
@@ -515,7 +551,6 @@ BEGIN
         -- Pending jobs are read from the session's floors on, expired leases from its lease floor
         -- (_claim_floor_plan; from the front when it has none), and where this claim found work
         -- is recorded for the next one (_claim_floor_save, in done; below when it took nothing).
-        v_t0 := clock_timestamp();
         RETURN QUERY
         WITH cand AS (
             SELECT 'p'::text AS src, r.name AS queue, p.id, p.priority, p.run_at
@@ -601,19 +636,38 @@ BEGIN
         RETURN;
     END IF;
 
-    IF v_plain IS NOT NULL THEN
-        v_rows := _claim_plain(worker, v_plain, max_jobs, lease, v_limits);
+    RETURN QUERY SELECT * FROM _claim_routed(worker, v_plain, v_controlled, max_jobs, lease, v_limits);
+END;
+$$;
+
+-- A claim the one-statement path does not take (a binding kind limit, controlled queues, the switch
+-- off): the plain queues through _claim_plain, then the controlled ones (fairness.sql) for what is
+-- left, then one statement for the status events and the batches started. (Runs with _claim_once's
+-- settings: it sets none but its search_path.)
+CREATE OR REPLACE FUNCTION pgjobs._claim_routed(worker text, plain_queues text[], controlled_queues text[],
+                                                max_jobs int, lease interval, limits jsonb)
+RETURNS SETOF pgjobs.claimed_job
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pgjobs, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_rows claimed_job[];
+    v_more claimed_job[];
+BEGIN
+    IF plain_queues IS NOT NULL THEN
+        v_rows := _claim_plain(worker, plain_queues, max_jobs, lease, limits);
     END IF;
-    IF v_controlled IS NOT NULL AND coalesce(cardinality(v_rows), 0) < max_jobs THEN
-        IF v_limits IS NOT NULL AND v_rows IS NOT NULL THEN
+    IF controlled_queues IS NOT NULL AND coalesce(cardinality(v_rows), 0) < max_jobs THEN
+        IF limits IS NOT NULL AND v_rows IS NOT NULL THEN
             -- What the plain path took counts against the per-call kind limits.
-            SELECT jsonb_object_agg(l.key, (l.value::text)::int - coalesce(t.taken, 0)) INTO v_limits
-              FROM jsonb_each(v_limits) AS l
+            SELECT jsonb_object_agg(l.key, (l.value::text)::int - coalesce(t.taken, 0)) INTO limits
+              FROM jsonb_each(limits) AS l
               LEFT JOIN (SELECT r.kind, count(*)::int AS taken FROM unnest(v_rows) AS r GROUP BY r.kind) AS t
                 ON t.kind = l.key;
         END IF;
         PERFORM set_config('plan_cache_mode', 'auto', true);  -- see the note at the top of this file
-        v_more := _claim_controlled(worker, v_controlled, max_jobs - coalesce(cardinality(v_rows), 0), lease, v_limits);
+        v_more := _claim_controlled(worker, controlled_queues, max_jobs - coalesce(cardinality(v_rows), 0), lease, limits);
         v_rows := coalesce(v_rows, '{}') || coalesce(v_more, '{}');
     END IF;
 
@@ -712,9 +766,9 @@ BEGIN
     END IF;
     v_key := queues::text || '|' || CASE WHEN kind_limits IS NULL THEN '*'
                                          ELSE ARRAY(SELECT k FROM unnest(coalesce(v_any, v_kinds)) AS k ORDER BY k)::text END;
+    v_t0 := clock_timestamp();   -- (before the plan, as in _claim_once)
     SELECT f.* INTO v_st, v_epoch, v_why, v_full, v_rq, v_rp, v_rt, v_ri, v_rh, v_lf
       FROM _claim_floor_plan(queues, v_key) AS f;
-    v_t0 := clock_timestamp();
     IF kind_limits IS NULL THEN
         -- Any kind (the usual call): the statement below without the per-kind caps, which cost a
         -- window pass over the candidates.

@@ -421,3 +421,73 @@ def test_front_ranges_keep_the_floor_margin_for_jobs_of_the_last_300_ms(conn: Co
     assert fresh > 0
     # a queue with nothing pending keeps the one unbounded range
     assert conn.execute("SELECT rp, rh FROM pgjobs._claim_front_ranges('{empty}')").fetchone() == ([-32768], [32768])
+
+
+def net_due(conn: Conn) -> None:
+    """Makes the safety net due at this session's next claim (its floor state's next full scan, now)."""
+    conn.execute(
+        "SELECT set_config('pgjobs.claim_floor',"
+        " jsonb_set(current_setting('pgjobs.claim_floor')::jsonb, '{n}', '0')::text, false)"
+    )
+
+
+def active_visits(conn: Conn) -> int:
+    """Entries of jobs_active_idx this backend's scans returned (live or dead), this transaction included."""
+    row = conn.execute("SELECT pg_stat_get_xact_tuples_returned('pgjobs.jobs_active_idx'::regclass)").fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+@KINDS
+def test_the_safety_net_walks_old_lease_entries_once(conn: Conn, connect: ConnectFactory, kinds: bool) -> None:
+    """Under a held snapshot every job completed since leaves its old 'active' entry, and once its lease time has
+    passed, a look for run-out leases from the front walks it. The safety net looked twice (the settle probe and
+    the claim's reclaim branch, both from -infinity); one walk that locks nothing now sets where both start
+    (sql/claim.sql, _claim_front_leases)."""
+    floored(conn)
+    producer = connect()
+    n = 300
+    enqueue_n(producer, n + 5)
+    with held_snapshot(connect):
+        got = claim(producer, "gone", max_jobs=n, lease="0.05 seconds")
+        assert len(got) == n
+        scalar(producer, "complete_many", ids=[g["id"] for g in got], lease_tokens=[g["lease_token"] for g in got])
+        time.sleep(0.4)  # every completed job's old lease is now in the past (and past the floors' margin)
+        take(conn, kinds=kinds)  # the session's first claim, from the front: floors
+        take(conn, kinds=kinds)  # its first settle probe (from the front too: a floor for it)
+        net_due(conn)
+        before = active_visits(conn)
+        assert len(take(conn, kinds=kinds)) == 1
+        walked = active_visits(conn) - before
+    assert n <= walked < n + 50, walked
+
+
+@KINDS
+def test_the_safety_net_reclaims_and_settles_leases_below_the_lease_floor(
+    conn: Conn, connect: ConnectFactory, kinds: bool
+) -> None:
+    """Leases that ran out below this session's lease floor with no signal (a claim or renewal whose transaction
+    committed long after it began): the safety net's walk from the front finds them, the claim reclaims the one
+    with attempts left and settles the one on its last attempt."""
+    floored(conn)
+    conn.execute("SET pgjobs.claim_lease_every = '0'")
+    other = connect()
+    first = enqueue(other)["id"]
+    again = enqueue(other, max_attempts=3)["id"]
+    last = enqueue(other, max_attempts=1)["id"]
+    assert take(conn, kinds=kinds) == [first]
+    assert {g["id"] for g in claim(other, "gone", max_jobs=5)} == {again, last}
+    assert claim(conn, "w", max_jobs=5) == []  # a look that found none: the lease floor moves up to now
+    time.sleep(0.4)
+    assert claim(conn, "w", max_jobs=5) == []
+    # both leases moved an hour into the past behind the session's back (no epoch moved)
+    other.execute(
+        "UPDATE pgjobs.jobs SET lease_expires_at = now() - interval '1 hour' WHERE id = ANY (%s)", [[again, last]]
+    )
+    assert claim(conn, "w", max_jobs=5) == [], "below the lease floor: not seen without the net"
+    net_due(conn)
+    extra: dict[str, Any] = {"kind_limits": {"k": 5, "other": 5}} if kinds else {}
+    got = claim(conn, "w", max_jobs=5, **extra)
+    assert [(g["id"], g["attempt"]) for g in got] == [(again, 2)]
+    row = conn.execute("SELECT state::text FROM pgjobs.jobs WHERE id = %s", [last]).fetchone()
+    assert row == ("failed",)

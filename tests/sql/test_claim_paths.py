@@ -5,8 +5,9 @@ with a binding kind limit, or beside controlled queues).
 A session turns the first off with ``SET pgjobs.claim_fast_path = off``. The same seeded workload runs on two
 sets of queues, one claimed with the switch on and one with it off: priorities, jobs scheduled and falling
 due, expired leases (reclaimed, or settled on their last attempt), batches starting, a queue whose status
-events are filtered, claims over one and two queues of every size, with and without kind limits. After every step both sides must have
-picked the same jobs in the same order, left the same rows and sent the same status events.
+events are filtered, claims over one and two queues of every size, with and without kind limits. After every
+step both sides must have picked the same jobs in the same order, left the same rows and sent the same status
+events.
 """
 
 from __future__ import annotations

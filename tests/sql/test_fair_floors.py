@@ -15,7 +15,7 @@ from typing import Any
 import psycopg
 from conftest import ConnectFactory
 
-from tests.helpers.foundation import call, held_snapshot
+from tests.helpers.foundation import call, held_snapshot, vacuum_clean
 
 Conn = psycopg.Connection[Any]
 
@@ -55,8 +55,7 @@ def _setup(conn: Conn, jobs: int = 8000) -> None:
     for _ in range(4):
         _claim(conn, PER_CLAIM)  # every group served: the ring is warm
     _probe(conn)  # the session's plans are cached
-    for t in ("jobs", "group_cursors", "fair_queues"):
-        conn.execute(f"VACUUM pgjobs.{t}")
+    vacuum_clean(conn, "jobs", "group_cursors", "fair_queues")
     # what a session keeps serves it for the whole test (by default for 1 s)
     conn.execute("SET pgjobs.fair_count_every = 3600")
 

@@ -20,7 +20,7 @@ import pytest
 from conftest import ConnectFactory
 
 from pgjobs.ops import migrate as m
-from tests.helpers.foundation import call, expire, held_snapshot, run_threads, scalar
+from tests.helpers.foundation import call, expire, held_snapshot, run_threads, scalar, vacuum_clean
 
 Conn = psycopg.Connection[Any]
 
@@ -63,14 +63,15 @@ def _setup(conn: Conn) -> None:
     call(conn, "enqueue_many", jobs=jobs)
     _work(conn, 20)  # every group served: the ring is warm
     _probe(conn)  # the session's plans are cached
-    for t in ("jobs", "group_cursors", "fair_queues"):
-        conn.execute(f"VACUUM pgjobs.{t}")
+    vacuum_clean(conn, "jobs", "group_cursors", "fair_queues")
 
 
 # What a fair claim still reads more of under a held snapshot, per group and not per job of the queue: the
 # group's dead prefix on jobs_group_idx (its claimed jobs, one heap fetch each in jobs_live) and the versions
-# of its cursor (group_cursors). The rest of the bound (sql/fairness.sql, "What would bound the rest").
-_PER_GROUP = {"group_cursors", "group_cursors_pkey", "jobs_live", "jobs_group_idx"}
+# of its cursor (group_cursors, and group_cursors_key_idx: the lookup by group, which replaced
+# group_cursors_pkey in migrations/deploy/fair_cursor_stamps.sql). The rest of the bound (sql/fairness.sql,
+# "What would bound the rest").
+_PER_GROUP = {"group_cursors", "group_cursors_key_idx", "jobs_live", "jobs_group_idx"}
 
 
 def test_fair_claim_reads_grow_only_per_group_under_a_held_snapshot(conn: Conn, connect: ConnectFactory) -> None:

@@ -91,19 +91,18 @@ $$;
 -- (reap_workers, deregister_worker), a queue changing between plain and fair or capped selection.
 -- A session that sees the epoch moved scans from the front (recording the epoch it read before
 -- that scan), and once more a second later (for a signalling transaction that had not committed
--- when it looked). A safety net is due once both pgjobs.claim_full_scan_every (default 5 s; 20
--- times the last scan from the front's duration when that is longer) and
--- pgjobs.claim_full_scan_claims claims (default 500) have passed: it catches what no signal
--- announces (a claim rolled back after others passed its locked rows, a producer that commits more
--- than 300 ms after its transaction began and after a claim passed the place its job sorts to):
--- late, never lost. It sweeps below the floors a window at a time over several claims
--- (_claim_sweep), and scans from the front only when a window found such a job.
+-- when it looked). A safety net scans from the front once both pgjobs.claim_full_scan_every
+-- (default 5 s; 20 times the last such scan's duration when that is longer, so that it costs at
+-- most a twentieth of the session's time) and pgjobs.claim_full_scan_claims claims (default 500,
+-- so that it stays out of claim p99: a worker claims 50-100 times a second) have passed: it
+-- catches what no signal announces (a claim rolled back after others passed its locked rows, a
+-- producer that commits more than 300 ms after its transaction began and after a claim passed the
+-- place its job sorts to): late, never lost.
 -- Floors engage only when they pay: a session scans from the front, exactly as without them, until
 -- one such scan visits pgjobs.claim_floor_engage (default 500) index entries more than the jobs it
 -- took (_claim_floor_visits: the backend's own index statistics, so the test is deterministic), and
--- drops them when a scan from the front wastes less again (a sweep that cheap ends with one). A
--- session that changes its queues or kind set scans from the front (a floor taken for kinds A and B
--- says nothing of C).
+-- drops them when a scan from the front (the safety net) wastes less again. A session that changes
+-- its queues or kind set scans from the front (a floor taken for kinds A and B says nothing of C).
 -- Measured (bench/soak.py --rate 600 --minutes 4 --idle-tx 120, snapshot held 120 s, two runs each
 -- side, same machine): at the end of the held period main's claim p50/p99 was 51-68/93-134 ms and
 -- one run fell behind (484 of 599 jobs/s); with floors 1.2-1.8/7.5-81 ms (81: a safety net every
@@ -142,11 +141,6 @@ BEGIN
                      AND coalesce((st ->> 'c')::int, 0)
                          >= coalesce(nullif(current_setting('pgjobs.claim_full_scan_claims', true), '')::int, 500)
                 THEN 'net' END;
-    IF why = 'net' AND (st ->> 'k') = key THEN
-        -- The net sweeps below these floors a window at a time (_claim_sweep), and scans from the
-        -- front only for what a window found.
-        SELECT s.st, CASE WHEN s.front THEN 'net' END INTO st, why FROM _claim_sweep(queues, st) AS s;
-    END IF;
     from_front := why IS NOT NULL OR (st ->> 'k') IS DISTINCT FROM key;
     IF from_front THEN
         rq := queues;
@@ -194,114 +188,6 @@ BEGIN
                           ELSE 'infinity' END ORDER BY q.ord)
       INTO lf
       FROM unnest(queues) WITH ORDINALITY AS q(name, ord);
-END;
-$$;
-
--- The safety net, swept (why: under a held snapshot a scan from the front walks every dead entry in
--- front of the floors, one heap fetch each, and every old lease entry: seconds after minutes of a held
--- snapshot at thousands of jobs/s, during which the session claims nothing. bench/soak.py, 10 minutes
--- held at 9,400 jobs/s: the probe's claim p99 1.1-5.6 s in the windows that held one, the worker's
--- claims stalled as long). Instead, when the net is due, this session looks below its floors one
--- window of time at a time, from the margin (now() - 300 ms) down: in each window, for a pending job
--- below a level's floor and for a run-out lease below a lease floor, that no other claim holds
--- (_claim_sweep_step). A window that finds one ends the sweep with a scan from the front (which takes
--- it, in order); a sweep that reaches -infinity finds none and the net is next due as after a scan
--- (pgjobs.claim_full_scan_every, claim_full_scan_claims), unless the whole sweep cost less than floors
--- save (pgjobs.claim_floor_engage): then a scan from the front decides whether to keep them, as before.
--- Bounds: one claim sweeps until its windows read pgjobs.claim_sweep_budget index entries (default
--- 2,000); a window is 100 ms at first, then sized at the last one's density to read half that (4 times
--- wider at most, 16 times narrower at most: about 8 windows from 100 ms to an hour); the next sweeping claim waits 20 times what this one's windows took (at
--- most a twentieth of the session's time, as the net had); a window of an hour or more reaches
--- -infinity. What the net catches is caught as before, only later while a long sweep runs: late, never
--- lost. (A claim routed to _claim_plain plans first in _claim_once with no key: that plan neither sweeps
--- nor walks, and its settle probe under a due net still reads from -infinity.)
-CREATE OR REPLACE FUNCTION pgjobs._claim_sweep(queues text[], INOUT st jsonb, OUT front boolean)
-LANGUAGE plpgsql
-SET search_path = pg_catalog, pgjobs, pg_temp
-AS $$
-DECLARE
-    v_w     jsonb := coalesce(st -> 'w', jsonb_build_object('t', now() - interval '300 ms', 'd', 0.1, 'v', 0));
-    v_aim   int := coalesce(nullif(current_setting('pgjobs.claim_sweep_budget', true), '')::int, 2000);
-    v_start numeric := extract(epoch FROM clock_timestamp());
-    v_spent bigint := 0;
-    v_lo    timestamptz;
-    v_d     numeric;
-    v_v     bigint;
-    v_found boolean;
-BEGIN
-    front := false;
-    IF coalesce((v_w ->> 'a')::numeric, 0) > v_start THEN
-        RETURN;   -- the last sweeping claim's cost, twenty times over, has not passed yet
-    END IF;
-    LOOP
-        v_d := (v_w ->> 'd')::numeric;
-        v_lo := CASE WHEN v_d >= 3600 THEN '-infinity'
-                     ELSE (v_w ->> 't')::timestamptz - make_interval(secs => v_d) END;
-        v_v := _claim_floor_visits();
-        v_found := _claim_sweep_step(queues, st, v_lo, (v_w ->> 't')::timestamptz);
-        v_v := _claim_floor_visits() - v_v;
-        v_spent := v_spent + v_v;
-        -- the next window aimed at half the budget at this one's density: 4 times wider at most (the
-        -- older entries may be denser: the ones of a held snapshot's first minutes), 16 times narrower
-        v_w := jsonb_build_object('t', v_lo, 'v', (v_w ->> 'v')::bigint + v_v,
-                                  'd', greatest(0.001, v_d * least(4, greatest(0.0625, (v_aim / 2.0) / greatest(v_v, 1)))));
-        EXIT WHEN v_found OR v_lo = '-infinity' OR v_spent >= v_aim;
-    END LOOP;
-    IF v_found OR v_lo = '-infinity' THEN
-        front := v_found OR (v_w ->> 'v')::bigint
-                            < coalesce(nullif(current_setting('pgjobs.claim_floor_engage', true), '')::int, 500);
-        st := st - 'w';
-        IF NOT front THEN   -- (after a scan from the front, _claim_floor_save sets these)
-            st := st || jsonb_build_object('c', 0, 'n', extract(epoch FROM clock_timestamp())
-                + coalesce(extract(epoch FROM nullif(current_setting('pgjobs.claim_full_scan_every', true), '')::interval), 5));
-        END IF;
-    ELSE
-        st := st || jsonb_build_object('w', v_w || jsonb_build_object(
-                        'a', extract(epoch FROM clock_timestamp()) * 21 - 20 * v_start));
-    END IF;
-    PERFORM set_config('pgjobs.claim_floor', st::text, false);
-END;
-$$;
-
--- One window of the sweep (_claim_sweep): whether these queues hold, with keys in [lo, hi), a pending
--- job below its level's floor or a run-out lease below the lease floor (a reclaimable one below the
--- queue's 'r', one to settle below the settle floor 's'), that no other claim holds: what the floors
--- would miss. (Locked, not just seen: a job another claim is taking right now is not missed. The lock
--- lasts until this claim's transaction ends, and the scan from the front that follows takes it.)
-CREATE OR REPLACE FUNCTION pgjobs._claim_sweep_step(queues text[], st jsonb, lo timestamptz, hi timestamptz)
-RETURNS boolean
-LANGUAGE plpgsql
-SET search_path = pg_catalog, pgjobs, pg_temp
-AS $$
-BEGIN
-    RETURN EXISTS (
-               SELECT 1
-                 FROM unnest(queues) AS q(name)
-                CROSS JOIN LATERAL jsonb_array_elements(CASE WHEN jsonb_typeof(st -> 'q' -> q.name -> 'p') = 'array'
-                                                             THEN st -> 'q' -> q.name -> 'p' ELSE '[]' END) AS e
-                CROSS JOIN LATERAL (SELECT (e ->> 0)::smallint AS p, (e ->> 1)::timestamptz AS t,
-                                           (e ->> 2)::bigint AS i) AS f
-                CROSS JOIN LATERAL (
-                      SELECT 1 FROM jobs AS j
-                       WHERE j.state = 'pending' AND j.queue = q.name
-                         AND (j.priority, j.run_at, j.id) >= (f.p, lo, 0)
-                         AND (j.priority, j.run_at, j.id) < (f.p, CASE WHEN hi < f.t THEN hi ELSE f.t END,
-                                                             CASE WHEN hi < f.t THEN 0 ELSE f.i END)
-                       LIMIT 1
-                         FOR UPDATE SKIP LOCKED) AS x)
-        OR EXISTS (
-               SELECT 1
-                 FROM unnest(queues) AS q(name)
-                CROSS JOIN LATERAL (
-                      SELECT 1 FROM jobs AS j
-                       WHERE j.state = 'active' AND j.queue = q.name
-                         AND j.lease_expires_at >= lo AND j.lease_expires_at < least(hi, now())
-                         AND ((j.lease_expires_at < (st -> 'q' -> q.name ->> 'r')::timestamptz
-                               AND j.attempt < j.max_attempts AND NOT j.cancel_requested)
-                              OR (j.lease_expires_at < (st ->> 's')::timestamptz
-                                  AND (j.attempt >= j.max_attempts OR j.cancel_requested)))
-                       LIMIT 1
-                         FOR UPDATE SKIP LOCKED) AS y);
 END;
 $$;
 
@@ -426,9 +312,6 @@ BEGIN
                                  WHERE x.q = q.name
                                  ORDER BY x.p, x.t, x.i) AS n
                        ON n.p = (o.e ->> 0)::smallint) AS x) AS l;
-    IF from_front THEN
-        v_st := v_st - 'w';   -- (a scan from the front ends a sweep: _claim_sweep)
-    END IF;
     v_st := v_st || jsonb_build_object('k', key, 'q', coalesce(v_q, '{}'),
                                        'c', CASE WHEN why IS NULL THEN coalesce((v_st ->> 'c')::int, 0) + 1 ELSE 0 END);
     IF why IS NOT NULL THEN

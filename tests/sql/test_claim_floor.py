@@ -438,74 +438,28 @@ def active_visits(conn: Conn) -> int:
     return int(row[0])
 
 
-def _old_leases_under_a_held_snapshot(producer: Conn, n: int, spread: float = 0.0) -> None:
-    """n jobs enqueued, claimed by another worker with a short lease and completed, in ten rounds ``spread``
-    seconds apart in all: under the held snapshot each leaves a dead pending entry and a dead 'active' entry
-    whose lease time has passed."""
-    for _ in range(10):
-        enqueue_n(producer, n // 10)
-        got = claim(producer, "gone", max_jobs=n // 10, lease="0.05 seconds")
-        assert len(got) == n // 10
-        scalar(producer, "complete_many", ids=[g["id"] for g in got], lease_tokens=[g["lease_token"] for g in got])
-        time.sleep(spread / 10)
-    time.sleep(0.4)  # every old lease is now in the past, and past the floors' margin
-
-
 @KINDS
-def test_a_scan_from_the_front_walks_old_lease_entries_once(conn: Conn, connect: ConnectFactory, kinds: bool) -> None:
-    """Under a held snapshot a scan from the front for run-out leases walks the old 'active' entry of every job
-    completed since. A moved epoch's scan looked twice (the settle probe and the claim's reclaim branch, both from
-    -infinity); one walk that locks nothing now sets where both start (sql/claim.sql, _claim_front_leases)."""
+def test_the_safety_net_walks_old_lease_entries_once(conn: Conn, connect: ConnectFactory, kinds: bool) -> None:
+    """Under a held snapshot every job completed since leaves its old 'active' entry, and once its lease time has
+    passed, a look for run-out leases from the front walks it. The safety net looked twice (the settle probe and
+    the claim's reclaim branch, both from -infinity); one walk that locks nothing now sets where both start
+    (sql/claim.sql, _claim_front_leases)."""
     floored(conn)
     producer = connect()
     n = 300
-    enqueue_n(producer, 5)
+    enqueue_n(producer, n + 5)
     with held_snapshot(connect):
-        _old_leases_under_a_held_snapshot(producer, n)
+        got = claim(producer, "gone", max_jobs=n, lease="0.05 seconds")
+        assert len(got) == n
+        scalar(producer, "complete_many", ids=[g["id"] for g in got], lease_tokens=[g["lease_token"] for g in got])
+        time.sleep(0.4)  # every completed job's old lease is now in the past (and past the floors' margin)
         take(conn, kinds=kinds)  # the session's first claim, from the front: floors
         take(conn, kinds=kinds)  # its first settle probe (from the front too: a floor for it)
-        enqueue(producer, run_at=PAST)  # the epoch moves: the next claim scans from the front
+        net_due(conn)
         before = active_visits(conn)
         assert len(take(conn, kinds=kinds)) == 1
         walked = active_visits(conn) - before
     assert n <= walked < n + 50, walked
-
-
-@KINDS
-def test_the_safety_net_sweeps_a_window_at_a_time(conn: Conn, connect: ConnectFactory, kinds: bool) -> None:
-    """Under a held snapshot the safety net does not scan from the front (every dead entry in one claim, seconds
-    after minutes of load): it sweeps below the floors a window at a time, a claim reading about
-    pgjobs.claim_sweep_budget index entries, until the sweep reaches -infinity (sql/claim.sql, _claim_sweep).
-    Each old entry is read about once over the whole sweep."""
-    floored(conn)
-    conn.execute("SET pgjobs.claim_sweep_budget = 200")
-    producer = connect()
-    n = 2000
-    enqueue_n(producer, 100)
-    with held_snapshot(connect):
-        _old_leases_under_a_held_snapshot(producer, n, spread=2.0)
-        take(conn, kinds=kinds)
-        take(conn, kinds=kinds)
-        net_due(conn)
-        reads, claims = [], 0
-        while True:
-            before = visits(conn)
-            assert len(take(conn, kinds=kinds)) == 1
-            reads.append(visits(conn) - before)
-            claims += 1
-            sweep = state(conn).get("w")
-            if sweep is None:
-                break
-            assert claims < 200, sweep
-            # (the next sweeping claim waits 20 times what this one's windows took: not in this test)
-            conn.execute(
-                "SELECT set_config('pgjobs.claim_floor',"
-                " jsonb_set(current_setting('pgjobs.claim_floor')::jsonb, '{w,a}', '0')::text, false)"
-            )
-    assert claims >= 4, reads  # the old entries (2 x 2,000) took several claims
-    assert max(reads) < 2 * n, reads  # never the whole trail in one claim (a scan from the front: 2 x 2,000)
-    assert 2 * n <= sum(reads) < 2 * n + 200 * claims, reads  # each old entry about once, the live ones aside
-    assert state(conn)["n"] > time.time() + 3000, "a finished sweep spaces the next net as a scan did"
 
 
 @KINDS
@@ -531,7 +485,7 @@ def test_the_safety_net_reclaims_and_settles_leases_below_the_lease_floor(
         "UPDATE pgjobs.jobs SET lease_expires_at = now() - interval '1 hour' WHERE id = ANY (%s)", [[again, last]]
     )
     assert claim(conn, "w", max_jobs=5) == [], "below the lease floor: not seen without the net"
-    net_due(conn)  # the sweep finds them and scans from the front
+    net_due(conn)
     extra: dict[str, Any] = {"kind_limits": {"k": 5, "other": 5}} if kinds else {}
     got = claim(conn, "w", max_jobs=5, **extra)
     assert [(g["id"], g["attempt"]) for g in got] == [(again, 2)]

@@ -17,7 +17,10 @@ one job every 200 ms to time a claim under the same table (its job is completed 
 * ``n_dead_tup`` and total size of every pgjobs table (partitions summed into their parent).
 
 ``--idle-tx SECONDS`` holds a foreign snapshot (``BEGIN; SELECT txid_current();`` then nothing) for that long
-in the middle of the run. ``--fair`` runs on a fair queue with 100 groups. Results go to
+in the middle of the run, and the end prints issue 10's bars over whole periods: the probe's claim p50/p99
+over every claim before the snapshot and over every claim while it was held (a 10 s window's p99 of some 50
+probe claims is its slowest claim), and the share of the offered rate done in the last 20 s of the hold.
+``--fair`` runs on a fair queue with 100 groups. Results go to
 ``bench/results/soak-<timestamp>.json`` (``--json``).
 """
 
@@ -187,6 +190,30 @@ def _window(probe: Probe, since: float) -> dict[str, float | None]:
     }
 
 
+def _summary(probe: Probe, idle: IdleTx | None, windows: list[dict[str, Any]]) -> dict[str, Any]:
+    """The issue's bars over whole periods, not 10 s windows (a window's p99 of ~50 probe claims is its
+    slowest claim): the probe's claim p50/p99 over every claim before the snapshot and over every claim
+    while it was held, and what was done in the last 20 s of the hold against what was offered."""
+    if idle is None or idle.began is None:
+        return {}
+    began, ended = idle.began, idle.ended if idle.ended is not None else float("inf")
+    clean = [s[1] for s in probe.samples if s[0] < began]
+    held = [s[1] for s in probe.samples if began <= s[0] < ended]
+    last = [w for w in windows if w["snapshot_held"]][-2:]
+    out: dict[str, Any] = {
+        "clean_claim_p50_ms": percentile(clean, 50) * 1000 if clean else None,
+        "clean_claim_p99_ms": percentile(clean, 99) * 1000 if clean else None,
+        "held_claim_p50_ms": percentile(held, 50) * 1000 if held else None,
+        "held_claim_p99_ms": percentile(held, 99) * 1000 if held else None,
+        "held_end_done_share": sum(w["completed_per_s"] for w in last) / sum(w["offered_per_s"] for w in last)
+        if last
+        else None,
+    }
+    if out["clean_claim_p99_ms"] and out["held_claim_p99_ms"]:
+        out["held_p99_vs_clean"] = out["held_claim_p99_ms"] / out["clean_claim_p99_ms"]
+    return out
+
+
 def _ms(v: float | None) -> str:
     return "-" if v is None else f"{v:.1f}"
 
@@ -264,12 +291,21 @@ def soak(dsn: str, rate: float, minutes: float, idle_tx: float, fair: bool, conc
         final_depth = _depth(conn)
         not_run = max(0, producer.enqueued - ran_so_far())
         print(f"end: {final_depth} jobs not terminal (counted), {not_run} not run (counters)")
+        summary = _summary(probe, idle, windows)
+        if summary:
+            print(
+                f"probe claim p50/p99: clean {_ms(summary['clean_claim_p50_ms'])}/{_ms(summary['clean_claim_p99_ms'])}"
+                f" ms, held {_ms(summary['held_claim_p50_ms'])}/{_ms(summary['held_claim_p99_ms'])} ms"
+                f" ({summary.get('held_p99_vs_clean', 0):.1f}x); done in the last 20 s held:"
+                f" {summary['held_end_done_share'] or 0:.0%} of offered"
+            )
     count_file.unlink(missing_ok=True)
     tail = worker_log.read_text(errors="replace")[-3000:] if worker_log.exists() else ""
     if tail:
         print(f"worker log ({worker_log}), last lines:\n{tail}")
     return {
         "windows": windows,
+        "summary": summary,
         "final_depth": final_depth,
         "producer_behind_s": producer.behind,
         "worker_log_tail": tail,

@@ -491,3 +491,25 @@ def test_the_safety_net_reclaims_and_settles_leases_below_the_lease_floor(
     assert [(g["id"], g["attempt"]) for g in got] == [(again, 2)]
     row = conn.execute("SELECT state::text FROM pgjobs.jobs WHERE id = %s", [last]).fetchone()
     assert row == ("failed",)
+
+
+@KINDS
+def test_a_moved_epochs_scan_walks_old_lease_entries_once(conn: Conn, connect: ConnectFactory, kinds: bool) -> None:
+    """The same walk for a scan from the front after a signal: the epoch moved (a job filed with an old run_at),
+    and the claim walks the old 'active' entries once (_claim_front_leases), not once per look."""
+    floored(conn)
+    producer = connect()
+    n = 300
+    enqueue_n(producer, n + 5)
+    with held_snapshot(connect):
+        got = claim(producer, "gone", max_jobs=n, lease="0.05 seconds")
+        assert len(got) == n
+        scalar(producer, "complete_many", ids=[g["id"] for g in got], lease_tokens=[g["lease_token"] for g in got])
+        time.sleep(0.4)  # every completed job's old lease is now in the past (and past the floors' margin)
+        take(conn, kinds=kinds)  # the session's first claim, from the front: floors
+        take(conn, kinds=kinds)  # its first settle probe (from the front too: a floor for it)
+        old = enqueue(producer, run_at=PAST)["id"]  # the epoch moves: the next claim scans from the front
+        before = active_visits(conn)
+        assert take(conn, kinds=kinds) == [old]
+        walked = active_visits(conn) - before
+    assert n <= walked < n + 50, walked

@@ -439,11 +439,15 @@ def active_visits(conn: Conn) -> int:
 
 
 @KINDS
-def test_the_safety_net_walks_old_lease_entries_once(conn: Conn, connect: ConnectFactory, kinds: bool) -> None:
+@pytest.mark.parametrize("scan", ["net", "epoch"])
+def test_a_scan_from_the_front_walks_old_lease_entries_once(
+    conn: Conn, connect: ConnectFactory, kinds: bool, scan: str
+) -> None:
     """Under a held snapshot every job completed since leaves its old 'active' entry, and once its lease time has
-    passed, a look for run-out leases from the front walks it. The safety net looked twice (the settle probe and
-    the claim's reclaim branch, both from -infinity); one walk that locks nothing now sets where both start
-    (sql/claim.sql, _claim_front_leases)."""
+    passed, a look for run-out leases from the front walks it. A scan from the front (the safety net's, or one
+    after the epoch moved: a job filed with an old run_at) looked twice (the settle probe and the claim's reclaim
+    branch, both from -infinity); one walk that locks nothing now sets where both start (sql/claim.sql,
+    _claim_front_leases)."""
     floored(conn)
     producer = connect()
     n = 300
@@ -455,10 +459,15 @@ def test_the_safety_net_walks_old_lease_entries_once(conn: Conn, connect: Connec
         time.sleep(0.4)  # every completed job's old lease is now in the past (and past the floors' margin)
         take(conn, kinds=kinds)  # the session's first claim, from the front: floors
         take(conn, kinds=kinds)  # its first settle probe (from the front too: a floor for it)
-        net_due(conn)
+        old = None
+        if scan == "net":
+            net_due(conn)
+        else:
+            old = enqueue(producer, run_at=PAST)["id"]  # the epoch moves
         before = active_visits(conn)
-        assert len(take(conn, kinds=kinds)) == 1
+        taken = take(conn, kinds=kinds)
         walked = active_visits(conn) - before
+    assert len(taken) == 1 and (old is None or taken == [old]), taken
     assert n <= walked < n + 50, walked
 
 
@@ -491,25 +500,3 @@ def test_the_safety_net_reclaims_and_settles_leases_below_the_lease_floor(
     assert [(g["id"], g["attempt"]) for g in got] == [(again, 2)]
     row = conn.execute("SELECT state::text FROM pgjobs.jobs WHERE id = %s", [last]).fetchone()
     assert row == ("failed",)
-
-
-@KINDS
-def test_a_moved_epochs_scan_walks_old_lease_entries_once(conn: Conn, connect: ConnectFactory, kinds: bool) -> None:
-    """The same walk for a scan from the front after a signal: the epoch moved (a job filed with an old run_at),
-    and the claim walks the old 'active' entries once (_claim_front_leases), not once per look."""
-    floored(conn)
-    producer = connect()
-    n = 300
-    enqueue_n(producer, n + 5)
-    with held_snapshot(connect):
-        got = claim(producer, "gone", max_jobs=n, lease="0.05 seconds")
-        assert len(got) == n
-        scalar(producer, "complete_many", ids=[g["id"] for g in got], lease_tokens=[g["lease_token"] for g in got])
-        time.sleep(0.4)  # every completed job's old lease is now in the past (and past the floors' margin)
-        take(conn, kinds=kinds)  # the session's first claim, from the front: floors
-        take(conn, kinds=kinds)  # its first settle probe (from the front too: a floor for it)
-        old = enqueue(producer, run_at=PAST)["id"]  # the epoch moves: the next claim scans from the front
-        before = active_visits(conn)
-        assert take(conn, kinds=kinds) == [old]
-        walked = active_visits(conn) - before
-    assert n <= walked < n + 50, walked

@@ -223,45 +223,47 @@ def test_claims_fast_path_and_claim_plain_stay_in_step(connect: ConnectFactory, 
     assert reclaimed
 
 
-@pytest.mark.parametrize("limits", [None, {"k": 2, "other": 5}, {"k": 1e9}])
-def test_the_switch_sends_claim_to_claim_plain(connect: ConnectFactory, limits: dict[str, float] | None) -> None:
-    """What the comparison above rests on: with the switch off, claim() leases through _claim_plain; with
-    it on (the default), _claim_plain is not called, for a worker's call with kind limits that bind no cap too."""
+def _tracked(connect: ConnectFactory) -> Conn:
+    """A connection (not autocommit) whose transactions count their PL/pgSQL calls."""
     conn = connect(autocommit=False)
     try:
         conn.execute("SET track_functions = 'pl'")
     except psycopg.Error:
         pytest.skip("track_functions needs a superuser")
     conn.commit()
+    return conn
+
+
+def _claim_plain_calls(conn: Conn) -> int:
+    row = conn.execute(
+        "SELECT coalesce(sum(calls), 0) FROM pg_stat_xact_user_functions WHERE funcname = '_claim_plain'"
+    ).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+@pytest.mark.parametrize("limits", [None, {"k": 2, "other": 5}, {"k": 1e9}])
+def test_the_switch_sends_claim_to_claim_plain(connect: ConnectFactory, limits: dict[str, float] | None) -> None:
+    """What the comparison above rests on: with the switch off, claim() leases through _claim_plain; with
+    it on (the default), _claim_plain is not called, for a worker's call with kind limits that bind no cap too."""
+    conn = _tracked(connect)
     call(conn, "enqueue_many", jobs=[{"kind": "k"} for _ in range(4)])
     conn.commit()
     calls = []
     for setting in ("on", "off"):
         conn.execute("SELECT set_config('pgjobs.claim_fast_path', %s, false)", [setting])
         assert len(claim(conn, "w", max_jobs=2, kind_limits=limits)) == 2
-        row = conn.execute(
-            "SELECT coalesce(sum(calls), 0) FROM pg_stat_xact_user_functions WHERE funcname = '_claim_plain'"
-        ).fetchone()
-        assert row is not None
-        calls.append(int(row[0]))
+        calls.append(_claim_plain_calls(conn))
         conn.rollback()
     assert calls == [0, 1]
 
 
 def test_a_binding_kind_limit_takes_claim_plain(connect: ConnectFactory) -> None:
     """A kind capped below the claim's size needs the per-kind scans: claim() hands it to _claim_plain."""
-    conn = connect(autocommit=False)
-    try:
-        conn.execute("SET track_functions = 'pl'")
-    except psycopg.Error:
-        pytest.skip("track_functions needs a superuser")
-    conn.commit()
+    conn = _tracked(connect)
     call(conn, "enqueue_many", jobs=[{"kind": k} for k in "xxxyyy"])
     conn.commit()
     got = claim(conn, "w", max_jobs=4, kind_limits={"x": 1, "y": 4})
     assert sorted(r["kind"] for r in got) == ["x", "y", "y", "y"]
-    row = conn.execute(
-        "SELECT coalesce(sum(calls), 0) FROM pg_stat_xact_user_functions WHERE funcname = '_claim_plain'"
-    ).fetchone()
-    assert row is not None and int(row[0]) == 1
+    assert _claim_plain_calls(conn) == 1
     conn.rollback()

@@ -74,6 +74,7 @@ def _setup(conn: Conn) -> None:
 _PER_GROUP = {"group_cursors", "group_cursors_key_idx", "jobs_live", "jobs_group_idx"}
 
 
+@pytest.mark.smoke  # (PostgreSQL 18 plans the ring read differently: sql/fairness.sql, _fair_fast)
 def test_fair_claim_reads_grow_only_per_group_under_a_held_snapshot(conn: Conn, connect: ConnectFactory) -> None:
     """After 3,000 jobs claimed and completed under a held snapshot, one fair claim reads more only of what its
     own group left behind (at most 2 blocks per job of that group), not of every job completed since: the

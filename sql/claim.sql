@@ -449,17 +449,17 @@ BEGIN
     END IF;
     -- Normalised to integer caps (JSON 2.0 and 1e9 are valid limits too); '{}' stays '{}'
     -- (no kind may be taken), it must not become NULL (any kind).
+    -- And in the same statement, v_kinds: a worker lists every kind it handles at its free capacity
+    -- (runtime/claimer.py), so no cap can bind, the kinds are only a filter and the fast path below
+    -- takes the call (through _claim_plain it cost 15-25 % more per claim and complete_many of 28: an
+    -- array of rows built, then unnested again for the events). Any binding cap leaves v_kinds NULL.
     IF kind_limits IS NOT NULL THEN
-        v_limits := coalesce((SELECT jsonb_object_agg(e.key, least((e.value::text)::numeric, max_jobs)::int)
-                                FROM jsonb_each(kind_limits) AS e), '{}');
-        -- A worker lists every kind it handles at its free capacity (runtime/claimer.py): no cap can
-        -- bind, so the kinds are only a filter and the fast path below takes the call (through
-        -- _claim_plain it cost 15-25 % more per claim and complete_many of 28: an array of rows
-        -- built, then unnested again for the events). Any binding cap leaves v_kinds NULL.
-        SELECT array_agg(e.key ORDER BY e.key) INTO v_kinds
-          FROM jsonb_each_text(v_limits) AS e
-         WHERE e.value::int >= 1
-        HAVING bool_and(e.value::int >= max_jobs);
+        SELECT coalesce(jsonb_object_agg(e.key, c.cap), '{}'),
+               CASE WHEN bool_and(c.cap >= max_jobs) FILTER (WHERE c.cap >= 1)
+                    THEN array_agg(e.key ORDER BY e.key) FILTER (WHERE c.cap >= 1) END
+          INTO v_limits, v_kinds
+          FROM jsonb_each(kind_limits) AS e
+         CROSS JOIN LATERAL (SELECT least((e.value::text)::numeric, max_jobs)::int AS cap) AS c;
     END IF;
     -- Paused queues give nothing. Queues with fairness or concurrency caps take the
     -- controlled path (fairness.sql); every other queue takes the plain fast path.
@@ -512,7 +512,7 @@ BEGIN
     v_t0 := clock_timestamp();
     SELECT f.* INTO v_st, v_epoch, v_why, v_full, v_rq, v_rp, v_rt, v_ri, v_rh, v_lf
       FROM _claim_floor_plan(v_plain, v_key) AS f;
-    v_sf := CASE WHEN v_why IN ('epoch', 'net') AND v_controlled IS NULL   -- (the front walk's lease floors)
+    v_sf := CASE WHEN v_why IN ('epoch', 'net') AND v_fast   -- (the plan's walk gave the lease floors)
                  THEN coalesce((SELECT min(l) FROM unnest(v_lf) AS l), '-infinity')
                  WHEN v_why IS NOT NULL OR v_st ->> 'sk' IS DISTINCT FROM v_all::text THEN '-infinity'
                  WHEN _claim_lease_due(v_st ->> 's') THEN (v_st ->> 's')::timestamptz ELSE 'infinity' END;

@@ -355,40 +355,108 @@ $$;
 -- When such a read proved dear (the count visited more than 2 x the active jobs it found + 1,000
 -- entries; the look or the sweep more than 1,000), the session keeps it for pgjobs.fair_count_every
 -- seconds (default 1; read at each claim; 0 keeps nothing): one session setting, pgjobs.fair_kept (jsonb:
--- kind and queue, e.g. 'a q1' -> [kept at, what was read...]). Meanwhile its claims reuse the count
+-- kind and queue, e.g. 'a q1' -> [kept at, the shared gate it wrote, what was read...]), and longer while
+-- the read's shared gate is closed (below). Meanwhile its claims reuse the count
 -- (and skip claim()'s probe: the count saw no lease run out) and skip the look and the sweep. Only on
 -- queues without caps for the count: max_active and max_active_per_group are never overshot, so a capped
--- queue counts every claim. What that second can miss: a group turning noisy (fairness is a ranking; it
--- is ranked after the others at most one second late), a lease that ran out, ungrouped work or a group
+-- queue counts every claim. What that time can miss: a group turning noisy (fairness is a ranking; it
+-- is ranked after the others that much late), a lease that ran out, ungrouped work or a group
 -- without a cursor that came back without a new job (a claim that comes up short still looks and sweeps
 -- at once; groups that come with new jobs are found by their ids as before). Without a held snapshot
 -- (or with autovacuum keeping up) these reads visit about what they find, nothing is kept, and the
 -- setting stays empty: the claim pays one current_setting() for it. Set like SET, so a rolled-back claim
 -- leaves it as it was.
 
--- A kept read ('a ', 'u ' or 's ' and the queue) while still good: [kept at, what was read...]; else NULL.
+-- Shared gates. Each session used to pay these reads itself, once a second: N claimer sessions of a
+-- queue paid N counts (sweeps, looks) a second, and a session that claims now and then (one claim every
+-- 200 ms: bench/soak.py's probe) paid one in every five of its claims (measured: a probe claim of one job
+-- 120 s into a held snapshot took 264 ms, of which the count 55, the look 53, the sweep 95; its p99 was
+-- 5.6x the clean one). A session whose read proved dear now also closes a gate shared by every session:
+-- the sequence fair_gate_a, _u or _s (sqitch change fair_gates) holds until when, and for which queue
+-- (a hash of its name), the next such read may wait: pgjobs.fair_count_every seconds, or 20 times what
+-- the read took when that is longer (the read then costs a twentieth of one session's time at most,
+-- however long the snapshot is held, whatever the number of sessions). While the gate is closed a
+-- session skips the look and the sweep (what they find is shared: cursors in group_cursors, the
+-- ungrouped state in fair_queues) and reuses its own count up to 30 x pgjobs.fair_count_every seconds
+-- old (a count is this session's own: with none that young it counts). A sequence, not a table: setval
+-- leaves no dead tuple under the very snapshot this works around, and only the functions' owner may
+-- call it (roles.sql), so no role can hold a gate shut; a gate set more than 10 minutes ahead is
+-- ignored all the same. Two fair queues dear at once overwrite each other's gate (one sequence per read,
+-- one queue's hash in it): each then pays as before this change, no worse.
+CREATE OR REPLACE FUNCTION pgjobs._fair_gate_closed(v_kind text, v_q text, mine bigint DEFAULT NULL)
+RETURNS boolean
+LANGUAGE sql
+STABLE
+SET search_path = pg_catalog, pgjobs, pg_temp
+AS $$
+    -- (`mine`: the value this session wrote, if it did. The session that closed a gate redoes the read
+    -- when it opens; the others wait pgjobs.fair_count_every seconds more, so that the one that claims
+    -- most, not one that claims now and then, pays for it.)
+    SELECT coalesce(g.v & 1048575 = (hashtext(v_q) & 1048575)::bigint
+                    AND (g.v >> 20) + CASE WHEN g.v = mine THEN 0 ELSE t.grace END > t.ms
+                    AND (g.v >> 20) <= t.ms + 600000, false)
+      FROM (SELECT pg_sequence_last_value(to_regclass('pgjobs.fair_gate_' || v_kind)) AS v) AS g,
+           (SELECT ((extract(epoch FROM clock_timestamp()) - 1577836800) * 1000)::bigint AS ms,
+                   (_fair_count_every() * 1000)::bigint AS grace) AS t;
+$$;
+
+-- Closes the gate of a read ('a', 'u' or 's') of this queue for `seconds` (at most 60), when it is open
+-- to this session (`mine`: the value it wrote last; see _fair_gate_closed). A session that read while
+-- the gate was closed (a count too old to reuse) leaves it as it is: the gate stays with the session that
+-- reads when it opens, the one that claims most, not one that claims now and then. Returns the value
+-- written (NULL: none).
+CREATE OR REPLACE FUNCTION pgjobs._fair_gate_close(v_kind text, v_q text, seconds numeric, mine bigint DEFAULT NULL)
+RETURNS bigint
+LANGUAGE sql
+SET search_path = pg_catalog, pgjobs, pg_temp
+AS $$
+    SELECT setval(g.s, ((((extract(epoch FROM clock_timestamp()) - 1577836800 + least(seconds, 60)) * 1000)::bigint)
+                         << 20) | (hashtext(v_q) & 1048575)::bigint)
+      FROM (SELECT to_regclass('pgjobs.fair_gate_' || v_kind) AS s) AS g
+     WHERE g.s IS NOT NULL AND NOT _fair_gate_closed(v_kind, v_q, mine);
+$$;
+
+-- A kept read ('a ', 'u ' or 's ' and the queue) while still good: [kept at, gate written, what was
+-- read...]; else NULL. Good: kept less than pgjobs.fair_count_every seconds ago, or the read's gate is
+-- closed (see above) and, for a count, kept less than 30 times that ago (a look or a sweep kept by
+-- nobody in this session is '[]' then: skipped all the same).
 CREATE OR REPLACE FUNCTION pgjobs._fair_kept(v_key text)
 RETURNS jsonb
 LANGUAGE sql
 STABLE
 SET search_path = pg_catalog, pgjobs, pg_temp
 AS $$
-    SELECT k.e
-      FROM (SELECT nullif(current_setting('pgjobs.fair_kept', true), '')::jsonb -> v_key AS e) AS k
-     WHERE (k.e ->> 0)::numeric + _fair_count_every() > extract(epoch FROM clock_timestamp());
+    SELECT CASE WHEN (k.e ->> 0)::numeric + k.every > k.now THEN k.e
+                WHEN k.every > 0 AND left(v_key, 2) IN ('a ', 'u ', 's ')
+                     AND (k.e IS NOT NULL OR left(v_key, 2) <> 'a ')
+                     AND coalesce((k.e ->> 0)::numeric + 30 * k.every > k.now, true)
+                     AND _fair_gate_closed(left(v_key, 1), substr(v_key, 3), (k.e ->> 1)::bigint)
+                THEN coalesce(k.e, '[]')
+           END
+      FROM (SELECT nullif(current_setting('pgjobs.fair_kept', true), '')::jsonb -> v_key AS e,
+                   _fair_count_every() AS every, extract(epoch FROM clock_timestamp()) AS now) AS k;
 $$;
 
--- After a read: keep it (with `payload`, a jsonb array) when it proved dear, else forget what was kept.
-CREATE OR REPLACE FUNCTION pgjobs._fair_keep(v_key text, dear boolean, payload jsonb DEFAULT '[]')
+-- After a read begun at `since`: keep it (with `payload`, a jsonb array) when it proved dear, and close its
+-- shared gate for max(pgjobs.fair_count_every, 20 x what the read took); else forget what was kept.
+CREATE OR REPLACE FUNCTION pgjobs._fair_keep(v_key text, dear boolean, since timestamptz,
+                                             payload jsonb DEFAULT '[]')
 RETURNS void
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pgjobs, pg_temp
 AS $$
 DECLARE
     v_all jsonb := coalesce(nullif(current_setting('pgjobs.fair_kept', true), '')::jsonb, '{}');
+    v_gate bigint;
 BEGIN
     IF dear AND _fair_count_every() > 0 THEN
-        v_all := v_all || jsonb_build_object(v_key, jsonb_build_array(extract(epoch FROM clock_timestamp()))
+        IF left(v_key, 2) IN ('a ', 'u ', 's ') THEN
+            v_gate := _fair_gate_close(left(v_key, 1), substr(v_key, 3),
+                                       greatest(_fair_count_every(),
+                                                20 * extract(epoch FROM clock_timestamp() - since)),
+                                       (v_all -> v_key ->> 1)::bigint);
+        END IF;
+        v_all := v_all || jsonb_build_object(v_key, jsonb_build_array(extract(epoch FROM clock_timestamp()), v_gate)
                                                     || coalesce(payload, '[]'));
     ELSIF v_all ? v_key THEN
         v_all := v_all - v_key;
@@ -485,7 +553,7 @@ DECLARE
     v_new jsonb;
 BEGIN
     IF (h_floor IS NULL AND NOT dear) OR (h_floor IS NOT NULL AND NOT filled) OR _fair_count_every() = 0 THEN
-        PERFORM _fair_keep('h ' || v_q, false);
+        PERFORM _fair_keep('h ' || v_q, false, NULL);
         RETURN;
     END IF;
     -- the picked heads' keys, the first per group (by ctid: the rows are locked, not yet leased)
@@ -1593,7 +1661,7 @@ DECLARE
     h_floor   jsonb;                       -- the floors this claim's head probes start from (NULL: none)
     v_v2      bigint;                      -- jobs_group_idx entries visited before the picks
     v_dear_h  boolean;                     -- the picks' head probes proved dear
-    v_t0      timestamptz;                 -- when the picks began
+    v_t0      timestamptz;                 -- when a read that may prove dear (_fair_keep), then the picks, began
 BEGIN
     -- One statement for everything a claim reads before the walk (each statement has a fixed
     -- cost to start, larger than what most of these reads cost): the queue's settings, its
@@ -1607,10 +1675,10 @@ BEGIN
     v_any_kept := coalesce(current_setting('pgjobs.fair_kept', true), '') NOT IN ('', '{}');
     v_kept := CASE WHEN v_any_kept THEN _fair_kept('a ' || v_q) END;
     IF v_kept IS NOT NULL THEN
-        v_total := (v_kept ->> 1)::int;
-        v_top := (v_kept ->> 2)::int;
-        a_key := ARRAY(SELECT jsonb_array_elements_text(v_kept -> 3));
-        a_cnt := ARRAY(SELECT x::int FROM jsonb_array_elements_text(v_kept -> 4) AS x);
+        v_total := (v_kept ->> 2)::int;
+        v_top := (v_kept ->> 3)::int;
+        a_key := ARRAY(SELECT jsonb_array_elements_text(v_kept -> 4));
+        a_cnt := ARRAY(SELECT x::int FROM jsonb_array_elements_text(v_kept -> 5) AS x);
         SELECT c.max_active, c.max_active_per_group, c.noisy_share, c.noisy_min_active,
                f.queue, f.ungrouped_seq, f.ungrouped_empty, f.ring_from, f.discover_after, f.discover_found,
                f.discover_productive, f.seen_max_id, f.quiet_claims, (SELECT max(j.id) FROM jobs AS j)
@@ -1624,7 +1692,7 @@ BEGIN
             v_total := NULL;   -- capped since: count
         END IF;
     END IF;
-    v_v0 := CASE WHEN v_total IS NULL THEN _fair_index_visits('jobs_active_idx') END;
+    v_v0 := CASE WHEN v_total IS NULL THEN _fair_index_visits('jobs_active_idx') END; v_t0 := clock_timestamp();
     LOOP
         EXIT WHEN v_total IS NOT NULL AND v_v0 IS NULL;
         SELECT c.max_active, c.max_active_per_group, c.noisy_share, c.noisy_min_active,
@@ -1657,7 +1725,7 @@ BEGIN
        AND v_cfg.max_active IS NULL AND v_cfg.max_active_per_group IS NULL THEN
         v_dear := _fair_index_visits('jobs_active_idx') - v_v0 > 2 * v_total + 1000;
         IF v_dear OR v_any_kept THEN   -- (the payload is built only when kept: not on every claim)
-            PERFORM _fair_keep('a ' || v_q, v_dear,
+            PERFORM _fair_keep('a ' || v_q, v_dear, v_t0,
                                CASE WHEN v_dear THEN jsonb_build_array(v_total, v_top,
                                    coalesce(to_jsonb(a_key), '[]'), coalesce(to_jsonb(a_cnt), '[]')) END);
         END IF;
@@ -1711,12 +1779,12 @@ BEGIN
         IF v_any_kept AND _fair_kept('u ' || v_q) IS NOT NULL THEN
             u_out := true;
         ELSE
-            v_v1 := _fair_index_visits('jobs_pending_idx');
+            v_v1 := _fair_index_visits('jobs_pending_idx'); v_t0 := clock_timestamp();
             SELECT h.hp, h.hr, h.hi INTO u_hp, u_hr, u_hi FROM _fair_ungrouped_head(v_q, v_open, '{}') AS h;
             u_probed := true;
             u_empty := u_hi IS NULL;
             u_out := u_empty;
-            PERFORM _fair_keep('u ' || v_q, _fair_index_visits('jobs_pending_idx') - v_v1 > 1000);
+            PERFORM _fair_keep('u ' || v_q, _fair_index_visits('jobs_pending_idx') - v_v1 > 1000, v_t0);
         END IF;
     END IF;
 
@@ -1732,11 +1800,11 @@ BEGIN
        -- stands in for _discover_fresh, nor one while the sweeps keep finding groups)
        AND NOT (NOT v_found AND NOT v_productive AND (v_maxid IS NOT DISTINCT FROM v_fq.seen_max_id OR v_fresh)
                 AND v_any_kept AND _fair_kept('s ' || v_q) IS NOT NULL) THEN
-        v_v1 := _fair_index_visits('jobs_group_idx');
+        v_v1 := _fair_index_visits('jobs_group_idx'); v_t0 := clock_timestamp();
         SELECT * INTO v_pos, v_found, v_productive
           FROM _fair_sweep(v_q, serialized, c_discover_steps, v_pos, v_found, v_productive);
         IF NOT v_found AND (v_maxid IS NOT DISTINCT FROM v_fq.seen_max_id OR v_fresh) THEN
-            PERFORM _fair_keep('s ' || v_q, _fair_index_visits('jobs_group_idx') - v_v1 > 1000);
+            PERFORM _fair_keep('s ' || v_q, _fair_index_visits('jobs_group_idx') - v_v1 > 1000, v_t0);
         END IF;
     END IF;
 

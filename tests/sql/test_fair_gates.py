@@ -1,0 +1,144 @@
+"""Shared gates for a fair claim's dear reads under a held snapshot (sql/fairness.sql, "Shared gates"): the
+count of the queue's active jobs, the look for ungrouped work and the discovery sweep. A session whose read
+proved dear closes the read's gate (a sequence) for every session, so one session pays each read per period,
+not every session: a claimer that claims now and then no longer pays one in every few claims.
+
+Counted without timers: index entries a claim was handed (pg_stat_get_xact_tuples_returned). The sleeps only
+age what a session kept, the way pgjobs.fair_count_every measures it.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import psycopg
+from conftest import ConnectFactory
+
+from tests.helpers.foundation import call, held_snapshot
+
+Conn = psycopg.Connection[Any]
+
+GROUPS = 20
+PER_CLAIM = 10
+CLAIMS = 300  # 3,000 jobs claimed and completed under the held snapshot
+
+_ENTRIES = (
+    "SELECT pg_stat_get_xact_tuples_returned('pgjobs.jobs_active_idx'::regclass),"
+    " pg_stat_get_xact_tuples_returned('pgjobs.jobs_pending_idx'::regclass)"
+)
+
+
+def _work(conn: Conn, claims: int) -> None:
+    for _ in range(claims):
+        rows = call(conn, "claim", worker="w", queues=["q"], max_jobs=PER_CLAIM)
+        assert rows
+        call(conn, "complete_many", ids=[r["id"] for r in rows], lease_tokens=[r["lease_token"] for r in rows])
+
+
+def _entries(conn: Conn) -> tuple[int, int]:
+    """Entries of jobs_active_idx and jobs_pending_idx (live or dead) one fair claim of one job was handed."""
+    with conn.transaction():
+        before = conn.execute(_ENTRIES).fetchone()
+        got = call(conn, "claim", worker="probe", queues=["q"], max_jobs=1)
+        after = conn.execute(_ENTRIES).fetchone()
+    assert before is not None and after is not None and len(got) == 1
+    return int(after[0] - before[0]), int(after[1] - before[1])
+
+
+def _setup(conn: Conn) -> None:
+    call(conn, "configure_queue", queue="q", fair=True)
+    call(conn, "enqueue_many", jobs=[{"kind": "k", "queue": "q", "group_key": f"g{i % GROUPS}"} for i in range(6000)])
+
+
+def test_a_count_one_session_paid_spares_the_others_while_its_gate_is_closed(
+    conn: Conn, connect: ConnectFactory
+) -> None:
+    """Under a held snapshot a session's count that proved dear closes the count's gate: another session,
+    whose own count is older than it keeps for itself, reuses it instead of passing every dead entry again,
+    until its count is 30 x pgjobs.fair_count_every old; with the gate open it counts at once."""
+    _setup(conn)
+    conn.execute("SET pgjobs.fair_count_every = 30")  # its dear count closes the gate for 60 s (the most)
+    other = connect()
+    other.execute("SET pgjobs.fair_count_every = 0.1")  # keeps its own count 0.1 s, reuses it for 3 s
+    with held_snapshot(connect):
+        _work(conn, CLAIMS)
+        counted, _ = _entries(other)  # nothing kept yet: it counts, and the count proved dear
+        assert counted >= CLAIMS * PER_CLAIM, counted
+        _work(conn, 1)
+        conn.execute("SELECT set_config('pgjobs.fair_kept', '', false)")
+        _work(conn, 1)  # counts again, dear: the gate is closed for 60 s
+        time.sleep(0.2)  # the other session's own count is too old to serve by itself
+        reused, _ = _entries(other)
+        assert reused <= 10, (reused, counted)
+        time.sleep(3.0)  # now too old to reuse at all, gate or not
+        again, _ = _entries(other)
+        assert again >= CLAIMS * PER_CLAIM, again
+        other.execute("SELECT setval('pgjobs.fair_gate_a', 1)")  # the gate open (as after its time)
+        time.sleep(0.2)
+        opened, _ = _entries(other)
+        assert opened >= CLAIMS * PER_CLAIM, opened
+
+
+def test_the_look_for_ungrouped_work_one_session_paid_is_skipped_by_the_others(
+    conn: Conn, connect: ConnectFactory
+) -> None:
+    """The 8th claim's look for ungrouped work walks jobs_pending_idx past every job claimed since the held
+    snapshot. Once one session's look proved dear, the others' 8th claims skip it too while its gate is
+    closed (what the look finds is shared: fair_queues), and look again once it is open."""
+    call(conn, "configure_queue", queue="q", fair=True)
+    (u,) = call(conn, "enqueue", kind="k", queue="q")  # ungrouped, claimed before the snapshot
+    call(conn, "enqueue_many", jobs=[{"kind": "k", "queue": "q", "group_key": f"g{i % GROUPS}"} for i in range(5000)])
+    taken = call(connect(), "claim", worker="x", queues=["q"], max_jobs=1)
+    assert [r["id"] for r in taken] == [u["id"]]
+    conn.execute("SET pgjobs.fair_count_every = 30")
+    with held_snapshot(connect):
+        _work(conn, CLAIMS)
+        _ = [_entries(conn) for _ in range(16)]  # its 8th claims looked (dear): the gate is closed
+        other = connect()
+        other.execute("SET pgjobs.fair_count_every = 0.001")  # nothing it keeps itself serves its next claim
+        _entries(other)  # (its first claim keeps nothing yet: it would look whatever the gate says)
+        skipped = [_entries(other)[1] for _ in range(16)]  # two 8th claims among them
+        assert max(skipped) <= 100, skipped
+        other.execute("SELECT setval('pgjobs.fair_gate_u', 1)")
+        looked = [_entries(other)[1] for _ in range(16)]
+        assert max(looked) >= CLAIMS * PER_CLAIM, looked
+
+
+def test_a_gate_holds_only_for_its_read_and_queue_and_for_ten_minutes_at_most(conn: Conn) -> None:
+    """What a gate says: closed for the read and the queue it was closed for, for the time asked (at most
+    60 s), moved by no session it is closed to (a shorter close leaves it), open first to the session that
+    closed it, and a value further ahead than 10 minutes (which no claim writes) is taken as open."""
+
+    def closed(kind: str, queue: str) -> bool:
+        return bool(conn.execute("SELECT pgjobs._fair_gate_closed(%s, %s)", [kind, queue]).fetchone()[0])  # type: ignore[index]
+
+    def close(kind: str, queue: str, seconds: float) -> None:
+        conn.execute("SELECT pgjobs._fair_gate_close(%s, %s, %s::numeric)", [kind, queue, seconds])
+
+    assert not closed("a", "q")
+    close("a", "q", 30)
+    assert closed("a", "q")
+    assert not closed("a", "other") and not closed("u", "q") and not closed("s", "q")
+    close("a", "q", 0.001)  # shorter: the gate stays closed as it was
+    time.sleep(0.01)
+    assert closed("a", "q")
+    close("a", "other", 0.001)  # another queue's close replaces it (one queue per gate)
+    assert not closed("a", "q")
+    # when a gate opens, the session that closed it reads again first; the others wait
+    # pgjobs.fair_count_every seconds more (1 by default)
+    mine = conn.execute("SELECT pgjobs._fair_gate_close('u', 'q', 0.001)").fetchone()[0]  # type: ignore[index]
+    time.sleep(0.01)
+    holder = conn.execute("SELECT pgjobs._fair_gate_closed('u', 'q', %s)", [mine]).fetchone()[0]  # type: ignore[index]
+    assert holder is False and closed("u", "q")
+    close("s", "q", 3600)  # asked for an hour: 60 s
+    until = conn.execute(
+        "SELECT to_timestamp((last_value >> 20) / 1000.0 + 1577836800) - now() FROM pgjobs.fair_gate_s"
+    ).fetchone()[0]  # type: ignore[index]
+    assert 55 <= until.total_seconds() <= 61, until
+    far = ((int(time.time()) - 1577836800 + 3600) * 1000) << 20
+    assert closed("s", "q")
+    conn.execute(
+        "SELECT setval('pgjobs.fair_gate_s', %s::bigint | (hashtext('q') & 1048575)::bigint)", [far]
+    )  # an hour ahead, as only the owner could write it
+    assert not closed("s", "q")

@@ -104,6 +104,11 @@
 -- with a shorter lease, or a lease moved back, lands below it; an insert-only lease log needs the
 -- completion paths in lifecycle.sql to take part); floors shared between sessions (a session that claims
 -- one job now and then probes each group it serves from the front, its floor being for another group).
+-- Built since (2026-12-06): the count, the look and the sweep are paid by one session per period, not by
+-- every session ("Shared gates"), and the look for never-served cursors runs only when one may have been
+-- created (_fair_unserved). Left: groups that run dry lose their cursor and come back with a new one (tens
+-- a second on a busy queue), each leaving dead entries that claims pass (the look above while it runs,
+-- _forget_group's active check) and sending claims to the walk.
 
 -- Due scheduled jobs and expired leases of a controlled queue become pending before the pick, so
 -- the pick reads one index per group, and an expired job no longer counts as active (the lease
@@ -220,6 +225,9 @@ BEGIN
         RETURNING 1
     )
     SELECT count(*)::int, max(f.k), (SELECT count(*)::int FROM ins) INTO met, last_key, added FROM found AS f;
+    IF added > 0 THEN
+        PERFORM nextval('fair_cursor_epoch');   -- never-served cursors: tell the claims (_fair_unserved)
+    END IF;
 END;
 $$;
 
@@ -280,6 +288,9 @@ BEGIN
     )
     SELECT (SELECT count(*)::int FROM ins), coalesce(bool_or(f.k IS NULL), false) INTO added, ungrouped
       FROM fresh AS f;
+    IF added > 0 THEN
+        PERFORM nextval('fair_cursor_epoch');   -- never-served cursors: tell the claims (_fair_unserved)
+    END IF;
 END;
 $$;
 
@@ -497,6 +508,41 @@ STABLE
 SET search_path = pg_catalog, pgjobs, pg_temp
 AS $$
     SELECT greatest(coalesce(nullif(current_setting('pgjobs.fair_count_every', true), '')::numeric, 1), 0);
+$$;
+
+-- Whether the queue has a never-served cursor (the walk takes the claim then: they go first). The look
+-- is one probe of group_cursors_new_key, but a held snapshot keeps there the dead entry of every cursor
+-- that was never served when created and has been served since: one per group that ran out of work, lost
+-- its cursor and came back (tens a second on a busy fair queue), and each claim passed them all (2.1 ms a
+-- claim after 100 s held at 3,000 jobs/s over 100 groups). Cursors are created by claims only
+-- (_discover_fresh, _discover_groups), and each creation moves the sequence fair_cursor_epoch: a session
+-- whose last look found none skips the look while the sequence has not moved since it read it (before that
+-- look) and that look is less than a second old. Race: a creation whose nextval came before this session
+-- read the sequence and whose commit came after its look is seen at the next look, a second later at most:
+-- the new group is served that much later, never lost (as the floors' safety nets). In the session
+-- setting pgjobs.fair_unserved (jsonb: queue -> [epoch, looked at]); a forged one misleads only the
+-- session that set it.
+CREATE OR REPLACE FUNCTION pgjobs._fair_unserved(v_q text)
+RETURNS boolean
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pgjobs, pg_temp
+AS $$
+DECLARE
+    v_e   bigint := coalesce(pg_sequence_last_value(to_regclass('pgjobs.fair_cursor_epoch')), 0);
+    v_now numeric := extract(epoch FROM clock_timestamp());
+    v_all jsonb := coalesce(nullif(current_setting('pgjobs.fair_unserved', true), '')::jsonb, '{}');
+    v_any boolean;
+BEGIN
+    IF (v_all -> v_q ->> 0)::bigint = v_e AND (v_all -> v_q ->> 1)::numeric + 1 > v_now THEN
+        RETURN false;
+    END IF;
+    v_any := EXISTS (SELECT 1 FROM group_cursors AS g WHERE g.queue = v_q AND g.served_seq = 0);
+    IF NOT v_any THEN
+        PERFORM set_config('pgjobs.fair_unserved',
+                           (v_all || jsonb_build_object(v_q, jsonb_build_array(v_e, v_now)))::text, false);
+    END IF;
+    RETURN v_any;
+END;
 $$;
 
 -- Head floors (under a held snapshot). A group's head is the first entry of jobs_group_idx for
@@ -1810,7 +1856,7 @@ BEGIN
 
     -- Read now, not with the state above: cursors a concurrent discovery committed meanwhile are
     -- new groups, and go before every served one (as the walk's first read would find them).
-    v_unserved := EXISTS (SELECT 1 FROM group_cursors AS g WHERE g.queue = v_q AND g.served_seq = 0);
+    v_unserved := _fair_unserved(v_q);
 
     -- The usual claim, in three statements instead of the walk below: a queue without caps, no
     -- group noisy (so none can turn noisy in this call: the threshold only rises as it leases, and

@@ -142,3 +142,45 @@ def test_a_gate_holds_only_for_its_read_and_queue_and_for_ten_minutes_at_most(co
         "SELECT setval('pgjobs.fair_gate_s', %s::bigint | (hashtext('q') & 1048575)::bigint)", [far]
     )  # an hour ahead, as only the owner could write it
     assert not closed("s", "q")
+
+
+_NEW_KEY = "SELECT pg_stat_get_xact_tuples_returned('pgjobs.group_cursors_new_key'::regclass)"
+
+
+def _new_key_entries(conn: Conn) -> tuple[int, list[dict[str, Any]]]:
+    """Entries of group_cursors_new_key (the never-served cursors, live or dead) one claim of one job was
+    handed, and what it claimed (completed at once)."""
+    with conn.transaction():
+        before = conn.execute(_NEW_KEY).fetchone()[0]  # type: ignore[index]
+        got = call(conn, "claim", worker="w", queues=["q"], max_jobs=1)
+        after = conn.execute(_NEW_KEY).fetchone()[0]  # type: ignore[index]
+        if got:
+            call(conn, "complete", id=got[0]["id"], lease_token=got[0]["lease_token"])
+    return after - before, got
+
+
+def test_the_look_for_never_served_cursors_runs_only_when_one_may_have_been_created(
+    conn: Conn, connect: ConnectFactory
+) -> None:
+    """Under a held snapshot every group that came and went leaves a dead entry in group_cursors_new_key,
+    and the look for never-served cursors passed them all on every claim. A claim now looks only when a
+    cursor was created since its last look found none (the sequence fair_cursor_epoch) or that look is a
+    second old; a group created by another session's claim still goes first at this session's next claim."""
+    _setup(conn)
+    with held_snapshot(connect):
+        for i in range(300):  # groups that come (a never-served cursor) and go (served, then dry)
+            call(conn, "enqueue", kind="k", queue="q", group_key=f"n{i}")
+            _new_key_entries(conn)
+        _work(conn, 3)  # the last of them served too
+        _new_key_entries(conn)  # nothing created since: its look found none
+        quiet, _ = _new_key_entries(conn)
+        conn.execute("SELECT set_config('pgjobs.fair_unserved', '', false)")  # as a session that never looked
+        looked, _ = _new_key_entries(conn)
+        assert quiet <= 2 and looked >= 300, (quiet, looked)
+
+        other = connect()
+        (late,) = call(other, "enqueue", kind="other", queue="q", group_key="late")
+        # the other session's claim registers the new group (a never-served cursor) but takes only kind k
+        assert call(other, "claim", worker="x", queues=["q"], max_jobs=1, kind_limits={"k": 1})
+        _, got = _new_key_entries(conn)
+        assert [r["id"] for r in got] == [late["id"]]  # never served: first

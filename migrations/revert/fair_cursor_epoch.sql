@@ -1,0 +1,4 @@
+-- Revert pgjobs:fair_cursor_epoch from pg
+BEGIN;
+DROP SEQUENCE pgjobs.fair_cursor_epoch;
+COMMIT;

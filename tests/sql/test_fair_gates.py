@@ -13,6 +13,7 @@ import time
 from typing import Any
 
 import psycopg
+import pytest
 from conftest import ConnectFactory
 
 from tests.helpers.foundation import call, held_snapshot
@@ -105,6 +106,7 @@ def test_the_look_for_ungrouped_work_one_session_paid_is_skipped_by_the_others(
         assert max(looked) >= CLAIMS * PER_CLAIM, looked
 
 
+@pytest.mark.smoke  # (on PostgreSQL 18 too: hashtext, pg_sequence_last_value, the bit arithmetic)
 def test_a_gate_holds_only_for_its_read_and_queue_and_for_ten_minutes_at_most(conn: Conn) -> None:
     """What a gate says: closed for the read and the queue it was closed for, for the time asked (at most
     60 s), moved by no session it is closed to (a shorter close leaves it), open first to the session that
@@ -159,6 +161,7 @@ def _new_key_entries(conn: Conn) -> tuple[int, list[dict[str, Any]]]:
     return after - before, got
 
 
+@pytest.mark.smoke
 def test_the_look_for_never_served_cursors_runs_only_when_one_may_have_been_created(
     conn: Conn, connect: ConnectFactory
 ) -> None:

@@ -226,7 +226,7 @@ BEGIN
     )
     SELECT count(*)::int, max(f.k), (SELECT count(*)::int FROM ins) INTO met, last_key, added FROM found AS f;
     IF added > 0 THEN
-        PERFORM nextval('fair_cursor_epoch');   -- never-served cursors: tell the claims (_fair_unserved)
+        PERFORM nextval('pgjobs.fair_cursor_epoch');   -- never-served cursors: tell the claims (_fair_unserved)
     END IF;
 END;
 $$;
@@ -289,7 +289,7 @@ BEGIN
     SELECT (SELECT count(*)::int FROM ins), coalesce(bool_or(f.k IS NULL), false) INTO added, ungrouped
       FROM fresh AS f;
     IF added > 0 THEN
-        PERFORM nextval('fair_cursor_epoch');   -- never-served cursors: tell the claims (_fair_unserved)
+        PERFORM nextval('pgjobs.fair_cursor_epoch');   -- never-served cursors: tell the claims (_fair_unserved)
     END IF;
 END;
 $$;

@@ -394,6 +394,17 @@ $$;
 -- call it (roles.sql), so no role can hold a gate shut; a gate set more than 10 minutes ahead is
 -- ignored all the same. Two fair queues dear at once overwrite each other's gate (one sequence per read,
 -- one queue's hash in it): each then pays as before this change, no worse.
+-- A gate's value: until when (milliseconds since 2020, `seconds` from now) above 20 bits of the queue's hash.
+CREATE OR REPLACE FUNCTION pgjobs._fair_gate_value(v_q text, seconds numeric)
+RETURNS bigint
+LANGUAGE sql
+STABLE
+SET search_path = pg_catalog, pgjobs, pg_temp
+AS $$
+    SELECT (((extract(epoch FROM clock_timestamp()) - 1577836800 + seconds) * 1000)::bigint << 20)
+           | (hashtext(v_q) & 1048575)::bigint;
+$$;
+
 CREATE OR REPLACE FUNCTION pgjobs._fair_gate_closed(v_kind text, v_q text, mine bigint DEFAULT NULL)
 RETURNS boolean
 LANGUAGE sql
@@ -403,12 +414,11 @@ AS $$
     -- (`mine`: the value this session wrote, if it did. The session that closed a gate redoes the read
     -- when it opens; the others wait pgjobs.fair_count_every seconds more, so that the one that claims
     -- most, not one that claims now and then, pays for it.)
-    SELECT coalesce(g.v & 1048575 = (hashtext(v_q) & 1048575)::bigint
-                    AND (g.v >> 20) + CASE WHEN g.v = mine THEN 0 ELSE t.grace END > t.ms
-                    AND (g.v >> 20) <= t.ms + 600000, false)
+    SELECT coalesce(g.v & 1048575 = n.v & 1048575
+                    AND (g.v >> 20) + CASE WHEN g.v = mine THEN 0 ELSE n.grace END > (n.v >> 20)
+                    AND (g.v >> 20) <= (n.v >> 20) + 600000, false)
       FROM (SELECT pg_sequence_last_value(to_regclass('pgjobs.fair_gate_' || v_kind)) AS v) AS g,
-           (SELECT ((extract(epoch FROM clock_timestamp()) - 1577836800) * 1000)::bigint AS ms,
-                   (_fair_count_every() * 1000)::bigint AS grace) AS t;
+           (SELECT _fair_gate_value(v_q, 0) AS v, (_fair_count_every() * 1000)::bigint AS grace) AS n;
 $$;
 
 -- Closes the gate of a read ('a', 'u' or 's') of this queue for `seconds` (at most 60), when it is open
@@ -421,8 +431,7 @@ RETURNS bigint
 LANGUAGE sql
 SET search_path = pg_catalog, pgjobs, pg_temp
 AS $$
-    SELECT setval(g.s, ((((extract(epoch FROM clock_timestamp()) - 1577836800 + least(seconds, 60)) * 1000)::bigint)
-                         << 20) | (hashtext(v_q) & 1048575)::bigint)
+    SELECT setval(g.s, _fair_gate_value(v_q, least(seconds, 60)))
       FROM (SELECT to_regclass('pgjobs.fair_gate_' || v_kind) AS s) AS g
      WHERE g.s IS NOT NULL AND NOT _fair_gate_closed(v_kind, v_q, mine);
 $$;

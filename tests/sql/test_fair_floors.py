@@ -16,6 +16,7 @@ import psycopg
 import pytest
 from conftest import ConnectFactory
 
+from tests.helpers.fair import claim_and_complete
 from tests.helpers.foundation import call, held_snapshot, vacuum_clean
 
 Conn = psycopg.Connection[Any]
@@ -28,13 +29,6 @@ SELECT c.relname, pg_stat_get_xact_blocks_fetched(c.oid)
   FROM pg_class AS c JOIN pg_namespace AS n ON n.oid = c.relnamespace AND n.nspname = 'pgjobs'
  WHERE c.relkind IN ('r', 'i') AND pg_stat_get_xact_blocks_fetched(c.oid) > 0
 """
-
-
-def _claim(conn: Conn, n: int) -> list[dict[str, Any]]:
-    rows = call(conn, "claim", worker="w", queues=["q"], max_jobs=n)
-    if rows:
-        call(conn, "complete_many", ids=[r["id"] for r in rows], lease_tokens=[r["lease_token"] for r in rows])
-    return rows
 
 
 def _probe(conn: Conn) -> dict[str, int]:
@@ -54,7 +48,7 @@ def _setup(conn: Conn, jobs: int = 8000) -> None:
         conn, "enqueue_many", jobs=[{"kind": "k", "queue": "q", "group_key": f"g{i % GROUPS:02}"} for i in range(jobs)]
     )
     for _ in range(4):
-        _claim(conn, PER_CLAIM)  # every group served: the ring is warm
+        claim_and_complete(conn, PER_CLAIM)  # every group served: the ring is warm
     _probe(conn)  # the session's plans are cached
     vacuum_clean(conn, "jobs", "group_cursors", "fair_queues")
     # what a session keeps serves it for the whole test (by default for 1 s)
@@ -78,7 +72,7 @@ def test_a_fair_claim_reads_no_more_after_thousands_of_jobs_under_a_held_snapsho
     with held_snapshot(connect):
         r0 = _probe(conn)
         for _ in range(400):
-            _claim(conn, PER_CLAIM)
+            claim_and_complete(conn, PER_CLAIM)
         assert len(_floors(conn)) == GROUPS  # the head probes proved dear: the session keeps floors
         r1 = _probe(conn)
     grew = {k: (r0.get(k, 0), v) for k, v in r1.items() if v > r0.get(k, 0) + 2 * PER_CLAIM + 4}
@@ -93,22 +87,22 @@ def test_work_below_a_head_floor_is_claimed_at_the_next_claim(conn: Conn, connec
     _setup(conn, jobs=4000)
     with held_snapshot(connect):
         for _ in range(200):
-            _claim(conn, PER_CLAIM)
+            claim_and_complete(conn, PER_CLAIM)
         assert len(_floors(conn)) == GROUPS
         urgent = call(conn, "enqueue", kind="k", queue="q", group_key="g03", priority=-5)[0]["id"]
-        got = _claim(conn, GROUPS)
+        got = claim_and_complete(conn, GROUPS)
         assert urgent in [r["id"] for r in got]
         old = call(conn, "enqueue", kind="k", queue="q", group_key="g05", run_at="2020-01-01T00:00:00Z")[0]["id"]
-        got = _claim(conn, GROUPS)
+        got = claim_and_complete(conn, GROUPS)
         assert old in [r["id"] for r in got]
         for _ in range(5):
-            _claim(conn, PER_CLAIM)  # floors again
+            claim_and_complete(conn, PER_CLAIM)  # floors again
         assert _floors(conn)
         due = call(conn, "enqueue", kind="k", queue="q", group_key="g07", run_at="2020-01-01T00:00:00Z")[0]["id"]
         conn.execute("UPDATE pgjobs.jobs SET state = 'scheduled' WHERE id = %s", [due])  # as if promoted late
-        got = _claim(conn, GROUPS)
+        got = claim_and_complete(conn, GROUPS)
         assert due in [r["id"] for r in got]
-        while _claim(conn, 100):
+        while claim_and_complete(conn, 100):
             pass
     left = conn.execute("SELECT count(*) FROM pgjobs.jobs WHERE queue = 'q' AND state = 'pending'").fetchone()
     assert left == (0,)
@@ -119,7 +113,7 @@ def test_without_a_held_snapshot_no_floor_is_kept(conn: Conn) -> None:
     _setup(conn, jobs=4000)
     for _ in range(100):
         conn.execute("VACUUM pgjobs.jobs_live") if _ % 20 == 0 else None
-        _claim(conn, PER_CLAIM)
+        claim_and_complete(conn, PER_CLAIM)
     assert _floors(conn) == {}
 
 

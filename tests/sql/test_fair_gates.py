@@ -16,6 +16,7 @@ import psycopg
 import pytest
 from conftest import ConnectFactory
 
+from tests.helpers.fair import claim_entries, work
 from tests.helpers.foundation import call, held_snapshot
 
 Conn = psycopg.Connection[Any]
@@ -24,27 +25,12 @@ GROUPS = 20
 PER_CLAIM = 10
 CLAIMS = 300  # 3,000 jobs claimed and completed under the held snapshot
 
-_ENTRIES = (
-    "SELECT pg_stat_get_xact_tuples_returned('pgjobs.jobs_active_idx'::regclass),"
-    " pg_stat_get_xact_tuples_returned('pgjobs.jobs_pending_idx'::regclass)"
-)
-
-
-def _work(conn: Conn, claims: int) -> None:
-    for _ in range(claims):
-        rows = call(conn, "claim", worker="w", queues=["q"], max_jobs=PER_CLAIM)
-        assert rows
-        call(conn, "complete_many", ids=[r["id"] for r in rows], lease_tokens=[r["lease_token"] for r in rows])
-
 
 def _entries(conn: Conn) -> tuple[int, int]:
     """Entries of jobs_active_idx and jobs_pending_idx (live or dead) one fair claim of one job was handed."""
-    with conn.transaction():
-        before = conn.execute(_ENTRIES).fetchone()
-        got = call(conn, "claim", worker="probe", queues=["q"], max_jobs=1)
-        after = conn.execute(_ENTRIES).fetchone()
-    assert before is not None and after is not None and len(got) == 1
-    return int(after[0] - before[0]), int(after[1] - before[1])
+    (active, pending), got = claim_entries(conn, "jobs_active_idx", "jobs_pending_idx")
+    assert len(got) == 1
+    return active, pending
 
 
 def _setup(conn: Conn) -> None:
@@ -63,12 +49,12 @@ def test_a_count_one_session_paid_spares_the_others_while_its_gate_is_closed(
     other = connect()
     other.execute("SET pgjobs.fair_count_every = 0.1")  # keeps its own count 0.1 s, reuses it for 3 s
     with held_snapshot(connect):
-        _work(conn, CLAIMS)
+        assert work(conn, CLAIMS, PER_CLAIM) == CLAIMS * PER_CLAIM
         counted, _ = _entries(other)  # nothing kept yet: it counts, and the count proved dear
         assert counted >= CLAIMS * PER_CLAIM, counted
-        _work(conn, 1)
+        assert work(conn, 1, PER_CLAIM) == PER_CLAIM
         conn.execute("SELECT set_config('pgjobs.fair_kept', '', false)")
-        _work(conn, 1)  # counts again, dear: the gate is closed for 60 s
+        assert work(conn, 1, PER_CLAIM) == PER_CLAIM  # counts again, dear: the gate is closed for 60 s
         time.sleep(0.2)  # the other session's own count is too old to serve by itself
         reused, _ = _entries(other)
         assert reused <= 10, (reused, counted)
@@ -94,7 +80,7 @@ def test_the_look_for_ungrouped_work_one_session_paid_is_skipped_by_the_others(
     assert [r["id"] for r in taken] == [u["id"]]
     conn.execute("SET pgjobs.fair_count_every = 30")
     with held_snapshot(connect):
-        _work(conn, CLAIMS)
+        assert work(conn, CLAIMS, PER_CLAIM) == CLAIMS * PER_CLAIM
         _ = [_entries(conn) for _ in range(16)]  # its 8th claims looked (dear): the gate is closed
         other = connect()
         other.execute("SET pgjobs.fair_count_every = 0.001")  # nothing it keeps itself serves its next claim
@@ -146,19 +132,11 @@ def test_a_gate_holds_only_for_its_read_and_queue_and_for_ten_minutes_at_most(co
     assert not closed("s", "q")
 
 
-_NEW_KEY = "SELECT pg_stat_get_xact_tuples_returned('pgjobs.group_cursors_new_key'::regclass)"
-
-
 def _new_key_entries(conn: Conn) -> tuple[int, list[dict[str, Any]]]:
     """Entries of group_cursors_new_key (the never-served cursors, live or dead) one claim of one job was
     handed, and what it claimed (completed at once)."""
-    with conn.transaction():
-        before = conn.execute(_NEW_KEY).fetchone()[0]  # type: ignore[index]
-        got = call(conn, "claim", worker="w", queues=["q"], max_jobs=1)
-        after = conn.execute(_NEW_KEY).fetchone()[0]  # type: ignore[index]
-        if got:
-            call(conn, "complete", id=got[0]["id"], lease_token=got[0]["lease_token"])
-    return after - before, got
+    (n,), got = claim_entries(conn, "group_cursors_new_key", worker="w", complete=True)
+    return n, got
 
 
 @pytest.mark.smoke
@@ -174,7 +152,7 @@ def test_the_look_for_never_served_cursors_runs_only_when_one_may_have_been_crea
         for i in range(300):  # groups that come (a never-served cursor) and go (served, then dry)
             call(conn, "enqueue", kind="k", queue="q", group_key=f"n{i}")
             _new_key_entries(conn)
-        _work(conn, 3)  # the last of them served too
+        assert work(conn, 3, PER_CLAIM) == 3 * PER_CLAIM  # the last of them served too
         _new_key_entries(conn)  # nothing created since: its look found none
         quiet, _ = _new_key_entries(conn)
         conn.execute("SELECT set_config('pgjobs.fair_unserved', '', false)")  # as a session that never looked
@@ -187,3 +165,24 @@ def test_the_look_for_never_served_cursors_runs_only_when_one_may_have_been_crea
         assert call(other, "claim", worker="x", queues=["q"], max_jobs=1, kind_limits={"k": 1})
         _, got = _new_key_entries(conn)
         assert [r["id"] for r in got] == [late["id"]]  # never served: first
+
+
+def test_a_never_served_cursor_a_look_missed_goes_first_within_a_second(conn: Conn, connect: ConnectFactory) -> None:
+    """The race the sequence leaves open: a claim that created a cursor drew its nextval before this session
+    read the sequence and committed after this session's look. This session then skips the look, but for a
+    second at most: the cursor goes first then, late, never lost."""
+    _setup(conn)
+    assert work(conn, 2, PER_CLAIM) == 2 * PER_CLAIM  # every group served; the last look found none
+    other = connect()
+    (late,) = call(other, "enqueue", kind="other", queue="q", group_key="late")
+    assert call(other, "claim", worker="x", queues=["q"], max_jobs=1, kind_limits={"k": 1})  # registers it
+    # as if this session had read the sequence after that nextval and looked before that commit
+    conn.execute(
+        "SELECT set_config('pgjobs.fair_unserved', jsonb_build_object('q', jsonb_build_array("
+        " (SELECT last_value FROM pgjobs.fair_cursor_epoch), extract(epoch FROM clock_timestamp())))::text, false)"
+    )
+    _, got = _new_key_entries(conn)
+    assert [r["id"] for r in got] != [late["id"]]  # skipped: the look is under a second old
+    time.sleep(1.1)
+    _, got = _new_key_entries(conn)
+    assert [r["id"] for r in got] == [late["id"]]  # looked again: never served, first

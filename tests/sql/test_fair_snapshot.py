@@ -20,6 +20,7 @@ import pytest
 from conftest import ConnectFactory
 
 from pgjobs.ops import migrate as m
+from tests.helpers.fair import claim_entries, work
 from tests.helpers.foundation import call, expire, held_snapshot, run_threads, scalar, vacuum_clean
 
 Conn = psycopg.Connection[Any]
@@ -48,13 +49,7 @@ def _probe(conn: Conn) -> tuple[int, dict[str, int]]:
 
 
 def _work(conn: Conn, claims: int) -> int:
-    done = 0
-    for _ in range(claims):
-        rows = call(conn, "claim", worker="w", queues=["q"], max_jobs=PER_CLAIM)
-        if rows:
-            call(conn, "complete_many", ids=[r["id"] for r in rows], lease_tokens=[r["lease_token"] for r in rows])
-            done += len(rows)
-    return done
+    return work(conn, claims, PER_CLAIM)
 
 
 def _setup(conn: Conn) -> None:
@@ -94,16 +89,10 @@ def test_fair_claim_reads_grow_only_per_group_under_a_held_snapshot(conn: Conn, 
     assert b1 <= 3 * b0 + 50 + 2 * CLAIMS_UNDER_SNAPSHOT * PER_CLAIM // GROUPS, (b0, b1, grew)
 
 
-_ACTIVE_ENTRIES = "SELECT pg_stat_get_xact_tuples_returned('pgjobs.jobs_active_idx'::regclass)"
-
-
-def _active_entries(conn: Conn, worker: str = "probe") -> tuple[int, list[dict[str, Any]]]:
+def _active_entries(conn: Conn) -> tuple[int, list[dict[str, Any]]]:
     """Entries of jobs_active_idx (live or dead) one fair claim of one job was handed, and what it claimed."""
-    with conn.transaction():
-        before = conn.execute(_ACTIVE_ENTRIES).fetchone()[0]  # type: ignore[index]
-        got = call(conn, "claim", worker=worker, queues=["q"], max_jobs=1)
-        after = conn.execute(_ACTIVE_ENTRIES).fetchone()[0]  # type: ignore[index]
-    return after - before, got
+    (n,), got = claim_entries(conn, "jobs_active_idx")
+    return n, got
 
 
 def test_a_fair_claimer_keeps_its_active_counts_while_a_held_snapshot_makes_counting_dear(
@@ -140,16 +129,8 @@ def test_a_fair_claimer_keeps_its_active_counts_while_a_held_snapshot_makes_coun
 
 def _pending_entries(conn: Conn) -> tuple[int, int]:
     """Entries of jobs_pending_idx and of jobs_group_idx (live or dead) one fair claim of one job was handed."""
-    q = (
-        "SELECT pg_stat_get_xact_tuples_returned('pgjobs.jobs_pending_idx'::regclass),"
-        " pg_stat_get_xact_tuples_returned('pgjobs.jobs_group_idx'::regclass)"
-    )
-    with conn.transaction():
-        before = conn.execute(q).fetchone()
-        call(conn, "claim", worker="probe", queues=["q"], max_jobs=1)
-        after = conn.execute(q).fetchone()
-    assert before is not None and after is not None
-    return int(after[0] - before[0]), int(after[1] - before[1])
+    (pending, group), _ = claim_entries(conn, "jobs_pending_idx", "jobs_group_idx")
+    return pending, group
 
 
 def test_the_8th_claims_looks_are_not_paid_again_and_again_under_a_held_snapshot(

@@ -43,7 +43,7 @@ def _install_trace() -> None:
 
     states: dict[str, Any] = getattr(stream_mod, "_STATES", None) or {s.value: s for s in JobState}
 
-    async def read(self: Any, conn: Any) -> Any:
+    async def read(self: Any, conn: Any, drain: bool = False) -> Any:
         self.read_started = time.monotonic()  # the chase's pacing (see subscribe)
         out: list[Any] = []
         while True:
@@ -70,6 +70,8 @@ def _install_trace() -> None:
             if len(got) < stream_mod._PAGE:
                 if head is not None:
                     self.cursor = max(self.cursor, head)
+                return out
+            if not drain:
                 return out
 
     stream_mod._Stream.read = read  # type: ignore[method-assign]

@@ -3,7 +3,8 @@
 One worker process at concurrency 50 runs N no-op jobs at full speed, without and with one live subscriber
 (``bench/_follower.py``: ``client.subscribe(queue=...)`` in a separate process) and the probe (bench/worker.py's
 :class:`~bench.worker.Probe`: an event every 2-8 ms whose commit instant is known), alternating, ``rounds``
-times each. Figures: the throughput with the subscriber against without (bar 0.9x), and the delivery time
+times each (the probe runs in both, so that the ratio is the subscriber's cost alone). Figures: the
+throughput with the subscriber against without (bar 0.9x), and the delivery time
 commit -> subscriber p50 (bar 10 ms) and p99 (bar 50 ms), plus the worker's own events from their ``at``.
 
 ``BENCH_STREAM_TRACE=1`` also splits the delivery time (the notes): the follower times each read_events
@@ -126,7 +127,7 @@ def run(dsn: str, quick: bool = False) -> dict[str, Any]:
             if trace and sub:
                 with connect(dsn) as conn:
                     conn.execute("SELECT pg_stat_reset()")
-            (followed if sub else alone).append(worker.throughput(dsn, n, 1, 50, "all", True, sub))
+            (followed if sub else alone).append(worker.throughput(dsn, n, 1, 50, "all", True, sub, with_probe=True))
             if trace and sub:
                 fn_notes += _functions(dsn)
     idle = idle_delivery(dsn, 2.0 if quick else 6.0)

@@ -207,8 +207,12 @@ def throughput(
     durable: bool = True,
     follower: bool = False,
     groups: int = 0,
+    with_probe: bool | None = None,
 ) -> float:
-    """Jobs/s for one configuration (see the module docstring); ``groups``: a fair queue with that many."""
+    """Jobs/s for one configuration (see the module docstring); ``groups``: a fair queue with that many.
+    ``with_probe`` (default: with the follower) runs :class:`Probe` during the run: the stream suite runs it
+    without the follower too, so that the ratio of the two runs measures the subscriber alone, not the
+    probe's 200 enqueues a second on the same cores."""
     with connect(dsn) as conn:
         conn.execute(
             "SELECT pgjobs.configure_queue(%s, paused => true, status_events => %s, fair => %s)",
@@ -220,7 +224,7 @@ def throughput(
         procs = _start_workers(dsn, processes, QUEUE, concurrency, durable)
         out = Path(f"/tmp/pgjobs-bench-follower-{os.getpid()}.json")
         follow = _start_follower(dsn, out) if follower else None
-        probe = Probe(dsn) if follower else None
+        probe = Probe(dsn) if (follower if with_probe is None else with_probe) else None
         try:
             if follow is not None:
                 _wait_follower(conn, follow)  # subscribed (it starts at the head of the log)

@@ -186,8 +186,10 @@ class _Stream:
         if self.remaining is not None and ev.terminal:
             self.remaining.discard(ev.id)
 
-    async def read(self, conn: psycopg.AsyncConnection[Any]) -> list[StatusEvent]:
-        """Every event after the cursor (page by page), moving the cursor."""
+    async def read(self, conn: psycopg.AsyncConnection[Any], drain: bool = False) -> list[StatusEvent]:
+        """The events after the cursor, moving it: one page (``last_page`` says whether it was full: a live
+        stream hands a page to its consumer before it reads the next, so a follower far behind holds one
+        page, not its whole backlog), or with ``drain`` every page up to the head."""
         self.read_started = time.monotonic()
         out: list[StatusEvent] = []
         while True:
@@ -196,17 +198,20 @@ class _Stream:
             cur = await conn.execute(_READ_SQL, (self.cursor, _PAGE, self.queue, ids, self.batch_id))
             rows = await cur.fetchall()
             head = rows[0][0] if rows else None
-            got = [r for r in rows if r[1] is not None]
+            # An empty page is one row of NULLs (the LEFT JOIN), a full one has no NULL event_id.
+            got = [] if not rows or rows[0][1] is None else rows
             self.last_page = len(got)
-            for row in got:
-                ev = _logged_event(row)
-                if self.wants(ev):
-                    out.append(ev)
+            if self.kinds is None:  # read_events has filtered by queue: every event is wanted
+                out.extend(map(_logged_event, got))
+            else:
+                out.extend(ev for ev in map(_logged_event, got) if self.wants(ev))
             if got:
                 self.cursor = max(self.cursor, got[-1][1])  # in event_id order
             if len(got) < _PAGE:
                 if head is not None:
                     self.cursor = max(self.cursor, head)
+                return out
+            if not drain:
                 return out
 
     async def start(self, conn: psycopg.AsyncConnection[Any]) -> list[StatusEvent]:
@@ -220,7 +225,7 @@ class _Stream:
             self.cursor = int(row[0]) if row and row[0] is not None else 0
             return []
         self.cursor = 0
-        history = await self.read(conn)
+        history = await self.read(conn, drain=True)  # all of it: the resync below must not repeat it
         heard = {ev.id for ev in history}
         return history + await self.resync(conn, exclude=heard, full=True)
 
@@ -301,16 +306,21 @@ async def subscribe(
                 else:
                     assert isinstance(item, Tick)
                     batch = await st.read(item.conn)
-                    if st.tracked and time.monotonic() >= next_resync:
+                    # (At the head only: a job whose events are in pages not read yet is no job to resync.)
+                    if st.tracked and st.last_page < _PAGE and time.monotonic() >= next_resync:
                         next_resync = time.monotonic() + resync_interval
                         batch += await st.resync(item.conn, exclude={e.id for e in batch}, full=False)
                 confirmed = st.last_page == 0
                 while True:
-                    for ev in batch:
-                        st.note(ev)
-                        yield ev
-                        if st.done():
-                            return
+                    if st.tracked:
+                        for ev in batch:
+                            st.note(ev)
+                            yield ev
+                            if st.done():
+                                return
+                    else:  # nothing to note, never done (a queue's follower: its hot loop)
+                        for ev in batch:
+                            yield ev
                     if st.last_page == 0:
                         if confirmed:
                             break
@@ -322,8 +332,10 @@ async def subscribe(
                     # Events came: more are likely on their way. Read again, without waiting for a hint
                     # (writers send none while this follower's last read found events), until a read comes
                     # back empty; that one tells writers to hint again. Paced: at most one read started per
-                    # chase_interval (a sleep of 0 when the last read took that long: still a checkpoint).
-                    await anyio.sleep(max(0.0, st.read_started + chase_interval - time.monotonic()))
+                    # chase_interval (a sleep of 0 when the last read took that long, or when its page was full:
+                    # still a checkpoint).
+                    pause = 0.0 if st.last_page >= _PAGE else st.read_started + chase_interval - time.monotonic()
+                    await anyio.sleep(max(0.0, pause))
                     batch = await st.read(item.conn)
             except (psycopg.OperationalError, psycopg.InterfaceError):
                 continue  # the listener finds the connection broken and reconnects; the cursor stays

@@ -481,3 +481,38 @@ def test_forged_hints_produce_no_event_on_a_queue_stream(dsn: str, conn: psycopg
 
     anyio.run(main)
     assert [(e.kind, e.state.value) for e in events] == [("real", "pending")]
+
+
+def test_a_follower_far_behind_takes_its_backlog_a_page_at_a_time(dsn: str, conn: psycopg.Connection[Any]) -> None:
+    """A live stream reads one page (1,000 events) and hands it over before it reads the next, so a
+    subscriber resuming far behind holds a page, not its backlog; across the pages every event arrives once,
+    in order, for a queue's stream and for a batch's (whose start replays the history whole, then resyncs)."""
+    from pgjobs.client.stream import _PAGE, _Stream
+
+    row = conn.execute("SELECT coalesce((SELECT newest_id FROM pgjobs.stream_head()), 0)").fetchone()
+    assert row is not None
+    head = int(row[0])
+    n = 2 * _PAGE + 500
+    rows = conn.execute(
+        "SELECT id, batch_id FROM pgjobs.enqueue_many(%s, as_batch => true)",
+        [Jsonb([{"kind": "paged", "queue": "paged"}] * n)],
+    ).fetchall()
+    ids = [int(r[0]) for r in rows]
+    batch = int(rows[0][1])
+
+    async def pages() -> list[int]:
+        async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as c:
+            st = _Stream(None, None, "paged", None, head)
+            sizes = []
+            for _ in range(2):
+                sizes.append(len(await st.read(c)))
+                assert st.last_page == _PAGE
+            sizes.append(len(await st.read(c, drain=True)))
+            return sizes
+
+    assert anyio.run(pages) == [_PAGE, _PAGE, 500]
+    by_queue = collect_until(dsn, n, queue="paged", after_id=head)
+    assert [e.id for e in by_queue] == ids
+    assert [e.event_id for e in by_queue] == sorted({e.event_id for e in by_queue})
+    by_batch = collect_until(dsn, n, batch_id=batch)
+    assert [e.id for e in by_batch] == ids and not any(e.resync for e in by_batch)

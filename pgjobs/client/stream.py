@@ -11,6 +11,8 @@ costs the hot path no NOTIFY at all. That next read starts at once when the last
 seconds or more (under load: each read ticks and waits for its commit's WAL flush, so a sleep between reads
 would only add to every event's delay), else when ``chase_interval`` has passed since it started (a trickle
 of events is read in at most 1/chase_interval reads a second, not in as many as the server can answer).
+Each read is one page of up to 1,000 events, handed to the consumer before the next page is read (a full
+page is followed by the next at once): a subscriber far behind holds one page, never its whole backlog.
 
 Where the stream starts: with ``after_id`` it resumes after that event. Otherwise a stream of known jobs
 (``job_ids`` and/or ``batch_id``) replays their retained history from the log, and for watched jobs with no

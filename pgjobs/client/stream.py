@@ -39,7 +39,7 @@ import anyio
 import psycopg
 
 from pgjobs.client._call import AsyncRunner, Call, Rows, SyncRunner, scalar
-from pgjobs.client.listen import Connected, Listener, Notifications, Tick
+from pgjobs.client.listen import Connected, Listener, ListenEvent, Notifications, Tick
 from pgjobs.records import JobState, slot_setters
 
 log = logging.getLogger("pgjobs.stream")
@@ -171,6 +171,7 @@ class _Stream:
         self.last: dict[int, tuple[str, int, str | None]] = {}
         self.last_page = 0  # rows of the last read_events call: more than 0 means "read again by yourself"
         self.read_started = 0.0  # time.monotonic() when the last read began (the chase's pacing)
+        self.next_resync = 0.0  # time.monotonic() after which a poll also re-reads jobs the log says nothing of
 
     def wants(self, ev: StatusEvent) -> bool:
         if self.queue is not None and ev.queue != self.queue:
@@ -215,6 +216,23 @@ class _Stream:
                 return out
             if not drain:
                 return out
+
+    async def woken(self, item: ListenEvent, resync_interval: float) -> list[StatusEvent]:
+        """The first read after the listener woke: (re)connected, hinted, or its poll's tick."""
+        if isinstance(item, Connected):
+            return await (self.start(item.conn) if self.cursor is None else self.read(item.conn))
+        if isinstance(item, Notifications):
+            cursor = self.cursor
+            assert cursor is not None
+            hinted = any(c == STATUS_CHANNEL and hint_wants_read(p, cursor) for c, p in item.items)
+            return await self.read(item.conn) if hinted else []
+        assert isinstance(item, Tick)
+        batch = await self.read(item.conn)
+        # (At the head only: a job whose events are in pages not read yet is no job to resync.)
+        if self.tracked and self.last_page < _PAGE and time.monotonic() >= self.next_resync:
+            self.next_resync = time.monotonic() + resync_interval
+            batch += await self.resync(item.conn, exclude={e.id for e in batch}, full=False)
+        return batch
 
     async def start(self, conn: psycopg.AsyncConnection[Any]) -> list[StatusEvent]:
         """Where the stream starts (see the module docstring)."""
@@ -294,24 +312,11 @@ async def subscribe(
         dsn, [STATUS_CHANNEL], application_name=application_name, options="-c jit=off -c synchronous_commit=off"
     )
     events = listener.events(tick=poll_interval)
-    next_resync = time.monotonic() + resync_interval
+    st.next_resync = time.monotonic() + resync_interval
     try:
         async for item in events:
             try:
-                if isinstance(item, Connected):
-                    batch = await (st.start(item.conn) if st.cursor is None else st.read(item.conn))
-                elif isinstance(item, Notifications):
-                    assert st.cursor is not None
-                    cursor = st.cursor
-                    hinted = any(c == STATUS_CHANNEL and hint_wants_read(p, cursor) for c, p in item.items)
-                    batch = await st.read(item.conn) if hinted else []
-                else:
-                    assert isinstance(item, Tick)
-                    batch = await st.read(item.conn)
-                    # (At the head only: a job whose events are in pages not read yet is no job to resync.)
-                    if st.tracked and st.last_page < _PAGE and time.monotonic() >= next_resync:
-                        next_resync = time.monotonic() + resync_interval
-                        batch += await st.resync(item.conn, exclude={e.id for e in batch}, full=False)
+                batch = await st.woken(item, resync_interval)
                 confirmed = st.last_page == 0
                 while True:
                     if st.tracked:

@@ -163,6 +163,22 @@ $$;
 -- the first), as never-served cursors; existing cursors are left alone. One index descent of
 -- jobs_group_idx per distinct group (a skip scan), whatever the groups' backlogs. Returns how many
 -- groups it met, the last one (where the next sweep resumes), and how many were new.
+-- The registration lock of one group of one queue, tried, never waited for: held to the end of the
+-- transaction by whoever registers the group (_discover_fresh, _discover_groups) or forgets it
+-- (_forget_group). Why: fair_groups' primary key made a registration wait for another transaction's
+-- uncommitted insert or delete of the same group, and claims deadlocked (tests/sql/test_fair_drain.py:
+-- a claim's _discover_fresh registered group b and waited for another claim's insert of group d, while
+-- that claim, having registered d, had its sweep wait for b). A group whose lock is taken is left to
+-- the transaction holding it; if that one forgets it after all, the sweep registers it later (late,
+-- never lost). Two groups whose keys hash alike share a lock: one of them waits for a later claim.
+CREATE OR REPLACE FUNCTION pgjobs._fair_group_lock(queue text, group_key text)
+RETURNS boolean
+LANGUAGE sql
+SET search_path = pg_catalog, pgjobs, pg_temp
+AS $$
+    SELECT pg_try_advisory_xact_lock(hashtextextended('pgjobs.group:' || queue || chr(10) || group_key, 0));
+$$;
+
 CREATE OR REPLACE FUNCTION pgjobs._discover_groups(queue text, after_key text, steps int,
                                                    OUT met int, OUT last_key text, OUT added int)
 LANGUAGE plpgsql
@@ -200,7 +216,7 @@ BEGIN
          WHERE s.k IS NOT NULL AND s.n < steps
     ), found AS (
         SELECT s.k FROM s WHERE s.k IS NOT NULL
-    ), new AS (
+    ), new AS MATERIALIZED (
         SELECT f.k
           FROM found AS f
           -- a probe of fair_groups' primary key per group (LIMIT keeps it a nested loop: an
@@ -215,7 +231,7 @@ BEGIN
     ), known AS (
         -- fair_groups' key decides who registers a group (see _discover_fresh)
         INSERT INTO fair_groups AS g (queue, group_key)
-        SELECT _discover_groups.queue, n.k FROM new AS n
+        SELECT _discover_groups.queue, n.k FROM new AS n WHERE _fair_group_lock(_discover_groups.queue, n.k)
         ON CONFLICT DO NOTHING
         RETURNING g.group_key
     ), ins AS (
@@ -260,7 +276,7 @@ BEGIN
                  ORDER BY x.id
                  LIMIT hi - lo) AS j
          WHERE j.q = _discover_fresh.queue AND j.st = 'pending'
-    ), new AS (
+    ), new AS MATERIALIZED (
         SELECT d.k
           FROM (SELECT DISTINCT f.k FROM fresh AS f WHERE f.k IS NOT NULL) AS d
           -- one probe of fair_groups_pkey per group (LIMIT: not an anti-join reading them all)
@@ -270,14 +286,16 @@ BEGIN
          WHERE g.known IS NULL
     ), known AS (
         -- Race: claims register the groups of the same new jobs side by side (no discovery lock
-        -- here); in key order, so one that waits for another's insert of a key never holds a key
-        -- that one waits for (no deadlock). fair_groups' primary key decides who registers a group:
-        -- only the insert that got the row creates the cursor. group_cursors has no unique key on
-        -- (queue, group_key) (a stamp would check it against every version of the cursor: see
-        -- migrations/deploy/fair_cursor_stamps.sql); a claim whose snapshot missed another's
-        -- registration finds its fair_groups row here, committed or waited for, and adds nothing.
+        -- here). fair_groups' primary key decides who registers a group: only the insert that got the
+        -- row creates the cursor. group_cursors has no unique key on (queue, group_key) (a stamp would
+        -- check it against every version of the cursor: see migrations/deploy/fair_cursor_stamps.sql);
+        -- a claim whose snapshot missed another's committed registration finds its fair_groups row
+        -- here and adds nothing. A group another transaction is registering or forgetting right now
+        -- is skipped, not waited for (_fair_group_lock: key order alone did not keep claims from
+        -- deadlocking, since this claim's sweep registers more groups in a later statement).
         INSERT INTO fair_groups AS g (queue, group_key)
-        SELECT _discover_fresh.queue, n.k FROM new AS n ORDER BY n.k
+        SELECT _discover_fresh.queue, n.k FROM new AS n WHERE _fair_group_lock(_discover_fresh.queue, n.k)
+        ORDER BY n.k
         ON CONFLICT DO NOTHING
         RETURNING g.group_key
     ), ins AS (
@@ -304,6 +322,8 @@ AS $$
     WITH gone AS (
     DELETE FROM pgjobs.group_cursors AS c
      WHERE c.queue = _forget_group.queue AND c.group_key = _forget_group.group_key
+       -- (a group another claim is registering right now is left alone: _fair_group_lock)
+       AND pgjobs._fair_group_lock(_forget_group.queue, _forget_group.group_key)
        -- a cursor another claimer holds is being served: not ours to drop
        AND c.ctid = (SELECT x.ctid FROM pgjobs.group_cursors AS x
                       WHERE x.queue = _forget_group.queue AND x.group_key = _forget_group.group_key
@@ -658,6 +678,26 @@ AS $$
                       false);
 $$;
 
+-- Whether this claim may raise the queue's ring_from now. Why a lock: a claim draws its cursors' new places
+-- (served_seq) from served_seq_seq and commits them a moment later. Meanwhile another claim that reads the
+-- lowest place of the cursors (_fair_ring_floor) does not see those: it sees such a cursor at its old place
+-- (lower: harmless) or, for a cursor never served (0) or created by that claim, not at all, and could raise
+-- ring_from past the place drawn for it; once committed there, the cursor was below ring_from, and no claim
+-- read it again: its group's jobs stayed pending for good (tests/sql/test_fair_drain.py, concurrent
+-- claimers on groups that come and go). So every claim holds the lock below in share mode from before it
+-- draws a place to its commit (_claim_fair), and ring_from is raised only by a claim that gets it in
+-- exclusive mode (held to its commit, a millisecond or so: claims of the queue wait that long), so that no
+-- other claim is between drawing and committing; the claim's own new places are counted by the caller.
+-- Tried only by a claim that is not quiet (every 8th or so, as the row is written then anyway); when the
+-- lock is taken, ring_from stays for now. Each session's hint no longer raises it (see _claim_fair).
+CREATE OR REPLACE FUNCTION pgjobs._fair_ring_raise(v_q text, v_quiet boolean)
+RETURNS boolean
+LANGUAGE sql
+SET search_path = pg_catalog, pgjobs, pg_temp
+AS $$
+    SELECT NOT v_quiet AND pg_try_advisory_xact_lock(hashtextextended('pgjobs.ring:' || v_q, 0));
+$$;
+
 -- The ring_from a claim writes to fair_queues (when it writes the row: see _fair_save_hint): the lowest
 -- served_seq of a served cursor, read from the row's own ring_from on. Not the session's hint, nor what a
 -- walk from it met: any session can SET pgjobs.fair_hint, and a ring_from too high in the shared row
@@ -766,31 +806,176 @@ BEGIN
           INTO f_ids, f_tids, f_ctids, f_seqs, f_n, f_heads, f_last, r_key, r_ctid, r_seq, r_act, r_locked
           FROM r;
     IF f_n = room AND f_heads = room AND (u_out OR u_seq > f_last) THEN
-        WITH stamp AS (
-            UPDATE group_cursors AS c
-               SET served_seq = s.seq, last_served_at = now()
-              FROM unnest(f_ctids, f_seqs) AS s(tid, seq)
-             WHERE c.ctid = s.tid AND c.ctid = ANY (f_ctids)
-        )
-        UPDATE fair_queues AS f
-           SET ring_from = _fair_ring_floor(v_q, f.ring_from),
-               discover_after = v_pos,
-               discover_found = v_found,
-               discover_productive = v_productive,
-               ungrouped_empty = coalesce(u_empty, f.ungrouped_empty),
-               seen_max_id = coalesce(v_maxid, 0),
-               quiet_claims = CASE WHEN v_quiet THEN v_quiet_claims + 1 ELSE 0 END,
-               updated_at = now()
-         WHERE f.queue = v_q
-           -- only when a shared setting changes (a sweep ran, U's state moved): see _fair_save_hint
-           AND (NOT v_quiet OR f.discover_after IS DISTINCT FROM v_pos OR f.discover_found <> v_found
-                OR f.discover_productive <> v_productive
-                OR f.ungrouped_empty <> coalesce(u_empty, f.ungrouped_empty))
-           AND f.ctid = (SELECT x.ctid FROM fair_queues AS x WHERE x.queue = v_q FOR UPDATE SKIP LOCKED);
-        PERFORM _fair_save_hint(v_q, v_maxid, v_quiet, v_quiet_claims, greatest(v_ring_from, r_seq[1]));
+        PERFORM _fair_stamp(v_q, f_ctids, f_seqs, v_pos, v_found, v_productive, u_empty, v_maxid, v_quiet,
+                            v_quiet_claims, greatest(v_ring_from, r_seq[1]));
         ids := f_ids;
         tids := f_tids;
     END IF;
+END;
+$$;
+
+-- What a claim by _fair_fast or _fair_drain writes once it has its picks: the served cursors' new places
+-- in the ring (f_ctids: the cursors as locked, f_seqs: their served_seq values drawn in ring order), the
+-- queue's shared state when a shared setting changed, and the session's hint (ring_from: a lower bound
+-- on every served cursor's served_seq).
+CREATE OR REPLACE FUNCTION pgjobs._fair_stamp(v_q text, f_ctids tid[], f_seqs bigint[], v_pos text, v_found boolean,
+                                              v_productive boolean, u_empty boolean, v_maxid bigint,
+                                              v_quiet boolean, v_quiet_claims int, v_ring_from bigint)
+RETURNS void
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pgjobs, pg_temp
+AS $$
+DECLARE
+    v_raise boolean := _fair_ring_raise(v_q, v_quiet);
+BEGIN
+    WITH stamp AS (
+        UPDATE group_cursors AS c
+           SET served_seq = s.seq, last_served_at = now()
+          FROM unnest(f_ctids, f_seqs) AS s(tid, seq)
+         WHERE c.ctid = s.tid AND c.ctid = ANY (f_ctids)
+    )
+    UPDATE fair_queues AS f
+       -- (the cursors stamped here are seen at their old places by this statement: counted apart)
+       SET ring_from = CASE WHEN v_raise
+                            THEN least(_fair_ring_floor(v_q, f.ring_from),
+                                       greatest(f.ring_from, (SELECT min(x) FROM unnest(f_seqs) AS x)))
+                            ELSE f.ring_from END,
+           discover_after = v_pos,
+           discover_found = v_found,
+           discover_productive = v_productive,
+           ungrouped_empty = coalesce(u_empty, f.ungrouped_empty),
+           seen_max_id = coalesce(v_maxid, 0),
+           quiet_claims = CASE WHEN v_quiet THEN v_quiet_claims + 1 ELSE 0 END,
+           updated_at = now()
+     WHERE f.queue = v_q
+       -- only when a shared setting changes (a sweep ran, U's state moved): see _fair_save_hint
+       AND (NOT v_quiet OR f.discover_after IS DISTINCT FROM v_pos OR f.discover_found <> v_found
+            OR f.discover_productive <> v_productive
+            OR f.ungrouped_empty <> coalesce(u_empty, f.ungrouped_empty))
+       AND f.ctid = (SELECT x.ctid FROM fair_queues AS x WHERE x.queue = v_q FOR UPDATE SKIP LOCKED);
+    PERFORM _fair_save_hint(v_q, v_maxid, v_quiet, v_quiet_claims, v_ring_from);
+END;
+$$;
+
+-- The drain (Cost, the point after the fast path): when every pending job of the ring's groups fits in this
+-- claim, fairness has nothing to decide, and the claim takes them all. That is the usual claim of a worker
+-- that keeps up (pending work arrives and is taken in small numbers over many groups): there the fast path,
+-- one head from each of `room` groups, comes up short (half the groups have nothing pending at any moment),
+-- and the walk took over, pick by pick, 29 % of the claims and 6.7 ms each (bench/soak.py --fair at 60 %,
+-- 100 groups; pg_stat_user_functions). The caller checks what the fast path needs (no caps, no noisy group,
+-- no kind quota) and that the ungrouped jobs have no turn, and calls it only while this session keeps no
+-- head floors (those mean a held snapshot made head probes dear). The ring (never-served cursors too) is
+-- read whole, up to 4 x room + 128 cursors (else the fast path and the walk as before). Two statements: a
+-- count that stops at room + 1 pending jobs (a backlog costs it a few probes), then, when they fit, the
+-- same count again as a gate (one snapshot: nothing that arrived in between is taken unless all of it
+-- fits) and the take: cursors and jobs locked SKIP LOCKED (a group another claim holds is left to it), the
+-- served cursors stamped once each in ring order. Cursors of groups with nothing pending stay (the walk
+-- deletes them when it meets them), so a group that runs dry and comes back keeps its place instead of
+-- coming back never served. Nothing pending: NULL, and the walk runs (it sweeps for groups without a
+-- cursor when a claim finds nothing; a drain that takes some leaves that to the every-8th-claim sweep).
+CREATE OR REPLACE FUNCTION pgjobs._fair_drain(v_q text, room int, v_ring_from bigint, v_unserved boolean,
+                                              a_key text[], a_cnt int[], v_total int, v_noisy_min int,
+                                              v_noisy_share real, v_pos text, v_found boolean, v_productive boolean,
+                                              u_empty boolean, v_maxid bigint, v_quiet boolean, v_quiet_claims int,
+                                              OUT ids bigint[], OUT tids tid[])
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pgjobs, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_max   int := 4 * room + 128;   -- cursors read, at most (the ring is read whole, or not at all)
+    v_n     int;
+    f_ctids tid[];
+    f_seqs  bigint[];
+    f_low   bigint;
+BEGIN
+    SELECT count(*) INTO v_n
+      FROM (SELECT 1
+              FROM (SELECT c.group_key FROM group_cursors AS c
+                     WHERE v_unserved AND c.queue = v_q AND c.served_seq = 0
+                    UNION ALL
+                    (SELECT c.group_key FROM group_cursors AS c
+                      WHERE c.queue = v_q AND c.served_seq + 0 > 0 AND (c.served_seq, c.group_key) > (v_ring_from - 1, '')
+                      ORDER BY c.served_seq, c.group_key
+                      LIMIT v_max)) AS r
+             CROSS JOIN LATERAL (SELECT 1 FROM jobs AS j
+                                  WHERE j.state = 'pending' AND j.queue = v_q AND j.group_key = r.group_key
+                                  LIMIT room + 1) AS x
+             LIMIT room + 1) AS p;
+    IF v_n = 0 OR v_n > room THEN
+        RETURN;
+    END IF;
+    WITH ring AS MATERIALIZED (
+        SELECT c.group_key, c.served_seq, c.ctid AS tid FROM group_cursors AS c
+         WHERE v_unserved AND c.queue = v_q AND c.served_seq = 0
+        UNION ALL
+        (SELECT c.group_key, c.served_seq, c.ctid FROM group_cursors AS c
+          WHERE c.queue = v_q AND c.served_seq + 0 > 0 AND (c.served_seq, c.group_key) > (v_ring_from - 1, '')
+          ORDER BY c.served_seq, c.group_key
+          LIMIT v_max)
+    ), pend AS MATERIALIZED (
+        SELECT r.group_key
+          FROM ring AS r
+         CROSS JOIN LATERAL (SELECT 1 FROM jobs AS j
+                              WHERE j.state = 'pending' AND j.queue = v_q AND j.group_key = r.group_key
+                              LIMIT room + 1) AS x
+         LIMIT room + 1
+    ), took AS MATERIALIZED (
+        SELECT r.group_key, r.served_seq, c.tid, j.id, j.jtid, j.priority, j.run_at
+          FROM ring AS r
+         CROSS JOIN LATERAL (
+                SELECT c.ctid AS tid
+                  FROM group_cursors AS c
+                 WHERE c.ctid = r.tid AND c.queue = v_q AND c.group_key = r.group_key
+                   FOR UPDATE SKIP LOCKED) AS c
+         CROSS JOIN LATERAL (
+                SELECT j.id, j.ctid AS jtid, j.priority, j.run_at
+                  FROM jobs AS j
+                 WHERE j.state = 'pending' AND j.queue = v_q AND j.group_key = r.group_key
+                 ORDER BY j.priority, j.run_at, j.id
+                 LIMIT room
+                   FOR UPDATE SKIP LOCKED) AS j
+         -- Groups with work only (no dry cursor locked), and only when all of it fits, in this snapshot,
+         -- and no group can turn noisy in this claim (its active jobs after it at least noisy_min_active and
+         -- more than noisy_share of the queue's before it): then the walk's picks are round by round, each
+         -- round in ring order, and so are these (below).
+         WHERE r.group_key IN (SELECT p.group_key FROM pend AS p)
+           AND (SELECT count(*) FROM ring) < v_max AND (SELECT count(*) FROM pend) <= room
+           AND NOT EXISTS (SELECT 1 FROM (SELECT p.group_key, count(*) AS n FROM pend AS p GROUP BY p.group_key) AS x
+                            WHERE coalesce(a_cnt[array_position(a_key, x.group_key)], 0) + x.n >= v_noisy_min
+                              AND coalesce(a_cnt[array_position(a_key, x.group_key)], 0) + x.n
+                                  > v_noisy_share * coalesce(v_total, 0))
+         LIMIT room
+    ), o AS MATERIALIZED (
+        -- Each pick's round (its rank in its group) and its group's place in the first round: never-served
+        -- groups first, by their heads (rule 4), then the ring's order (rule 3). A group's last pick is
+        -- in round n (its picks), so its new place in the ring follows (n, place).
+        SELECT t.id, t.jtid, t.tid, t.group_key, t.served_seq,
+               row_number() OVER w AS rk, count(*) OVER (PARTITION BY t.tid) AS n,
+               first_value(t.priority) OVER w AS hp, first_value(t.run_at) OVER w AS hr,
+               first_value(t.id) OVER w AS hi
+          FROM took AS t
+        WINDOW w AS (PARTITION BY t.tid ORDER BY t.priority, t.run_at, t.id)
+    ), g AS (
+        SELECT s.tid, nextval('served_seq_seq') AS seq
+          FROM (SELECT o.tid, o.n, o.served_seq, o.hp, o.hr, o.hi, o.group_key FROM o WHERE o.rk = 1
+                 ORDER BY o.n, o.served_seq, o.hp, o.hr, o.hi, o.group_key) AS s
+    ), gg AS MATERIALIZED (
+        SELECT array_agg(g.tid) AS tids, array_agg(g.seq) AS seqs, min(g.seq) AS low FROM g
+    )
+    SELECT (SELECT array_agg(o.id ORDER BY o.rk, o.served_seq, o.hp, o.hr, o.hi, o.group_key) FROM o),
+           (SELECT array_agg(o.jtid ORDER BY o.rk, o.served_seq, o.hp, o.hr, o.hi, o.group_key) FROM o),
+           gg.tids, gg.seqs,
+           -- the lowest place of a served cursor once these are stamped: a bound for the session's ring_from
+           least(gg.low, (SELECT min(r.served_seq) FROM ring AS r
+                           WHERE r.served_seq > 0 AND r.tid <> ALL (coalesce(gg.tids, '{}'))))
+      INTO ids, tids, f_ctids, f_seqs, f_low
+      FROM gg;
+    IF ids IS NULL THEN
+        RETURN;   -- more came meanwhile, a group could turn noisy, or other claims hold it all: not drained
+    END IF;
+    PERFORM _fair_stamp(v_q, f_ctids, f_seqs, v_pos, v_found, v_productive, u_empty, v_maxid, v_quiet,
+                        v_quiet_claims, greatest(v_ring_from, f_low));
 END;
 $$;
 
@@ -1216,6 +1401,8 @@ LANGUAGE plpgsql
 SET search_path = pg_catalog, pgjobs, pg_temp
 AS $$
 #variable_conflict use_column
+DECLARE
+    v_raise boolean;
 BEGIN
     IF v_nstamped > v_npicked1 THEN
         UPDATE group_cursors AS c
@@ -1242,10 +1429,12 @@ BEGIN
           FROM s JOIN lk ON lk.group_key = s.k
          WHERE c.queue = v_q AND c.group_key = s.k;
     END IF;
+    -- (a statement of its own: its snapshot is taken after _fair_ring_raise's lock)
+    v_raise := _fair_ring_raise(v_q, v_quiet);
     UPDATE fair_queues AS f
        SET ungrouped_seq = u_seq,
            ungrouped_served_at = CASE WHEN u_served THEN now() ELSE f.ungrouped_served_at END,
-           ring_from = _fair_ring_floor(v_q, f.ring_from),
+           ring_from = CASE WHEN v_raise THEN _fair_ring_floor(v_q, f.ring_from) ELSE f.ring_from END,
            discover_after = v_pos,
            discover_found = v_found,
            discover_productive = v_productive,
@@ -1694,6 +1883,7 @@ DECLARE
     v_found   boolean;                     -- this round of the discovery sweep found new groups
     v_productive boolean;                  -- the last complete round did
     v_unserved boolean;                    -- some cursor has never been served (phase 0 has work)
+    v_short   boolean;                     -- the drain or the fast path may take the claim (no walk)
     v_top     int;                         -- the most active jobs of one group at the start
     v_chunk   int := least(greatest(room, 16), 256);   -- cursors the walk reads per statement
     v_limit   int := 1000 + 4 * room;      -- cursors one claim may read
@@ -1804,7 +1994,8 @@ BEGIN
     IF v_hint IS NOT NULL THEN
         v_fq.seen_max_id := (v_hint ->> 0)::bigint;
         v_fq.quiet_claims := (v_hint ->> 1)::int;
-        v_fq.ring_from := greatest(v_fq.ring_from, (v_hint ->> 2)::bigint);
+        -- (not its ring_from: a bound one session computed may pass a place another claim drew and has not
+        -- committed yet; only the shared row's, raised safely, is used: see _fair_ring_raise)
     END IF;
 
     -- Work of a group without a cursor, or ungrouped work, mostly comes with new jobs. While no
@@ -1867,33 +2058,32 @@ BEGIN
     -- new groups, and go before every served one (as the walk's first read would find them).
     v_unserved := _fair_unserved(v_q);
 
-    -- The usual claim, in three statements instead of the walk below: a queue without caps, no
-    -- group noisy (so none can turn noisy in this call: the threshold only rises as it leases, and
-    -- a group is picked at most once here), no never-served cursor, no kind quota that could run
-    -- out. Then the picks are the first `room` groups of the ring whose cursor no other claim
-    -- holds, one head each, in ring order: what the walk picks too, as long as each of those
-    -- groups has a head and the ungrouped jobs' turn (U) does not come before the last of them.
-    -- If not so, the walk below takes over; what was locked here is this claim's own and is found
-    -- again (the served_seq values drawn are skipped: harmless).
-    v_k := NULL;
-    IF v_open IS NOT NULL THEN
-        SELECT min(q) INTO v_k FROM unnest(v_quota) AS q;
-    END IF;
+    -- The usual claims skip the walk below (queue without caps, no group noisy): when all pending work
+    -- fits in the claim, the drain takes it; else, with no never-served cursor and no kind quota that
+    -- could run out, the fast path takes one head from each of the first `room` free groups of the ring
+    -- (what the walk picks too, when each has a head and U's turn does not come first). What either
+    -- leaves, the walk takes over (what they locked is this claim's own and found again). _fair_drain
+    -- and _fair_fast have the why.
+    v_k := (SELECT min(q) FROM unnest(v_quota) AS q);   -- (NULL: no kind quota)
     -- Head floors (see "Head floors"): kept by a session whose head probes proved dear.
     SELECT * INTO v_epoch, h_kept, h_floor FROM _fair_floors(v_q, v_any_kept, v_promoted);
-    v_v2 := _fair_index_visits('jobs_group_idx');
-    v_t0 := clock_timestamp();
-    IF NOT serialized AND NOT v_unserved AND v_cfg.max_active IS NULL AND v_cfg.max_active_per_group IS NULL
-       AND NOT (v_top >= v_cfg.noisy_min_active AND v_top > v_cfg.noisy_share * v_total)
-       AND (v_open IS NULL OR v_k >= room)
-       -- (a session can turn the fast path off: the tests compare it with the walk)
-       AND current_setting('pgjobs.fair_walk_only', true) IS DISTINCT FROM 'on' THEN
-        -- (calls as expressions, here and below: a SELECT ... FROM f() costs a query's start and a
-        -- materialised result, twice what the call does)
+    v_v2 := _fair_index_visits('jobs_group_idx'); v_t0 := clock_timestamp();
+    -- Places in the ring are drawn from here on (see _fair_ring_raise); the drain and the fast path can be
+    -- turned off by a session (the tests compare them with the walk).
+    PERFORM pg_advisory_xact_lock_shared(hashtextextended('pgjobs.ring:' || v_q, 0));
+    v_short := NOT serialized AND v_cfg.max_active IS NULL AND v_cfg.max_active_per_group IS NULL
+               AND NOT (v_top >= v_cfg.noisy_min_active AND v_top > v_cfg.noisy_share * v_total)
+               AND current_setting('pgjobs.fair_walk_only', true) IS DISTINCT FROM 'on';
+    IF v_short AND v_open IS NULL AND u_out AND h_floor IS NULL THEN
+        -- (calls as expressions: a SELECT ... FROM f() costs a query's start and a materialised result)
+        v_f := _fair_drain(v_q, room, v_fq.ring_from, v_unserved, a_key, a_cnt, v_total, v_cfg.noisy_min_active,
+                           v_cfg.noisy_share, v_pos, v_found, v_productive, u_empty, v_maxid, v_quiet, v_fq.quiet_claims);
+        ids := v_f.ids; tids := v_f.tids;
+    END IF;
+    IF ids IS NULL AND v_short AND NOT v_unserved AND (v_open IS NULL OR v_k >= room) THEN
         v_f := _fair_fast(v_q, room, v_open, h_floor, v_fq.ring_from, v_limit, a_key, a_cnt, u_out, u_seq, v_pos,
                           v_found, v_productive, u_empty, v_maxid, v_quiet, v_fq.quiet_claims);
-        ids := v_f.ids;
-        tids := v_f.tids;
+        ids := v_f.ids; tids := v_f.tids;
         l_key := v_f.r_key; l_ctid := v_f.r_ctid; l_seq := v_f.r_seq; l_act := v_f.r_act; l_dead := v_f.r_locked;
     END IF;
     IF ids IS NULL THEN
@@ -1901,8 +2091,7 @@ BEGIN
                           v_cfg.noisy_share, v_fq.ring_from, v_fq.ungrouped_seq, v_total, a_key, a_cnt, v_maxid,
                           v_quiet, v_pos, v_found, v_fq.quiet_claims, v_productive, u_out, u_probed, u_empty, u_hp,
                           u_hr, u_hi, v_unserved, v_chunk, v_limit, l_key, l_ctid, l_seq, l_act, l_dead, h_floor);
-        ids := v_f.ids;
-        tids := v_f.tids;
+        ids := v_f.ids; tids := v_f.tids;
     END IF;
     v_dear_h := _fair_index_visits('jobs_group_idx') - v_v2 > 4 * room + 500;
     IF v_dear_h OR h_kept IS NOT NULL THEN

@@ -863,7 +863,8 @@ $$;
 -- one head from each of `room` groups, comes up short (half the groups have nothing pending at any moment),
 -- and the walk took over, pick by pick, 29 % of the claims and 6.7 ms each (bench/soak.py --fair at 60 %,
 -- 100 groups; pg_stat_user_functions). The caller checks what the fast path needs (no caps, no noisy group,
--- no kind quota) and that the ungrouped jobs have no turn, and calls it only while this session keeps no
+-- no kind quota that can run out: the worker's claims name their kinds, each with a quota of the claim's
+-- size) and that the ungrouped jobs have no turn, and calls it only while this session keeps no
 -- head floors (those mean a held snapshot made head probes dear). The ring (never-served cursors too) is
 -- read whole, up to 4 x room + 128 cursors (else the fast path and the walk as before). Two statements: a
 -- count that stops at room + 1 pending jobs (a backlog costs it a few probes), then, when they fit, the
@@ -873,7 +874,7 @@ $$;
 -- deletes them when it meets them), so a group that runs dry and comes back keeps its place instead of
 -- coming back never served. Nothing pending: NULL, and the walk runs (it sweeps for groups without a
 -- cursor when a claim finds nothing; a drain that takes some leaves that to the every-8th-claim sweep).
-CREATE OR REPLACE FUNCTION pgjobs._fair_drain(v_q text, room int, v_ring_from bigint, v_unserved boolean,
+CREATE OR REPLACE FUNCTION pgjobs._fair_drain(v_q text, room int, v_open text[], v_ring_from bigint, v_unserved boolean,
                                               a_key text[], a_cnt int[], v_total int, v_noisy_min int,
                                               v_noisy_share real, v_pos text, v_found boolean, v_productive boolean,
                                               u_empty boolean, v_maxid bigint, v_quiet boolean, v_quiet_claims int,
@@ -900,6 +901,7 @@ BEGIN
                       LIMIT v_max)) AS r
              CROSS JOIN LATERAL (SELECT 1 FROM jobs AS j
                                   WHERE j.state = 'pending' AND j.queue = v_q AND j.group_key = r.group_key
+                                   AND (v_open IS NULL OR j.kind = ANY (v_open))
                                   LIMIT room + 1) AS x
              LIMIT room + 1) AS p;
     IF v_n = 0 OR v_n > room THEN
@@ -918,6 +920,7 @@ BEGIN
           FROM ring AS r
          CROSS JOIN LATERAL (SELECT 1 FROM jobs AS j
                               WHERE j.state = 'pending' AND j.queue = v_q AND j.group_key = r.group_key
+                                   AND (v_open IS NULL OR j.kind = ANY (v_open))
                               LIMIT room + 1) AS x
          LIMIT room + 1
     ), took AS MATERIALIZED (
@@ -932,6 +935,7 @@ BEGIN
                 SELECT j.id, j.ctid AS jtid, j.priority, j.run_at
                   FROM jobs AS j
                  WHERE j.state = 'pending' AND j.queue = v_q AND j.group_key = r.group_key
+                                   AND (v_open IS NULL OR j.kind = ANY (v_open))
                  ORDER BY j.priority, j.run_at, j.id
                  LIMIT room
                    FOR UPDATE SKIP LOCKED) AS j
@@ -2074,9 +2078,9 @@ BEGIN
     v_short := NOT serialized AND v_cfg.max_active IS NULL AND v_cfg.max_active_per_group IS NULL
                AND NOT (v_top >= v_cfg.noisy_min_active AND v_top > v_cfg.noisy_share * v_total)
                AND current_setting('pgjobs.fair_walk_only', true) IS DISTINCT FROM 'on';
-    IF v_short AND v_open IS NULL AND u_out AND h_floor IS NULL THEN
+    IF v_short AND (v_open IS NULL OR v_k >= room) AND u_out AND h_floor IS NULL THEN
         -- (calls as expressions: a SELECT ... FROM f() costs a query's start and a materialised result)
-        v_f := _fair_drain(v_q, room, v_fq.ring_from, v_unserved, a_key, a_cnt, v_total, v_cfg.noisy_min_active,
+        v_f := _fair_drain(v_q, room, v_open, v_fq.ring_from, v_unserved, a_key, a_cnt, v_total, v_cfg.noisy_min_active,
                            v_cfg.noisy_share, v_pos, v_found, v_productive, u_empty, v_maxid, v_quiet, v_fq.quiet_claims);
         ids := v_f.ids; tids := v_f.tids;
     END IF;

@@ -28,8 +28,8 @@
 --
 -- Cost. A claim never enumerates the groups or their jobs:
 --   * the ring is read in served_seq order on group_cursors_seq_idx, a chunk at a time, from
---     ring_from (fair_queues', or the session's hint when higher: every live cursor's served_seq is
---     at least that, so the index entries that earlier stamps left behind below it are skipped); a
+--     ring_from (fair_queues': every live cursor's served_seq is at least that, so the index entries
+--     that earlier stamps left behind below it are skipped; raised only safely, _fair_ring_raise); a
 --     group's head is one probe of jobs_group_idx (given column statistics: on a table never
 --     analysed the planner ties it with jobs_pending_idx and may take that one, passing every pending
 --     entry of the queue; the workers' vacuum analyses, pgjobs/client/vacuum.py), and the heads of a
@@ -54,6 +54,9 @@
 --   * the usual claim (no caps, no noisy group, no never-served cursor, no kind quota that can run
 --     out) skips the pick-by-pick walk: one statement reads the ring, locks the first free cursors
 --     and their heads, one stamps them; the walk takes over from there when that falls short.
+--   * a claim that fits all the pending work of the ring's groups takes it in one statement, in the
+--     walk's order, and keeps the cursors of groups with nothing pending (_fair_drain): the usual
+--     claim of a worker that keeps up, where the fast path came up short and the walk took over.
 -- Cursors of groups without live work are deleted when the walk meets them (they drift to the
 -- front of the ring as live groups are served), so the table stays the size of the live groups.
 --
@@ -71,8 +74,9 @@
 --   * 204: the head probe of jobs_group_idx (the dead entries of the group's claimed jobs);
 --   * about 80: the fair_queues row, rewritten by every claim (its version chain). Now written only
 --     when a sweep ran or the ungrouped jobs' state moved; what changes every claim (seen_max_id,
---     quiet_claims, ring_from) is the session's hint (_fair_save_hint), and the row's ring_from is read
---     from the cursors when it is written (_fair_ring_floor), never taken from a hint.
+--     quiet_claims) is the session's hint (_fair_save_hint), and the row's ring_from is read from the
+--     cursors when it is written (_fair_ring_floor), never taken from a hint (the hint's ring_from is
+--     no longer read at all: _fair_ring_raise has why).
 -- Built: the skip scan and its cursor probes no longer run on every claim that sees a new job (they
 -- cost 5,373 of the 8,562 buffers a fair claim read after 20,000 jobs under a held snapshot when new
 -- jobs kept coming, the soak's case; the look for ungrouped work on an all-grouped queue 498 more):

@@ -682,24 +682,44 @@ AS $$
                       false);
 $$;
 
--- Whether this claim may raise the queue's ring_from now. Why a lock: a claim draws its cursors' new places
--- (served_seq) from served_seq_seq and commits them a moment later. Meanwhile another claim that reads the
--- lowest place of the cursors (_fair_ring_floor) does not see those: it sees such a cursor at its old place
--- (lower: harmless) or, for a cursor never served (0) or created by that claim, not at all, and could raise
--- ring_from past the place drawn for it; once committed there, the cursor was below ring_from, and no claim
--- read it again: its group's jobs stayed pending for good (tests/sql/test_fair_drain.py, concurrent
--- claimers on groups that come and go). So every claim holds the lock below in share mode from before it
--- draws a place to its commit (_claim_fair), and ring_from is raised only by a claim that gets it in
--- exclusive mode (held to its commit, a millisecond or so: claims of the queue wait that long), so that no
--- other claim is between drawing and committing; the claim's own new places are counted by the caller.
--- Tried only by a claim that is not quiet (every 8th or so, as the row is written then anyway); when the
--- lock is taken, ring_from stays for now. Each session's hint no longer raises it (see _claim_fair).
-CREATE OR REPLACE FUNCTION pgjobs._fair_ring_raise(v_q text, v_quiet boolean)
-RETURNS boolean
-LANGUAGE sql
+-- The ring_from this claim may raise the queue's to now (NULL: none). Why a lock: a claim draws its cursors'
+-- new places (served_seq) from served_seq_seq and commits them a moment later. Meanwhile another claim that
+-- reads the lowest place of the cursors (_fair_ring_floor) does not see those: it sees such a cursor at its
+-- old place (lower: harmless) or, for a cursor never served (0) or created by that claim, not at all, and
+-- could raise ring_from past the place drawn for it; once committed there, the cursor was below ring_from,
+-- and no claim read it again: its group's jobs stayed pending for good (tests/sql/test_fair_drain.py,
+-- concurrent claimers on groups that come and go). So every claim holds the lock below in share mode from
+-- before it draws a place to its commit (_claim_fair), and the lowest place is read only by a claim that
+-- gets it in exclusive mode, in a statement of its own after that: no other claim is then between drawing
+-- and committing, and any place drawn later is higher than all it reads. The exclusive hold is a session
+-- lock released right after that read (an error in between releases it too), so claims of the queue wait
+-- for one index read at most, never for this claim's transaction. `v_own`: the lowest place this claim
+-- drew for cursors it has not stamped visibly yet (else NULL). Tried only by a claim that is not quiet
+-- (every 8th or so: the row is written then anyway); when another claim holds the lock, ring_from stays
+-- for now. Each session's hint no longer raises it (see _claim_fair).
+CREATE OR REPLACE FUNCTION pgjobs._fair_ring_raise(v_q text, v_quiet boolean, v_own bigint DEFAULT NULL)
+RETURNS bigint
+LANGUAGE plpgsql
 SET search_path = pg_catalog, pgjobs, pg_temp
 AS $$
-    SELECT NOT v_quiet AND pg_try_advisory_xact_lock(hashtextextended('pgjobs.ring:' || v_q, 0));
+DECLARE
+    v_key bigint := hashtextextended('pgjobs.ring:' || v_q, 0);
+    v_new bigint;
+BEGIN
+    IF v_quiet OR NOT pg_try_advisory_lock(v_key) THEN
+        RETURN NULL;
+    END IF;
+    BEGIN
+        SELECT least(x.fl, coalesce(greatest(x.ring_from, v_own), x.fl)) INTO v_new
+          FROM (SELECT _fair_ring_floor(v_q, f.ring_from) AS fl, f.ring_from
+                  FROM fair_queues AS f WHERE f.queue = v_q) AS x;
+    EXCEPTION WHEN OTHERS OR query_canceled THEN
+        PERFORM pg_advisory_unlock(v_key);
+        RAISE;
+    END;
+    PERFORM pg_advisory_unlock(v_key);
+    RETURN v_new;
+END;
 $$;
 
 -- The ring_from a claim writes to fair_queues (when it writes the row: see _fair_save_hint): the lowest
@@ -830,7 +850,8 @@ LANGUAGE plpgsql
 SET search_path = pg_catalog, pgjobs, pg_temp
 AS $$
 DECLARE
-    v_raise boolean := _fair_ring_raise(v_q, v_quiet);
+    -- (the cursors stamped here are counted apart: the read sees them at their old places, or not at all)
+    v_raise bigint := _fair_ring_raise(v_q, v_quiet, (SELECT min(x) FROM unnest(f_seqs) AS x));
 BEGIN
     WITH stamp AS (
         UPDATE group_cursors AS c
@@ -839,11 +860,7 @@ BEGIN
          WHERE c.ctid = s.tid AND c.ctid = ANY (f_ctids)
     )
     UPDATE fair_queues AS f
-       -- (the cursors stamped here are seen at their old places by this statement: counted apart)
-       SET ring_from = CASE WHEN v_raise
-                            THEN least(_fair_ring_floor(v_q, f.ring_from),
-                                       greatest(f.ring_from, (SELECT min(x) FROM unnest(f_seqs) AS x)))
-                            ELSE f.ring_from END,
+       SET ring_from = greatest(f.ring_from, v_raise),
            discover_after = v_pos,
            discover_found = v_found,
            discover_productive = v_productive,
@@ -1410,7 +1427,7 @@ SET search_path = pg_catalog, pgjobs, pg_temp
 AS $$
 #variable_conflict use_column
 DECLARE
-    v_raise boolean;
+    v_raise bigint;
 BEGIN
     IF v_nstamped > v_npicked1 THEN
         UPDATE group_cursors AS c
@@ -1437,12 +1454,11 @@ BEGIN
           FROM s JOIN lk ON lk.group_key = s.k
          WHERE c.queue = v_q AND c.group_key = s.k;
     END IF;
-    -- (a statement of its own: its snapshot is taken after _fair_ring_raise's lock)
-    v_raise := _fair_ring_raise(v_q, v_quiet);
+    v_raise := _fair_ring_raise(v_q, v_quiet);   -- (this claim's stamps are visible to it by now)
     UPDATE fair_queues AS f
        SET ungrouped_seq = u_seq,
            ungrouped_served_at = CASE WHEN u_served THEN now() ELSE f.ungrouped_served_at END,
-           ring_from = CASE WHEN v_raise THEN _fair_ring_floor(v_q, f.ring_from) ELSE f.ring_from END,
+           ring_from = greatest(f.ring_from, v_raise),
            discover_after = v_pos,
            discover_found = v_found,
            discover_productive = v_productive,

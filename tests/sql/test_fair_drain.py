@@ -1,20 +1,19 @@
 """The drain of a fair claim (sql/fairness.sql, _fair_drain): when every pending job of the ring's groups fits in
 the claim, the claim takes them all in one statement instead of the pick-by-pick walk. It picks what the walk
 picks, in the walk's order, and leaves the ring in the walk's order; it keeps the cursors of groups with
-nothing pending (the walk deletes those), so a group that runs dry and comes back keeps its place; it never
-runs when more is pending than the claim takes; and concurrent drains never share a job."""
+nothing pending (the walk deletes those), so a group that runs dry and comes back keeps its place; and it
+never runs when more is pending than the claim takes. (Concurrent claimers: test_fair_races.py.)"""
 
 from __future__ import annotations
 
 import random
-import threading
 from typing import Any
 
 import psycopg
 import pytest
 from conftest import ConnectFactory
 
-from tests.helpers.foundation import call, claim, run_threads
+from tests.helpers.foundation import call, claim
 
 Conn = psycopg.Connection[Any]
 
@@ -127,39 +126,3 @@ def test_a_group_that_runs_dry_keeps_its_cursor_and_its_place(conn: Conn) -> Non
     _put(conn, "q", [("c", 0), ("b", 0), ("a", 0), ("a", 0)])
     got = claim(conn, "w", queues=["q"], max_jobs=2)
     assert [r["group_key"] for r in got] == ["a", "b"]
-
-
-def test_concurrent_drains_never_share_a_job(connect: ConnectFactory) -> None:
-    """A producer puts a few jobs at a time into 20 groups while four sessions claim up to 10 each and finish
-    what they took: every job is taken once, and all of them are taken."""
-    setup = connect()
-    _fair(setup, "q")
-    total = 1200
-    done = threading.Event()
-    made: list[int] = []
-
-    def produce() -> None:
-        c = connect()
-        rnd = random.Random(7)
-        while len(made) < total:
-            made.extend(_put(c, "q", [(f"g{rnd.randrange(20)}", 0) for _ in range(rnd.randrange(1, 8))]))
-        done.set()
-
-    producer = threading.Thread(target=produce)
-    producer.start()
-
-    def consume(i: int) -> list[int]:
-        c = connect()
-        mine: list[int] = []
-        idle = 0
-        while idle < 20:
-            rows = claim(c, f"w{i}", queues=["q"], max_jobs=10)
-            _complete(c, rows)
-            mine += [r["id"] for r in rows]
-            idle = idle + 1 if not rows and done.is_set() else 0
-        return mine
-
-    taken = [i for ids in run_threads(4, consume, timeout=120) for i in ids]
-    producer.join(10)
-    assert len(taken) == len(set(taken))
-    assert sorted(taken) == sorted(made)

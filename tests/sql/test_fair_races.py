@@ -1,0 +1,97 @@
+"""Fair claims side by side (sql/fairness.sql): concurrent claimers while groups come and go never share a job
+and leave none behind, a group whose first place in the ring was drawn by a claim still open when another
+claim moved the ring's start is not left below it (its jobs stayed pending for good), and claims that
+register the same new groups do not deadlock."""
+
+from __future__ import annotations
+
+import random
+import threading
+from typing import Any
+
+import psycopg
+from conftest import ConnectFactory
+
+from tests.helpers.foundation import call, claim, run_threads
+
+Conn = psycopg.Connection[Any]
+
+
+def _put(conn: Conn, groups: list[str]) -> list[int]:
+    return [
+        r["id"] for r in call(conn, "enqueue_many", jobs=[{"kind": "k", "queue": "q", "group_key": g} for g in groups])
+    ]
+
+
+def _complete(conn: Conn, rows: list[dict[str, Any]]) -> None:
+    if rows:
+        call(conn, "complete_many", ids=[r["id"] for r in rows], lease_tokens=[r["lease_token"] for r in rows])
+
+
+def test_concurrent_claimers_never_share_a_job_and_leave_none_behind(connect: ConnectFactory) -> None:
+    """A producer puts a few jobs at a time into 20 groups while four sessions claim up to 10 each and finish
+    what they took: every job is taken once, and all of them are taken. (Before 2026-12-06 about half the runs
+    left jobs pending for good, or failed with a deadlock between two claims registering groups.)"""
+    setup = connect()
+    call(setup, "configure_queue", queue="q", fair=True)
+    total = 1200
+    done = threading.Event()
+    made: list[int] = []
+
+    def produce() -> None:
+        c = connect()
+        rnd = random.Random(7)
+        while len(made) < total:
+            made.extend(_put(c, [f"g{rnd.randrange(20)}" for _ in range(rnd.randrange(1, 8))]))
+        done.set()
+
+    producer = threading.Thread(target=produce)
+    producer.start()
+
+    def consume(i: int) -> list[int]:
+        c = connect()
+        mine: list[int] = []
+        idle = 0
+        while idle < 20:
+            rows = claim(c, f"w{i}", queues=["q"], max_jobs=10)
+            _complete(c, rows)
+            mine += [r["id"] for r in rows]
+            idle = idle + 1 if not rows and done.is_set() else 0
+        return mine
+
+    taken = [i for ids in run_threads(4, consume, timeout=120) for i in ids]
+    producer.join(10)
+    assert len(taken) == len(set(taken))
+    assert sorted(taken) == sorted(made)
+
+
+def test_a_place_drawn_by_an_open_claim_stays_above_the_rings_start(connect: ConnectFactory) -> None:
+    """Session A serves a new group g in a transaction it keeps open (g's first place is drawn, not committed).
+    Meanwhile B claims and finishes work in other groups, enough claims for the ring's start (ring_from) to be
+    raised past every place B can see. A commits; g gets more work; B's claims must still reach g."""
+    a, b = connect(), connect()
+    call(b, "configure_queue", queue="q", fair=True)
+    hs = [f"h{i}" for i in range(5)]
+    for _ in range(3):
+        _put(b, hs)
+        _complete(b, claim(b, "b", queues=["q"], max_jobs=5))
+    _put(b, ["g"])
+    with a.transaction():
+        got = claim(a, "a", queues=["q"], max_jobs=1)
+        assert [r["group_key"] for r in got] == ["g"]
+        for _ in range(24):  # every 8th claim may raise ring_from
+            _put(b, hs)
+            _complete(b, claim(b, "b", queues=["q"], max_jobs=5))
+        _complete(a, got)
+    row = b.execute(
+        "SELECT min(c.served_seq) >= min(f.ring_from) FROM pgjobs.group_cursors AS c, pgjobs.fair_queues AS f"
+        " WHERE c.queue = 'q' AND f.queue = 'q' AND c.served_seq > 0"
+    ).fetchone()
+    assert row == (True,)
+    mine = _put(b, ["g", "g"])
+    seen: list[int] = []
+    for _ in range(10):
+        rows = claim(b, "b", queues=["q"], max_jobs=5)
+        seen += [r["id"] for r in rows]
+        _complete(b, rows)
+    assert set(mine) <= set(seen)

@@ -170,9 +170,10 @@ $$;
 -- The registration lock of one group of one queue, tried, never waited for: held to the end of the
 -- transaction by whoever registers the group (_discover_fresh, _discover_groups) or forgets it
 -- (_forget_group). Why: fair_groups' primary key made a registration wait for another transaction's
--- uncommitted insert or delete of the same group, and claims deadlocked (tests/sql/test_fair_drain.py:
--- a claim's _discover_fresh registered group b and waited for another claim's insert of group d, while
--- that claim, having registered d, had its sweep wait for b). A group whose lock is taken is left to
+-- uncommitted insert or delete of the same group: claims deadlocked (a claim's _discover_fresh
+-- registered group b and waited for another claim's insert of group d, while that claim, having
+-- registered d, had its sweep wait for b), and a claim in a transaction left open stalled every claimer
+-- that met the same new group (tests/sql/test_fair_races.py). A group whose lock is taken is left to
 -- the transaction holding it; if that one forgets it after all, the sweep registers it later (late,
 -- never lost). Two groups whose keys hash alike share a lock: one of them waits for a later claim.
 CREATE OR REPLACE FUNCTION pgjobs._fair_group_lock(queue text, group_key text)
@@ -687,8 +688,7 @@ $$;
 -- reads the lowest place of the cursors (_fair_ring_floor) does not see those: it sees such a cursor at its
 -- old place (lower: harmless) or, for a cursor never served (0) or created by that claim, not at all, and
 -- could raise ring_from past the place drawn for it; once committed there, the cursor was below ring_from,
--- and no claim read it again: its group's jobs stayed pending for good (tests/sql/test_fair_drain.py,
--- concurrent claimers on groups that come and go). So every claim holds the lock below in share mode from
+-- and no claim read it again: its group's jobs stayed pending for good (tests/sql/test_fair_races.py). So every claim holds the lock below in share mode from
 -- before it draws a place to its commit (_claim_fair), and the lowest place is read only by a claim that
 -- gets it in exclusive mode, in a statement of its own after that: no other claim is then between drawing
 -- and committing, and any place drawn later is higher than all it reads. The exclusive hold is a session
@@ -840,8 +840,8 @@ $$;
 
 -- What a claim by _fair_fast or _fair_drain writes once it has its picks: the served cursors' new places
 -- in the ring (f_ctids: the cursors as locked, f_seqs: their served_seq values drawn in ring order), the
--- queue's shared state when a shared setting changed, and the session's hint (ring_from: a lower bound
--- on every served cursor's served_seq).
+-- queue's shared state when a shared setting changed (ring_from raised when _fair_ring_raise may), and the
+-- session's hint.
 CREATE OR REPLACE FUNCTION pgjobs._fair_stamp(v_q text, f_ctids tid[], f_seqs bigint[], v_pos text, v_found boolean,
                                               v_productive boolean, u_empty boolean, v_maxid bigint,
                                               v_quiet boolean, v_quiet_claims int, v_ring_from bigint)

@@ -706,7 +706,8 @@ DECLARE
     v_key bigint := hashtextextended('pgjobs.ring:' || v_q, 0);
     v_new bigint;
 BEGIN
-    IF v_quiet OR NOT pg_try_advisory_lock(v_key) THEN
+    -- (READ COMMITTED only: the read below must see every claim that committed before the lock was taken)
+    IF v_quiet OR current_setting('transaction_isolation') <> 'read committed' OR NOT pg_try_advisory_lock(v_key) THEN
         RETURN NULL;
     END IF;
     BEGIN

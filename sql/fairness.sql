@@ -900,7 +900,7 @@ CREATE OR REPLACE FUNCTION pgjobs._fair_drain(v_q text, room int, v_open text[],
                                               a_key text[], a_cnt int[], v_total int, v_noisy_min int,
                                               v_noisy_share real, v_pos text, v_found boolean, v_productive boolean,
                                               u_empty boolean, v_maxid bigint, v_quiet boolean, v_quiet_claims int,
-                                              OUT ids bigint[], OUT tids tid[])
+                                              rounds boolean, OUT ids bigint[], OUT tids tid[])
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pgjobs, pg_temp
 AS $$
@@ -912,6 +912,15 @@ DECLARE
     f_seqs  bigint[];
     f_low   bigint;
 BEGIN
+    IF rounds THEN
+        SELECT * INTO ids, tids, f_ctids, f_seqs
+          FROM _fair_rounds(v_q, room, v_open, v_ring_from, v_max, a_key, a_cnt, v_total, v_noisy_min, v_noisy_share);
+        IF ids IS NOT NULL THEN
+            PERFORM _fair_stamp(v_q, f_ctids, f_seqs, v_pos, v_found, v_productive, u_empty, v_maxid, v_quiet,
+                                v_quiet_claims, v_ring_from);
+        END IF;
+        RETURN;
+    END IF;
     SELECT count(*) INTO v_n
       FROM (SELECT 1
               FROM (SELECT c.group_key FROM group_cursors AS c
@@ -1002,6 +1011,107 @@ BEGIN
     END IF;
     PERFORM _fair_stamp(v_q, f_ctids, f_seqs, v_pos, v_found, v_productive, u_empty, v_maxid, v_quiet,
                         v_quiet_claims, greatest(v_ring_from, f_low));
+END;
+$$;
+
+-- Rounds (the drain's second use, after the fast path came up short): more is pending than the claim takes,
+-- but fewer groups than its size have a head free, or some of the first ones have none. While no group can
+-- turn noisy, the walk's picks are then round by round, each round in ring order: the claim takes the
+-- `room` first jobs in (rank in its group, place of its group) order. So: the served ring read whole (at most
+-- v_max cursors; no never-served cursor, as the fast path requires), each group's pending jobs counted up
+-- to `room`, the depth R of the last round (the least R with sum(least(n, R)) >= room), each group's share
+-- (least(n, R - 1), and one more for the first groups in ring order that have R or more, up to `room`),
+-- then one statement locks the cursors and those jobs (SKIP LOCKED). Anything short of the plan (another
+-- claim holds a cursor or a job, one could turn noisy, the ring is longer): NULL, and the walk takes over
+-- (what was locked is this claim's own and found again). Returns the picks in the walk's order and the
+-- cursors with their new places, drawn in the order of each group's last pick.
+CREATE OR REPLACE FUNCTION pgjobs._fair_rounds(v_q text, room int, v_open text[], v_ring_from bigint, v_max int,
+                                               a_key text[], a_cnt int[], v_total int, v_noisy_min int,
+                                               v_noisy_share real, OUT ids bigint[], OUT tids tid[],
+                                               OUT f_ctids tid[], OUT f_seqs bigint[])
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pgjobs, pg_temp
+AS $$
+DECLARE
+    g_key text[]; g_tid tid[]; g_seq bigint[]; g_n int[]; g_q int[];
+    v_ring int;
+    v_r    int;   -- the depth of the last round
+    v_want int;
+    v_got  int;
+BEGIN
+    SELECT array_agg(r.group_key ORDER BY r.served_seq, r.group_key), array_agg(r.tid ORDER BY r.served_seq, r.group_key),
+           array_agg(r.served_seq ORDER BY r.served_seq, r.group_key), array_agg(x.n ORDER BY r.served_seq, r.group_key),
+           count(*)
+      INTO g_key, g_tid, g_seq, g_n, v_ring
+      FROM (SELECT c.group_key, c.served_seq, c.ctid AS tid FROM group_cursors AS c
+             WHERE c.queue = v_q AND c.served_seq + 0 > 0 AND (c.served_seq, c.group_key) > (v_ring_from - 1, '')
+             ORDER BY c.served_seq, c.group_key
+             LIMIT v_max) AS r
+     CROSS JOIN LATERAL (SELECT count(*)::int AS n
+                           FROM (SELECT 1 FROM jobs AS j
+                                  WHERE j.state = 'pending' AND j.queue = v_q AND j.group_key = r.group_key
+                                    AND (v_open IS NULL OR j.kind = ANY (v_open))
+                                  LIMIT room) AS y) AS x;
+    IF v_ring >= v_max OR g_key IS NULL THEN
+        RETURN;
+    END IF;
+    -- Counts sorted: below the i-th smallest s, sum(least(n, r)) = (sum of the smaller ones) + (those left) * r.
+    SELECT ceil((room - x.prev)::numeric / x.k)::int INTO v_r
+      FROM (SELECT t.s, coalesce(sum(t.s) OVER (ORDER BY t.s, t.o ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING), 0) AS prev,
+                   count(*) OVER () - row_number() OVER (ORDER BY t.s, t.o) + 1 AS k
+              FROM unnest(g_n) WITH ORDINALITY AS t(s, o) WHERE t.s > 0) AS x
+     WHERE x.prev + x.k * x.s >= room
+     ORDER BY x.s, x.k DESC
+     LIMIT 1;
+    v_r := coalesce(v_r, room + 1);   -- (all of it fits: every group gives all it has)
+    WITH b AS (
+        SELECT t.o, least(t.n, v_r - 1) AS base, t.n >= v_r AS more FROM unnest(g_n) WITH ORDINALITY AS t(n, o)
+    ), e AS (
+        SELECT b.o, b.base, CASE WHEN b.more THEN row_number() OVER (PARTITION BY b.more ORDER BY b.o) END AS er
+          FROM b
+    )
+    SELECT array_agg(e.base + CASE WHEN e.er <= room - (SELECT sum(b.base) FROM b) THEN 1 ELSE 0 END ORDER BY e.o),
+           least(room, sum(e.base) + count(e.er))
+      INTO g_q, v_want
+      FROM e;
+    -- No group may turn noisy in this claim (its active jobs after it at least noisy_min_active and more than
+    -- noisy_share of the queue's before it): the walk's order would differ.
+    IF EXISTS (SELECT 1 FROM unnest(g_key, g_q) AS t(k, q)
+                WHERE t.q > 0
+                  AND coalesce(a_cnt[array_position(a_key, t.k)], 0) + t.q >= v_noisy_min
+                  AND coalesce(a_cnt[array_position(a_key, t.k)], 0) + t.q > v_noisy_share * coalesce(v_total, 0)) THEN
+        RETURN;
+    END IF;
+    WITH plan AS (
+        SELECT t.k, t.tid, t.q, t.o FROM unnest(g_key, g_tid, g_q) WITH ORDINALITY AS t(k, tid, q, o) WHERE t.q > 0
+    ), took AS MATERIALIZED (
+        SELECT p.k, p.q, p.o, c.tid, j.id, j.jtid, j.rk
+          FROM plan AS p
+         CROSS JOIN LATERAL (
+                SELECT c.ctid AS tid FROM group_cursors AS c
+                 WHERE c.ctid = p.tid AND c.queue = v_q AND c.group_key = p.k
+                   FOR UPDATE SKIP LOCKED) AS c
+         CROSS JOIN LATERAL (
+                SELECT y.id, y.jtid, row_number() OVER (ORDER BY y.priority, y.run_at, y.id) AS rk
+                  FROM (SELECT j.id, j.ctid AS jtid, j.priority, j.run_at
+                          FROM jobs AS j
+                         WHERE j.state = 'pending' AND j.queue = v_q AND j.group_key = p.k
+                           AND (v_open IS NULL OR j.kind = ANY (v_open))
+                         ORDER BY j.priority, j.run_at, j.id
+                         LIMIT p.q
+                           FOR UPDATE SKIP LOCKED) AS y) AS j
+    ), g AS (
+        SELECT s.tid, nextval('served_seq_seq') AS seq
+          FROM (SELECT DISTINCT ON (t.o) t.tid, t.q, t.o FROM took AS t ORDER BY t.o) AS s
+         ORDER BY s.q, s.o
+    )
+    SELECT (SELECT count(*) FROM took),
+           (SELECT array_agg(t.id ORDER BY t.rk, t.o) FROM took AS t), (SELECT array_agg(t.jtid ORDER BY t.rk, t.o) FROM took AS t),
+           (SELECT array_agg(g.tid) FROM g), (SELECT array_agg(g.seq) FROM g)
+      INTO v_got, ids, tids, f_ctids, f_seqs;
+    IF v_got <> v_want THEN
+        ids := NULL; tids := NULL; f_ctids := NULL; f_seqs := NULL;   -- short of the plan: the walk decides
+    END IF;
 END;
 $$;
 
@@ -1894,8 +2004,7 @@ DECLARE
     v_open    text[] := kinds;             -- kinds claimable in this call (NULL: any)
     v_quota   int[] := quotas;
     v_total   int;                         -- the queue's active jobs
-    a_key     text[];                      -- active jobs per group at the start
-    a_cnt     int[];
+    a_key text[]; a_cnt int[];             -- active jobs per group at the start
     v_v0      bigint;                      -- jobs_active_idx entries visited before the count (NULL: kept)
     v_any_kept boolean;                    -- this session keeps some read (pgjobs.fair_kept is not empty)
     v_kept    jsonb;                       -- the count it kept for this queue, if still good
@@ -1914,18 +2023,12 @@ DECLARE
     v_limit   int := 1000 + 4 * room;      -- cursors one claim may read
     u_seq     bigint;                      -- U's place in the ring
     u_out     boolean := false;            -- U has no turn in this claim
-    u_hp      int;                         -- U's head, when looked for
-    u_hr      timestamptz;
-    u_hi      bigint;
+    u_hp int; u_hr timestamptz; u_hi bigint;   -- U's head, when looked for
     u_probed  boolean := false;
     u_empty   boolean;                     -- what the last look for ungrouped work in this call found
     v_k       int;
     v_f       record;                      -- what _fair_fast or _fair_walk returned
-    l_key     text[];                      -- the ring as the fast path read it, for the walk
-    l_ctid    tid[];
-    l_seq     bigint[];
-    l_act     int[];
-    l_dead    text[];
+    l_key text[]; l_ctid tid[]; l_seq bigint[]; l_act int[]; l_dead text[];   -- the ring as the fast path read it
     v_epoch   bigint;                      -- the claim epoch before the heads are probed (_fair_floors)
     h_kept    jsonb;                       -- this session's head floors for the queue, if still good
     h_floor   jsonb;                       -- the floors this claim's head probes start from (NULL: none)
@@ -2102,7 +2205,7 @@ BEGIN
     IF v_short AND (v_open IS NULL OR v_k >= room) AND u_out AND h_floor IS NULL THEN
         -- (calls as expressions: a SELECT ... FROM f() costs a query's start and a materialised result)
         v_f := _fair_drain(v_q, room, v_open, v_fq.ring_from, v_unserved, a_key, a_cnt, v_total, v_cfg.noisy_min_active,
-                           v_cfg.noisy_share, v_pos, v_found, v_productive, u_empty, v_maxid, v_quiet, v_fq.quiet_claims);
+                           v_cfg.noisy_share, v_pos, v_found, v_productive, u_empty, v_maxid, v_quiet, v_fq.quiet_claims, false);
         ids := v_f.ids; tids := v_f.tids;
     END IF;
     IF ids IS NULL AND v_short AND NOT v_unserved AND (v_open IS NULL OR v_k >= room) THEN
@@ -2110,6 +2213,11 @@ BEGIN
                           v_found, v_productive, u_empty, v_maxid, v_quiet, v_fq.quiet_claims);
         ids := v_f.ids; tids := v_f.tids;
         l_key := v_f.r_key; l_ctid := v_f.r_ctid; l_seq := v_f.r_seq; l_act := v_f.r_act; l_dead := v_f.r_locked;
+        IF ids IS NULL AND u_out AND h_floor IS NULL THEN   -- came up short: rounds (see _fair_rounds)
+            v_f := _fair_drain(v_q, room, v_open, v_fq.ring_from, false, a_key, a_cnt, v_total, v_cfg.noisy_min_active,
+                               v_cfg.noisy_share, v_pos, v_found, v_productive, u_empty, v_maxid, v_quiet, v_fq.quiet_claims, true);
+            ids := v_f.ids; tids := v_f.tids;
+        END IF;
     END IF;
     IF ids IS NULL THEN
         v_f := _fair_walk(v_q, room, kinds, quotas, serialized, v_cfg.max_active_per_group, v_cfg.noisy_min_active,

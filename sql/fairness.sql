@@ -56,7 +56,9 @@
 --     and their heads, one stamps them; the walk takes over from there when that falls short.
 --   * a claim that fits all the pending work of the ring's groups takes it in one statement, in the
 --     walk's order, and keeps the cursors of groups with nothing pending (_fair_drain): the usual
---     claim of a worker that keeps up, where the fast path came up short and the walk took over.
+--     claim of a worker that keeps up, where the fast path came up short and the walk took over; and
+--     one that does not fit but finds fewer groups with a job than its size takes them in rounds, also
+--     in the walk's order (_fair_rounds), before the walk is tried.
 -- Cursors of groups without live work are deleted when the walk meets them (they drift to the
 -- front of the ring as live groups are served), so the table stays the size of the live groups.
 --
@@ -911,10 +913,21 @@ DECLARE
     f_ctids tid[];
     f_seqs  bigint[];
     f_low   bigint;
+    v_v     bigint := _fair_index_visits('jobs_group_idx');
+    v_t0    timestamptz := clock_timestamp();
 BEGIN
+    -- Its reads pass the dead entries of every group's claimed jobs that a held snapshot keeps (a head probe
+    -- passes one group's): once they proved dear, the session leaves its claims to the fast path and the walk
+    -- for pgjobs.fair_count_every seconds (_fair_keep). Rounds only for claims of 8 or more: a smaller one
+    -- that came up short is the walk's, which stops at the first heads it finds.
+    IF (rounds AND room < 8) OR (coalesce(current_setting('pgjobs.fair_kept', true), '') NOT IN ('', '{}')
+                                 AND _fair_kept('d ' || v_q) IS NOT NULL) THEN
+        RETURN;
+    END IF;
     IF rounds THEN
         SELECT * INTO ids, tids, f_ctids, f_seqs
           FROM _fair_rounds(v_q, room, v_open, v_ring_from, v_max, a_key, a_cnt, v_total, v_noisy_min, v_noisy_share);
+        PERFORM _fair_keep('d ' || v_q, _fair_index_visits('jobs_group_idx') - v_v > 4 * room + 500, v_t0);
         IF ids IS NOT NULL THEN
             PERFORM _fair_stamp(v_q, f_ctids, f_seqs, v_pos, v_found, v_productive, u_empty, v_maxid, v_quiet,
                                 v_quiet_claims, v_ring_from);
@@ -935,6 +948,7 @@ BEGIN
                                    AND (v_open IS NULL OR j.kind = ANY (v_open))
                                   LIMIT room + 1) AS x
              LIMIT room + 1) AS p;
+    PERFORM _fair_keep('d ' || v_q, _fair_index_visits('jobs_group_idx') - v_v > 4 * room + 500, v_t0);
     IF v_n = 0 OR v_n > room THEN
         RETURN;
     END IF;

@@ -53,13 +53,13 @@ def _claim_counting(conn: Conn, queue: str, n: int) -> tuple[list[dict[str, Any]
     return rows, path.get((drain, fast, stamp, walk), "walk" if walk else "other")
 
 
-@pytest.mark.parametrize("size", [30, 5])
+@pytest.mark.parametrize("size", [30, 10])
 @pytest.mark.parametrize("seed", range(6))
 def test_a_drain_and_rounds_pick_what_the_walk_picks_in_its_order(
     connect: ConnectFactory, seed: int, size: int
 ) -> None:
     """Two queues with the same jobs, round after round: a few jobs come into some of 8 groups (priorities
-    mixed), then a claim of `size`: of 30 it takes them all (the drain), of 5 it takes some and the rest
+    mixed), then a claim of `size`: of 30 it takes them all (the drain), of 10 it takes some and the rest
     waits (rounds, when the fast path comes up short). The second queue's session claims by the walk alone.
     Each group keeps one job running (claimed at the start and never finished), so no cursor is ever deleted
     and the two rings can be compared; the noisy settings are drawn so that some claims could turn a group
@@ -82,7 +82,9 @@ def test_a_drain_and_rounds_pick_what_the_walk_picks_in_its_order(
     paths: list[str] = []
     pos: dict[str, dict[int, int]] = {"drain": {}, "walk": {}}
     for step in range(25):
-        spec = [(rnd.choice(groups), rnd.choice([0, 0, 1, -1])) for _ in range(rnd.randrange(1, 12))]
+        spec = [
+            (rnd.choice(groups), rnd.choice([0, 0, 1, -1])) for _ in range(rnd.randrange(1, 12 if size > 10 else 18))
+        ]
         for q in ("drain", "walk"):
             pos[q].update({i: len(pos[q]) for i in _put(conn, q, spec)})
         got_d, path = _claim_counting(conn, "drain", size)
@@ -98,9 +100,11 @@ def test_a_drain_and_rounds_pick_what_the_walk_picks_in_its_order(
         assert rings[0] == rings[1], (step, path)
         _complete(conn, got_d)
         _complete(walk, got_w)
-    # (with a low noisy threshold both leave many claims to the walk: a group could turn noisy)
-    took = paths.count("drain" if size > 5 else "rounds")
-    assert took >= (3 if least == 2 or size == 5 else 10), paths
+    # How often the path under test took the claim. With the lowest noisy threshold the drain leaves many
+    # claims to the walk, and the rounds (which take two jobs of a group or more) all of them: a group could
+    # turn noisy. Those runs check the paths agree with the walk whichever takes the claim.
+    took = paths.count("drain" if size > 10 else "rounds")
+    assert took >= {(30, False): 10, (30, True): 3, (10, False): 3, (10, True): 0}[size, least == 2], paths
 
 
 def test_more_pending_than_the_claim_takes_is_not_drained(conn: Conn) -> None:

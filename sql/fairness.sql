@@ -77,8 +77,8 @@
 --   * about 80: the fair_queues row, rewritten by every claim (its version chain). Now written only
 --     when a sweep ran or the ungrouped jobs' state moved; what changes every claim (seen_max_id,
 --     quiet_claims) is the session's hint (_fair_save_hint), and the row's ring_from is read from the
---     cursors when it is written (_fair_ring_floor), never taken from a hint (the hint's ring_from is
---     no longer read at all: _fair_ring_raise has why).
+--     cursors when it is written (_fair_ring_floor). The hint carries no ring_from (it did until
+--     2026-12-06: _fair_ring_raise has why not).
 -- Built: the skip scan and its cursor probes no longer run on every claim that sees a new job (they
 -- cost 5,373 of the 8,562 buffers a fair claim read after 20,000 jobs under a held snapshot when new
 -- jobs kept coming, the soak's case; the look for ungrouped work on an all-grouped queue 498 more):
@@ -663,15 +663,13 @@ BEGIN
 END;
 $$;
 
--- The queue state a claim keeps for the session's next claim on the queue (seen_max_id, quiet_claims,
--- ring_from), in the session setting pgjobs.fair_hint (jsonb: queue -> [seen_max_id, quiet_claims,
--- ring_from]); fair_queues gets them only when the claim writes the row anyway (see the top of this file,
--- "Under a held snapshot": a row rewritten by every claim is a version chain every claim walks). Only
--- hints: a session without one starts from the row, ring_from is a lower bound whichever is used (every
--- served cursor's served_seq is at least the lowest one a claim met, and served_seq_seq only grows), and a
--- stale seen_max_id costs a sweep. Set like SET, so a rolled-back claim leaves the hint as it was.
-CREATE OR REPLACE FUNCTION pgjobs._fair_save_hint(v_q text, v_seen bigint, v_quiet boolean, v_quiet_claims int,
-                                                  v_ring_from bigint)
+-- The queue state a claim keeps for the session's next claim on the queue, in the session setting
+-- pgjobs.fair_hint (jsonb: queue -> [seen_max_id, quiet_claims]); fair_queues gets them only when the claim
+-- writes the row anyway (see the top of this file, "Under a held snapshot": a row rewritten by every claim
+-- is a version chain every claim walks). Only hints: a session without one starts from the row, and a stale
+-- seen_max_id costs a sweep. (ring_from is not among them: _fair_ring_raise has why.) Set like SET, so a
+-- rolled-back claim leaves the hint as it was.
+CREATE OR REPLACE FUNCTION pgjobs._fair_save_hint(v_q text, v_seen bigint, v_quiet boolean, v_quiet_claims int)
 RETURNS void
 LANGUAGE sql
 SET search_path = pg_catalog, pgjobs, pg_temp
@@ -680,8 +678,7 @@ AS $$
                       jsonb_set(coalesce(nullif(current_setting('pgjobs.fair_hint', true), '')::jsonb, '{}'),
                                 ARRAY[v_q],
                                 jsonb_build_array(coalesce(v_seen, 0),
-                                                  CASE WHEN v_quiet THEN v_quiet_claims + 1 ELSE 0 END,
-                                                  v_ring_from))::text,
+                                                  CASE WHEN v_quiet THEN v_quiet_claims + 1 ELSE 0 END))::text,
                       false);
 $$;
 
@@ -698,7 +695,7 @@ $$;
 -- for one index read at most, never for this claim's transaction. `v_own`: the lowest place this claim
 -- drew for cursors it has not stamped visibly yet (else NULL). Tried only by a claim that is not quiet
 -- (every 8th or so: the row is written then anyway); when another claim holds the lock, ring_from stays
--- for now. Each session's hint no longer raises it (see _claim_fair).
+-- for now. (Each session's hint raised it too until 2026-12-06, by what that session saw: not safe.)
 CREATE OR REPLACE FUNCTION pgjobs._fair_ring_raise(v_q text, v_quiet boolean, v_own bigint DEFAULT NULL)
 RETURNS bigint
 LANGUAGE plpgsql
@@ -834,20 +831,21 @@ BEGIN
           FROM r;
     IF f_n = room AND f_heads = room AND (u_out OR u_seq > f_last) THEN
         PERFORM _fair_stamp(v_q, f_ctids, f_seqs, v_pos, v_found, v_productive, u_empty, v_maxid, v_quiet,
-                            v_quiet_claims, greatest(v_ring_from, r_seq[1]));
+                            v_quiet_claims);
         ids := f_ids;
         tids := f_tids;
     END IF;
 END;
 $$;
 
--- What a claim by _fair_fast or _fair_drain writes once it has its picks: the served cursors' new places
--- in the ring (f_ctids: the cursors as locked, f_seqs: their served_seq values drawn in ring order), the
--- queue's shared state when a shared setting changed (ring_from raised when _fair_ring_raise may), and the
--- session's hint.
+-- What a claim writes once it has its picks: the served cursors' new places in the ring (f_ctids: the
+-- cursors as locked, f_seqs: their served_seq values drawn in ring order; the walk stamps its own before,
+-- _fair_finish), the queue's shared state when a shared setting changed (ring_from raised when
+-- _fair_ring_raise may; U's place when the walk moved it: u_seq, u_served), and the session's hint.
 CREATE OR REPLACE FUNCTION pgjobs._fair_stamp(v_q text, f_ctids tid[], f_seqs bigint[], v_pos text, v_found boolean,
                                               v_productive boolean, u_empty boolean, v_maxid bigint,
-                                              v_quiet boolean, v_quiet_claims int, v_ring_from bigint)
+                                              v_quiet boolean, v_quiet_claims int, u_seq bigint DEFAULT NULL,
+                                              u_served boolean DEFAULT false)
 RETURNS void
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pgjobs, pg_temp
@@ -863,7 +861,9 @@ BEGIN
          WHERE c.ctid = s.tid AND c.ctid = ANY (f_ctids)
     )
     UPDATE fair_queues AS f
-       SET ring_from = greatest(f.ring_from, v_raise),
+       SET ungrouped_seq = coalesce(u_seq, f.ungrouped_seq),
+           ungrouped_served_at = CASE WHEN u_served THEN now() ELSE f.ungrouped_served_at END,
+           ring_from = greatest(f.ring_from, v_raise),
            discover_after = v_pos,
            discover_found = v_found,
            discover_productive = v_productive,
@@ -872,12 +872,13 @@ BEGIN
            quiet_claims = CASE WHEN v_quiet THEN v_quiet_claims + 1 ELSE 0 END,
            updated_at = now()
      WHERE f.queue = v_q
-       -- only when a shared setting changes (a sweep ran, U's state moved): see _fair_save_hint
-       AND (NOT v_quiet OR f.discover_after IS DISTINCT FROM v_pos OR f.discover_found <> v_found
+       -- only when a shared setting changes (a sweep ran, U's place or state moved): see _fair_save_hint
+       AND (NOT v_quiet OR u_served OR f.ungrouped_seq <> coalesce(u_seq, f.ungrouped_seq)
+            OR f.discover_after IS DISTINCT FROM v_pos OR f.discover_found <> v_found
             OR f.discover_productive <> v_productive
             OR f.ungrouped_empty <> coalesce(u_empty, f.ungrouped_empty))
        AND f.ctid = (SELECT x.ctid FROM fair_queues AS x WHERE x.queue = v_q FOR UPDATE SKIP LOCKED);
-    PERFORM _fair_save_hint(v_q, v_maxid, v_quiet, v_quiet_claims, v_ring_from);
+    PERFORM _fair_save_hint(v_q, v_maxid, v_quiet, v_quiet_claims);
 END;
 $$;
 
@@ -912,7 +913,6 @@ DECLARE
     v_n     int;
     f_ctids tid[];
     f_seqs  bigint[];
-    f_low   bigint;
     v_v     bigint := _fair_index_visits('jobs_group_idx');
     v_t0    timestamptz := clock_timestamp();
 BEGIN
@@ -930,7 +930,7 @@ BEGIN
         PERFORM _fair_keep('d ' || v_q, _fair_index_visits('jobs_group_idx') - v_v > 4 * room + 500, v_t0);
         IF ids IS NOT NULL THEN
             PERFORM _fair_stamp(v_q, f_ctids, f_seqs, v_pos, v_found, v_productive, u_empty, v_maxid, v_quiet,
-                                v_quiet_claims, v_ring_from);
+                                v_quiet_claims);
         END IF;
         RETURN;
     END IF;
@@ -1009,22 +1009,16 @@ BEGIN
         SELECT s.tid, nextval('served_seq_seq') AS seq
           FROM (SELECT o.tid, o.n, o.served_seq, o.hp, o.hr, o.hi, o.group_key FROM o WHERE o.rk = 1
                  ORDER BY o.n, o.served_seq, o.hp, o.hr, o.hi, o.group_key) AS s
-    ), gg AS MATERIALIZED (
-        SELECT array_agg(g.tid) AS tids, array_agg(g.seq) AS seqs, min(g.seq) AS low FROM g
     )
     SELECT (SELECT array_agg(o.id ORDER BY o.rk, o.served_seq, o.hp, o.hr, o.hi, o.group_key) FROM o),
            (SELECT array_agg(o.jtid ORDER BY o.rk, o.served_seq, o.hp, o.hr, o.hi, o.group_key) FROM o),
-           gg.tids, gg.seqs,
-           -- the lowest place of a served cursor once these are stamped: a bound for the session's ring_from
-           least(gg.low, (SELECT min(r.served_seq) FROM ring AS r
-                           WHERE r.served_seq > 0 AND r.tid <> ALL (coalesce(gg.tids, '{}'))))
-      INTO ids, tids, f_ctids, f_seqs, f_low
-      FROM gg;
+           (SELECT array_agg(g.tid) FROM g), (SELECT array_agg(g.seq) FROM g)
+      INTO ids, tids, f_ctids, f_seqs;
     IF ids IS NULL THEN
         RETURN;   -- more came meanwhile, a group could turn noisy, or other claims hold it all: not drained
     END IF;
     PERFORM _fair_stamp(v_q, f_ctids, f_seqs, v_pos, v_found, v_productive, u_empty, v_maxid, v_quiet,
-                        v_quiet_claims, greatest(v_ring_from, f_low));
+                        v_quiet_claims);
 END;
 $$;
 
@@ -1141,7 +1135,7 @@ CREATE OR REPLACE FUNCTION pgjobs._fair_ring_chunk(v_q text, v_ring_from bigint,
                                                    v_refreshed boolean, v_chunk int, v_limit int, v_open text[],
                                                    v_ids bigint[], a_key text[], a_cnt int[], v_stamped text[],
                                                    INOUT v_phase int, INOUT v_bseq bigint, INOUT v_bkey text,
-                                                   INOUT v_first boolean, INOUT v_lwm bigint, INOUT v_walked int,
+                                                   INOUT v_first boolean, INOUT v_walked int,
                                                    INOUT l1_key text[], INOUT l1_ctid tid[], INOUT l1_seq bigint[],
                                                    INOUT l1_act int[], INOUT l1_hp int[], INOUT l1_hr timestamptz[],
                                                    INOUT l1_hi bigint[], INOUT l1_lid bigint[], INOUT l1_ltid tid[],
@@ -1230,7 +1224,6 @@ BEGIN
                  LIMIT v_chunk) AS c;
         l_hp := NULL; l_hr := NULL; l_hi := NULL; l_dead := NULL;
         IF v_k > 0 THEN
-            v_lwm := coalesce(v_lwm, l_seq[1]);
             v_bseq := l_seq[v_k];
             v_bkey := l_key[v_k];
         END IF;
@@ -1532,8 +1525,8 @@ BEGIN
 END;
 $$;
 
--- The state update at the end of a walked claim (rule 3's stamps, the ring's low-water mark, the
--- discovery sweep's position, U's place). Groups stamped ahead by a batch but not picked after all (the
+-- The state update at the end of a walked claim (rule 3's stamps, then through _fair_stamp the discovery
+-- sweep's position and U's place). Groups stamped ahead by a batch but not picked after all (the
 -- call filled up first, or the group turned out noisy) get their old place in the ring back; the other
 -- served groups are stamped with the last served_seq each got in this call. Race: a cursor another
 -- claimer holds right now is left to it (it has just served that group too), and so is the fair_queues
@@ -1542,17 +1535,14 @@ CREATE OR REPLACE FUNCTION pgjobs._fair_finish(v_q text, v_nstamped int, v_npick
                                                l1_seq bigint[], l1_oldat timestamptz[], l1_nseq bigint[],
                                                l1_picked boolean[], v_unstamped boolean, l2_key text[],
                                                l2_seq bigint[], l2_pick boolean[], l2_wrote boolean[],
-                                               u_seq bigint, u_served boolean, v_lwm bigint, v_pos text,
+                                               u_seq bigint, u_served boolean, v_pos text,
                                                v_found boolean, v_productive boolean, u_empty boolean,
-                                               v_maxid bigint, v_quiet boolean, v_ring_from bigint,
-                                               v_quiet_claims int)
+                                               v_maxid bigint, v_quiet boolean, v_quiet_claims int)
 RETURNS boolean   -- true: a value, so that the walk calls it as an expression, not as a query
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pgjobs, pg_temp
 AS $$
 #variable_conflict use_column
-DECLARE
-    v_raise bigint;
 BEGIN
     IF v_nstamped > v_npicked1 THEN
         UPDATE group_cursors AS c
@@ -1579,25 +1569,9 @@ BEGIN
           FROM s JOIN lk ON lk.group_key = s.k
          WHERE c.queue = v_q AND c.group_key = s.k;
     END IF;
-    v_raise := _fair_ring_raise(v_q, v_quiet);   -- (this claim's stamps are visible to it by now)
-    UPDATE fair_queues AS f
-       SET ungrouped_seq = u_seq,
-           ungrouped_served_at = CASE WHEN u_served THEN now() ELSE f.ungrouped_served_at END,
-           ring_from = greatest(f.ring_from, v_raise),
-           discover_after = v_pos,
-           discover_found = v_found,
-           discover_productive = v_productive,
-           ungrouped_empty = coalesce(u_empty, f.ungrouped_empty),
-           seen_max_id = coalesce(v_maxid, 0),
-           quiet_claims = CASE WHEN v_quiet THEN v_quiet_claims + 1 ELSE 0 END,
-           updated_at = now()
-     WHERE f.queue = v_q
-       -- only when a shared setting changes (a sweep ran, U's place or state moved): see _fair_save_hint
-       AND (NOT v_quiet OR u_served OR f.ungrouped_seq <> u_seq OR f.discover_after IS DISTINCT FROM v_pos
-            OR f.discover_found <> v_found OR f.discover_productive <> v_productive
-            OR f.ungrouped_empty <> coalesce(u_empty, f.ungrouped_empty))
-       AND f.ctid = (SELECT x.ctid FROM fair_queues AS x WHERE x.queue = v_q FOR UPDATE SKIP LOCKED);
-    PERFORM _fair_save_hint(v_q, v_maxid, v_quiet, v_quiet_claims, greatest(v_ring_from, v_lwm));
+    -- (its own stamps are visible to _fair_stamp's ring read by now: none to count apart)
+    PERFORM _fair_stamp(v_q, '{}', '{}', v_pos, v_found, v_productive, u_empty, v_maxid, v_quiet, v_quiet_claims,
+                        u_seq, u_served);
     RETURN true;
 END;
 $$;
@@ -1633,8 +1607,7 @@ $$;
 -- that group, which goes after the others), the boundary after what was read.
 CREATE OR REPLACE FUNCTION pgjobs._fair_walk_start(room int, v_limit int, l_key text[], l_ctid tid[], l_seq bigint[],
                                                    l_act int[], l_dead text[], INOUT v_phase int,
-                                                   INOUT v_bseq bigint, INOUT v_bkey text, OUT v_lwm bigint,
-                                                   OUT v_walked int, OUT l1_key text[], OUT l1_ctid tid[],
+                                                   INOUT v_bseq bigint, INOUT v_bkey text, OUT v_walked int, OUT l1_key text[], OUT l1_ctid tid[],
                                                    OUT l1_seq bigint[], OUT l1_act int[], OUT l1_hp int[],
                                                    OUT l1_hr timestamptz[], OUT l1_hi bigint[], OUT l1_lid bigint[],
                                                    OUT l1_ltid tid[], OUT l1_lkind text[], OUT l1_done boolean[],
@@ -1673,7 +1646,6 @@ BEGIN
             l1_busy[i] := true;
         END IF;
     END LOOP;
-    v_lwm := l1_seq[1];
     v_walked := v_k;
     IF v_k < least(2 * room + 16, v_limit) THEN
         v_phase := 2;   -- the whole ring was read
@@ -1759,7 +1731,6 @@ DECLARE
     v_quota   int[] := quotas;
     v_ids     bigint[] := '{}';
     v_tids    tid[] := '{}';
-    v_lwm     bigint;                      -- lowest served_seq the walk met: the next ring_from
     v_stamped text[] := '{}';              -- groups whose cursor this call has stamped
     v_refreshed boolean := false;          -- the second pass of a quiet claim that came up short
     v_npicked1 int := 0;                   -- picks of groups whose cursor the batch stamped
@@ -1792,7 +1763,7 @@ DECLARE
     v_key text; v_act int; v_id bigint; v_tid tid; v_kind text; v_k int; v_left int; v_r record;
 BEGIN
     IF l_key IS NOT NULL THEN
-        SELECT * INTO v_phase, v_bseq, v_bkey, v_lwm, v_walked, l1_key, l1_ctid, l1_seq, l1_act, l1_hp, l1_hr, l1_hi,
+        SELECT * INTO v_phase, v_bseq, v_bkey, v_walked, l1_key, l1_ctid, l1_seq, l1_act, l1_hp, l1_hr, l1_hi,
                       l1_lid, l1_ltid, l1_lkind, l1_done, l1_busy, l1_nseq, l1_oldat, l1_picked
           FROM _fair_walk_start(room, v_limit, l_key, l_ctid, l_seq, l_act, l_dead, v_phase, v_bseq, v_bkey);
     END IF;
@@ -1814,11 +1785,11 @@ BEGIN
             END IF;
         END LOOP;
         IF p1 > cardinality(l1_key) AND v_phase < 2 THEN   -- L1 used up: the next chunk first
-            SELECT * INTO v_phase, v_bseq, v_bkey, v_first, v_lwm, v_walked, l1_key, l1_ctid, l1_seq, l1_act,
+            SELECT * INTO v_phase, v_bseq, v_bkey, v_first, v_walked, l1_key, l1_ctid, l1_seq, l1_act,
                           l1_hp, l1_hr, l1_hi, l1_lid, l1_ltid, l1_lkind, l1_done, l1_busy, l1_nseq, l1_oldat,
                           l1_picked
               FROM _fair_ring_chunk(v_q, v_ring_from, serialized, v_refreshed, v_chunk, v_limit, v_open, v_ids, a_key,
-                                    a_cnt, v_stamped, v_phase, v_bseq, v_bkey, v_first, v_lwm, v_walked, l1_key,
+                                    a_cnt, v_stamped, v_phase, v_bseq, v_bkey, v_first, v_walked, l1_key,
                                     l1_ctid, l1_seq, l1_act, l1_hp, l1_hr, l1_hi, l1_lid, l1_ltid, l1_lkind,
                                     l1_done, l1_busy, l1_nseq, l1_oldat, l1_picked);
             CONTINUE picks;
@@ -1983,8 +1954,8 @@ BEGIN
     END LOOP;
 
     v_win := _fair_finish(v_q, cardinality(v_stamped), v_npicked1, l1_key, l1_seq, l1_oldat, l1_nseq, l1_picked,
-                         v_unstamped, l2_key, l2_seq, l2_pick, l2_wrote, u_seq, u_served, v_lwm, v_pos, v_found,
-                         v_productive, u_empty, v_maxid, v_quiet, v_ring_from, v_quiet_claims);
+                         v_unstamped, l2_key, l2_seq, l2_pick, l2_wrote, u_seq, u_served, v_pos, v_found,
+                         v_productive, u_empty, v_maxid, v_quiet, v_quiet_claims);
     ids := v_ids;
     tids := v_tids;
 END;
@@ -2012,7 +1983,7 @@ DECLARE
     v_fresh   boolean;                     -- the jobs inserted since the previous claim were read by id
     v_expired boolean;                     -- an active job's lease has run out
     v_promoted boolean := false;           -- _promote_due ran in this call
-    v_hint    jsonb;                       -- this session's [seen_max_id, quiet_claims, ring_from]
+    v_hint    jsonb;                       -- this session's [seen_max_id, quiet_claims]
     u_fresh   boolean := false;            -- one of them is ungrouped
     v_cfg     queues;
     v_open    text[] := kinds;             -- kinds claimable in this call (NULL: any)
@@ -2135,9 +2106,7 @@ BEGIN
     v_hint := nullif(current_setting('pgjobs.fair_hint', true), '')::jsonb -> v_q;
     IF v_hint IS NOT NULL THEN
         v_fq.seen_max_id := (v_hint ->> 0)::bigint;
-        v_fq.quiet_claims := (v_hint ->> 1)::int;
-        -- (not its ring_from: a bound one session computed may pass a place another claim drew and has not
-        -- committed yet; only the shared row's, raised safely, is used: see _fair_ring_raise)
+        v_fq.quiet_claims := (v_hint ->> 1)::int;   -- (ring_from only from the row: _fair_ring_raise)
     END IF;
 
     -- Work of a group without a cursor, or ungrouped work, mostly comes with new jobs. While no

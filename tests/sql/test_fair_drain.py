@@ -13,6 +13,7 @@ import psycopg
 import pytest
 from conftest import ConnectFactory
 
+from tests.helpers.fair import shortcut_and_walk
 from tests.helpers.foundation import call, claim
 
 Conn = psycopg.Connection[Any]
@@ -65,12 +66,7 @@ def test_a_drain_and_rounds_pick_what_the_walk_picks_in_its_order(
     and the two rings can be compared; the noisy settings are drawn so that some claims could turn a group
     noisy (the drain and the rounds then leave the claim to the walk)."""
     rnd = random.Random(seed)
-    conn = connect()
-    walk = connect()
-    walk.execute("SET pgjobs.fair_walk_only = on")
-    for c in (conn, walk):
-        c.execute("SET track_functions = 'pl'")
-        c.execute("SET pgjobs.fair_count_every = 0")  # no count kept between claims (see test_fairness)
+    conn, walk = shortcut_and_walk(connect)
     least, share = [(1000, 0.5), (3, 0.5), (2, 0.3)][seed % 3]
     noisy = {"noisy_min_active": least, "noisy_share": share}
     groups = [f"g{i}" for i in range(8)]

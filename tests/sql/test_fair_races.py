@@ -95,3 +95,33 @@ def test_a_place_drawn_by_an_open_claim_stays_above_the_rings_start(connect: Con
         seen += [r["id"] for r in rows]
         _complete(b, rows)
     assert set(mine) <= set(seen)
+
+
+def test_the_ring_raise_runs_alone_under_read_committed_and_lets_go_of_its_lock(connect: ConnectFactory) -> None:
+    """_fair_ring_raise reads the ring's lowest place only while no other claim of the queue is between
+    drawing places and committing (their share of the ring lock), only under READ COMMITTED (a snapshot
+    older than the lock would miss claims that committed before it), only for a claim that is not quiet, and
+    holds the lock in exclusive mode for that read alone: none is left held after the call."""
+    a, b = connect(), connect()
+    call(a, "configure_queue", queue="q", fair=True)
+    _put(a, ["g1", "g2", "g1"])
+    for _ in range(2):
+        _complete(a, claim(a, "a", queues=["q"], max_jobs=2))
+
+    def raise_(conn: Conn) -> Any:
+        row = conn.execute("SELECT pgjobs._fair_ring_raise('q', false)").fetchone()
+        assert row is not None
+        return row[0]
+
+    held = "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid()"
+    assert raise_(a) is not None
+    assert a.execute(held).fetchone() == (0,)
+    assert a.execute("SELECT pgjobs._fair_ring_raise('q', true)").fetchone() == (None,)  # a quiet claim
+    with a.transaction():
+        a.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+        assert raise_(a) is None
+    with b.transaction():
+        b.execute("SELECT pg_advisory_xact_lock_shared(hashtextextended('pgjobs.ring:q', 0))")  # a claim in flight
+        assert raise_(a) is None
+    assert raise_(a) is not None
+    assert a.execute(held).fetchone() == (0,)

@@ -309,7 +309,7 @@ def test_an_expired_lease_found_by_the_count_is_reclaimed_and_not_counted(conn: 
 
 def test_the_fair_queues_row_is_written_only_when_a_shared_setting_moves(conn: Conn, connect: ConnectFactory) -> None:
     """A claim that neither sweeps nor moves the ungrouped jobs' state leaves the fair_queues row as it was
-    (its own seen_max_id, quiet count and ring_from go to the session's hint), so under a held snapshot the
+    (its own seen_max_id and quiet count go to the session's hint), so under a held snapshot the
     row's version chain grows by one version per sweep (every 8th claim), not per claim, and reading it
     stays flat."""
     _setup(conn)
@@ -320,7 +320,7 @@ def test_the_fair_queues_row_is_written_only_when_a_shared_setting_moves(conn: C
         xmins.append(conn.execute(version).fetchone())
     assert len(set(xmins)) <= 3, xmins  # at most two sweeps in 16 claims (and the state before them)
     hint = conn.execute("SELECT current_setting('pgjobs.fair_hint', true)::jsonb -> 'q'").fetchone()
-    assert hint is not None and hint[0] is not None and len(hint[0]) == 3
+    assert hint is not None and hint[0] is not None and len(hint[0]) == 2  # [seen_max_id, quiet claims]
 
     with held_snapshot(connect):
         _probe(conn)
@@ -334,7 +334,7 @@ def test_the_fair_queues_row_is_written_only_when_a_shared_setting_moves(conn: C
 
 def test_sessions_taking_turns_serve_every_group_once_a_round(connect: ConnectFactory) -> None:
     """Race: two sessions claiming one job at a time, alternately, each with its own hint of the queue's
-    state (ring_from among it): the ring goes round exactly, no group served twice before every group was
+    state: the ring goes round exactly, no group served twice before every group was
     served once, in each of three rounds (a hint that skipped a cursor would leave a group out)."""
     a, b = connect(), connect()
     call(a, "configure_queue", queue="q", fair=True)
@@ -389,9 +389,9 @@ def test_claimers_registering_the_same_new_groups_side_by_side(connect: ConnectF
 
 
 def test_a_forged_hint_stays_in_its_session(connect: ConnectFactory) -> None:
-    """pgjobs.fair_hint is a session setting anyone can SET: a ring_from far ahead in it changes only that
-    session's own picks; the fair_queues row keeps a ring_from read from the cursors, and another session
-    still serves every group once a round."""
+    """pgjobs.fair_hint is a session setting anyone can SET: a ring_from far ahead in it (the hint's third
+    element once; no longer read) moves nothing; the fair_queues row keeps a ring_from read from the cursors,
+    and another session still serves every group once a round."""
     a, b = connect(), connect()
     call(a, "configure_queue", queue="q", fair=True)
     n = 12

@@ -15,6 +15,7 @@ import psycopg
 import pytest
 from conftest import ConnectFactory
 
+from tests.helpers.fair import shortcut_and_walk
 from tests.helpers.foundation import call, claim, enqueue, expire, run_threads
 
 Conn = psycopg.Connection[Any]
@@ -487,14 +488,7 @@ def test_the_fast_path_picks_what_the_walk_picks(connect: ConnectFactory, seed: 
     import random
 
     rnd = random.Random(seed)
-    conn = connect()
-    walk = connect()
-    walk.execute("SET pgjobs.fair_walk_only = on")
-    for c in (conn, walk):
-        # No count or look kept between claims (fairness.sql, "Reads a claim skips for a while"): a kept one
-        # serves for pgjobs.fair_count_every seconds, so two sessions claiming at different instants used
-        # different ones and picked differently (seen in 5 of 12 runs of the 10 seeds, autovacuum off).
-        c.execute("SET pgjobs.fair_count_every = 0")
+    conn, walk = shortcut_and_walk(connect)
     settings = {"noisy_min_active": rnd.choice([2, 3]), "noisy_share": rnd.choice([0.3, 0.5])}
     for q in ("fast", "walk"):
         fair(conn, queue=q, **settings)

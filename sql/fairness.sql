@@ -36,13 +36,13 @@
 --     run of groups are locked, and their cursors stamped, in one statement;
 --   * a group arriving with a new job gets its cursor at the next claim: the jobs inserted since
 --     the session's previous claim on the queue (ids above its seen_max_id: the session's hint, see
---     _fair_save_hint, else fair_queues'; up to 2,048 of them) are read by id
+--     _fair_save_hint, else fair_queues'; up to 16,384 of them) are read by id
 --     (_discover_fresh), and their groups without a row in fair_groups (one row per group with a
 --     cursor, never updated) are registered; that also tells whether ungrouped work arrived;
 --   * other groups get their cursor from an incremental skip scan over jobs_group_idx (16 distinct
 --     groups per sweep, resuming where the previous sweep stopped), for work that became pending
 --     without a new job (a due scheduled job, a retry, a dependency met, an insert that committed
---     after a claim read past its id) or when more than 2,048 jobs came in since the session's
+--     after a claim read past its id) or when more than 16,384 jobs came in since the session's
 --     previous claim (a session that claims seldom on a busy server: as before, every such claim
 --     sweeps), and otherwise a claim sweeps only while the sweeps keep finding groups,
 --     every 8th claim, or when it comes up short (then 256 groups at once): such a group is found
@@ -1978,7 +1978,12 @@ AS $$
 #variable_conflict use_column
 DECLARE
     c_discover_steps CONSTANT int := 16;   -- groups the skip scan registers per claim
-    c_fresh_ids CONSTANT int := 2048;      -- new job ids _discover_fresh reads, at most (more: the skip scan)
+    -- New job ids _discover_fresh reads, at most (more: the skip scan, not gated). 2,048 until 2026-12-06: in the
+    -- fair soak with a snapshot held for minutes, one slow claim let more ids than that arrive before the next,
+    -- which swept; the sweep, slower than the time 2,048 jobs take to arrive, made the next claim sweep too, and
+    -- so on (46-61 sweeps a minute at 300-660 ms each, half the claimer's time). Reading 16,384 new ids costs a
+    -- few ms whatever the snapshot: a claim now sweeps unasked only after a pause of that many jobs.
+    c_fresh_ids CONSTANT int := 16384;
     v_q       text := _claim_fair.queue;
     v_fresh   boolean;                     -- the jobs inserted since the previous claim were read by id
     v_expired boolean;                     -- an active job's lease has run out

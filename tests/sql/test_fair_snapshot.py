@@ -238,6 +238,22 @@ def test_a_new_group_goes_first_at_the_next_claim_whatever_the_number_of_groups(
     assert [r["group_key"] for r in got] == ["zz-new"]
 
 
+def test_a_pause_of_thousands_of_new_jobs_registers_their_groups_by_id(conn: Conn) -> None:
+    """5,000 jobs in 40 new groups arriving between two claims of a session (a pause of a slow claimer on a busy
+    queue): the next claim registers all 40 from the new ids. Up to 2,048 new ids were read so, and past that the
+    claim swept 16 groups instead; in the fair soak under a held snapshot each such sweep was slow enough to let
+    2,048 more jobs arrive before the next claim, which swept again (sql/fairness.sql, c_fresh_ids)."""
+    call(conn, "configure_queue", queue="q", fair=True)
+    call(conn, "enqueue_many", jobs=[{"kind": "k", "queue": "q", "group_key": "a"} for _ in range(10)])
+    assert len(call(conn, "claim", worker="w", queues=["q"], max_jobs=1)) == 1
+    jobs = [{"kind": "k", "queue": "q", "group_key": f"n{i % 40:02}"} for i in range(5000)]
+    call(conn, "enqueue_many", jobs=jobs)
+    got = call(conn, "claim", worker="w", queues=["q"], max_jobs=1)
+    assert [r["group_key"] for r in got] == ["n00"]  # never served and the oldest head
+    registered = conn.execute("SELECT count(*) FROM pgjobs.fair_groups WHERE queue = 'q'").fetchone()[0]
+    assert registered == 41
+
+
 def test_ungrouped_work_arriving_gets_its_turn(conn: Conn) -> None:
     """Ungrouped jobs arriving on an all-grouped queue (the last look found none) take their turn within
     a round, as before: the new ids tell the claim that ungrouped work came."""

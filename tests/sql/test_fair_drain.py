@@ -54,7 +54,7 @@ def _claim_counting(conn: Conn, queue: str, n: int) -> tuple[list[dict[str, Any]
     return rows, path.get((drain, fast, stamp, walk), "walk" if walk else "other")
 
 
-@pytest.mark.parametrize("size", [30, 10])
+@pytest.mark.parametrize("size", [30, 10, 4])
 @pytest.mark.parametrize("seed", range(6))
 def test_a_drain_and_rounds_pick_what_the_walk_picks_in_its_order(
     connect: ConnectFactory, seed: int, size: int
@@ -99,8 +99,36 @@ def test_a_drain_and_rounds_pick_what_the_walk_picks_in_its_order(
     # How often the path under test took the claim. With the lowest noisy threshold the drain leaves many
     # claims to the walk, and the rounds (which take two jobs of a group or more) all of them: a group could
     # turn noisy. Those runs check the paths agree with the walk whichever takes the claim.
-    took = paths.count("drain" if size > 10 else "rounds")
-    assert took >= {(30, False): 10, (30, True): 3, (10, False): 3, (10, True): 0}[size, least == 2], paths
+    took = paths.count({30: "drain", 10: "rounds", 4: "fast"}[size])
+    assert took >= {(30, False): 10, (30, True): 3, (10, False): 3, (10, True): 0, (4, False): 5, (4, True): 0}[
+        size, least == 2
+    ], paths
+
+
+def test_the_fast_path_passes_over_groups_with_nothing_pending(connect: ConnectFactory) -> None:
+    """Groups at the front of the ring with nothing pending (each still has a job running, so its cursor stays)
+    are passed over by the fast path, as by the walk: a claim of 4 takes the heads of the first 4 groups in ring
+    order that have one, in one more pass over the ring as read. Before, one dry group among the first 4 sent
+    the claim to the walk, pick by pick (a third of the claimer's time in the fair soak under a held snapshot)."""
+    conn, walk = shortcut_and_walk(connect)
+    groups = [f"g{i}" for i in range(8)]
+    for q, c in (("fast", conn), ("walk", walk)):
+        _fair(conn, q)
+        _put(conn, q, [(g, 0) for g in groups])
+        assert len(claim(c, "holder", queues=[q], max_jobs=8, lease="1 hour")) == 8  # ring: g0 .. g7
+    wet = ["g1", "g3", "g5", "g6", "g7"]
+    picks: dict[str, list[str]] = {}
+    for q in ("fast", "walk"):
+        _put(conn, q, [(g, 0) for g in wet for _ in range(2)])
+    got, path = _claim_counting(conn, "fast", 4)
+    picks["fast"] = [r["group_key"] for r in got]
+    picks["walk"] = [r["group_key"] for r in claim(walk, "w", queues=["walk"], max_jobs=4)]
+    assert picks["fast"] == picks["walk"] == ["g1", "g3", "g5", "g6"]
+    assert path == "fast"
+    # and the next claim starts after them: g7, then the groups just served, in the order they were served
+    got, path = _claim_counting(conn, "fast", 3)
+    assert [r["group_key"] for r in got] == [r["group_key"] for r in claim(walk, "w", queues=["walk"], max_jobs=3)]
+    assert [r["group_key"] for r in got] == ["g7", "g1", "g3"] and path == "fast"
 
 
 def test_more_pending_than_the_claim_takes_is_not_drained(conn: Conn) -> None:

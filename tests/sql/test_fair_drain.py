@@ -100,9 +100,12 @@ def test_a_drain_and_rounds_pick_what_the_walk_picks_in_its_order(
     # claims to the walk, and the rounds (which take two jobs of a group or more) all of them: a group could
     # turn noisy. Those runs check the paths agree with the walk whichever takes the claim.
     took = paths.count({30: "drain", 10: "rounds", 4: "fast"}[size])
-    assert took >= {(30, False): 10, (30, True): 3, (10, False): 3, (10, True): 0, (4, False): 5, (4, True): 0}[
-        size, least == 2
-    ], paths
+    assert (
+        took
+        >= {(30, False): 10, (30, True): 3, (10, False): 3, (10, True): 0, (4, False): 5, (4, True): 0}[
+            size, least == 2
+        ]
+    ), paths
 
 
 def test_the_fast_path_passes_over_groups_with_nothing_pending(connect: ConnectFactory) -> None:

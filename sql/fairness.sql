@@ -44,7 +44,10 @@
 --     without a new job (a due scheduled job, a retry, a dependency met, an insert that committed
 --     after a claim read past its id) or when more than 16,384 jobs came in since the session's
 --     previous claim (a session that claims seldom on a busy server: as before, every such claim
---     sweeps), and otherwise a claim sweeps only while the sweeps keep finding groups,
+--     sweeps; 2,048 until 2026-12-06: in the fair soak with a snapshot held for minutes, one slow claim
+--     let more ids than that arrive before the next, which swept, and the sweep, slower than the time
+--     2,048 jobs take to arrive, made the next claim sweep too, and so on: 46-61 sweeps a minute at
+--     300-660 ms each, half the claimer's time; reading 16,384 new ids costs a few ms), and otherwise a claim sweeps only while the sweeps keep finding groups,
 --     every 8th claim, or when it comes up short (then 256 groups at once): such a group is found
 --     within 8 * (groups / 16) claims, or at once when the queue has nothing else to give. A claim
 --     looks for ungrouped work on the same terms once none was found;
@@ -744,20 +747,23 @@ $$;
 -- and no kind quota that can run out (the caller checks all that). The picks are then the first `room`
 -- groups of the ring whose cursor no other claim holds and that have a head, one head each, in ring order:
 -- what the walk picks too, as long as U's turn does not come before the last of them. A group with no
--- head is passed over, as the walk passes it (its cursor stays: the walk deletes a cursor without live
--- work when it meets one, here it stays at its place like the drain's dry cursors). Race: concurrent
+-- head is passed over, as the walk passes it, and its cursor deleted as the walk deletes it when the group
+-- has no live work at all (_forget_group: it comes back never served). Race: concurrent
 -- claimers read the same front of the ring; a cursor another claim holds (or rewrote since the read) is
--- passed over by SKIP LOCKED within the statement, and heads are locked only once as many free cursors
--- as picks still wanted are held (no heads locked for nothing). Returns the picks (ids, tids) when that
--- filled the claim, having stamped the cursors and saved the queue's state; else ids NULL and the ring
--- as read (r_*) with the cursors locked (r_locked), from which _fair_walk takes over: what was locked
--- here is this claim's own and is found again (the served_seq values drawn are skipped: harmless).
--- Passes. The ring is read once (up to 2 x room + 16 cursors); the first pass locks `room` cursors and
--- probes their heads, and each further pass (at most 3) as many cursors after the last one locked as
--- picks are missing. Why passes: with one head per cursor, a group with nothing pending at that moment
--- sent the claim to the walk. In the fair soak under a held snapshot (bench/soak.py --fair, claims of
--- about 47 over 100 groups), 516 of 5,438 claims a minute went that way, at 37 ms each (the walk probes
--- pick by pick) against 1.9 ms for the fast path: a third of the claimer's time.
+-- passed over by SKIP LOCKED within the statement (as the walk sends it to the back of the ring). Returns
+-- the picks (ids, tids) when that filled the claim, having stamped the cursors and saved the queue's
+-- state; else ids NULL and the ring as read (r_*) with the cursors locked (r_locked), from which
+-- _fair_walk takes over: what was locked here (cursors and heads) is this claim's own and is found again
+-- (the served_seq values drawn are skipped: harmless).
+-- Passes. The first pass locks the first `room` free cursors of the ring (read up to 2 x room + 16) and
+-- probes their heads; each further pass (6 in all) locks as many cursors after the last one tried as
+-- picks are missing, reading on in chunks 4 times larger (up to v_limit cursors) once the ring as read
+-- is used up. Why: with one pass over one read, a group with nothing pending at that moment, or a front
+-- of the ring held by another claim, sent the claim to the walk, which probes pick by pick. In the fair
+-- soak under a held snapshot (bench/soak.py --fair, 100 groups) that was 516 of the worker's 5,438 claims
+-- a minute (claims of about 47), at 37 ms each against 1.9 ms for the fast path, a third of its time; and
+-- most claims of the soak's probe (a claim of one: the ring's first 18 cursors were all held by the
+-- worker's claim in flight), at 53 ms each.
 CREATE OR REPLACE FUNCTION pgjobs._fair_fast(v_q text, room int, v_open text[], h_floor jsonb, v_ring_from bigint,
                                              v_limit int,
                                              a_key text[], a_cnt int[], u_out boolean, u_seq bigint,
@@ -780,11 +786,19 @@ DECLARE
     p_ctids   tid[];
     p_seqs    bigint[];
     p_locked  text[];
+    p_dry     text[];
+    f_dry     text[] := '{}';  -- groups passed over with no live work: forgotten as the walk does
     p_n       int;
     p_end     bigint;
     p_last    bigint;
-    v_at      bigint := 0;     -- the ring position of the last cursor a pass locked
+    v_at      bigint := 0;     -- the ring position up to which passes tried to lock cursors
     v_need    int;
+    v_ask     int := least(2 * room + 16, v_limit);
+    v_end     boolean;         -- the ring as read reaches the ring's end
+    n_key     text[];
+    n_ctid    tid[];
+    n_seq     bigint[];
+    n_act     int[];
 BEGIN
     -- (served_seq + 0: a filter, not an index key. Given both served_seq > 0 and the row comparison,
     -- PostgreSQL 18 started the index scan at served_seq > 0, the queue's first stamp: under a held
@@ -798,11 +812,31 @@ BEGIN
               FROM group_cursors AS c
              WHERE c.queue = v_q AND c.served_seq + 0 > 0 AND (c.served_seq, c.group_key) > (v_ring_from - 1, '')
              ORDER BY c.served_seq, c.group_key
-             LIMIT least(2 * room + 16, v_limit)) AS ring;
+             LIMIT v_ask) AS ring;
+    v_end := coalesce(cardinality(r_key), 0) < v_ask;
     r_locked := '{}';
-    FOR pass IN 1 .. 4 LOOP
+    FOR pass IN 1 .. 6 LOOP
         v_need := room - cardinality(f_ids);
-        EXIT WHEN v_need = 0 OR v_at >= coalesce(cardinality(r_key), 0);
+        EXIT WHEN v_need = 0;
+        IF v_at >= coalesce(cardinality(r_key), 0) THEN
+            -- The ring as read is used up (its cursors held by other claims, or their groups dry): read on.
+            -- Why: a claim of one beside a worker's claim of 50 found the ring's first 18 cursors all
+            -- held by it, and walked (53 ms a claim, the soak's probe, under a held snapshot).
+            EXIT WHEN v_end OR cardinality(r_key) >= v_limit;
+            v_ask := least(4 * v_ask, v_limit - cardinality(r_key));
+            SELECT array_agg(ring.group_key), array_agg(ring.tid), array_agg(ring.served_seq),
+                   array_agg(coalesce(a_cnt[array_position(a_key, ring.group_key)], 0))
+              INTO n_key, n_ctid, n_seq, n_act
+              FROM (SELECT c.group_key, c.served_seq, c.ctid AS tid
+                      FROM group_cursors AS c
+                     WHERE c.queue = v_q AND c.served_seq + 0 > 0
+                       AND (c.served_seq, c.group_key) > (r_seq[cardinality(r_seq)], r_key[cardinality(r_key)])
+                     ORDER BY c.served_seq, c.group_key
+                     LIMIT v_ask) AS ring;
+            v_end := coalesce(cardinality(n_key), 0) < v_ask;
+            EXIT WHEN n_key IS NULL;
+            r_key := r_key || n_key; r_ctid := r_ctid || n_ctid; r_seq := r_seq || n_seq; r_act := r_act || n_act;
+        END IF;
         WITH lk AS (
             SELECT x.o, x.group_key, x.served_seq, x.seq, c.tid
               -- the served_seq values, drawn in ring order
@@ -848,17 +882,25 @@ BEGIN
                (SELECT array_agg(r.tid ORDER BY r.o) FROM r WHERE r.id IS NOT NULL),
                (SELECT array_agg(r.seq ORDER BY r.o) FROM r WHERE r.id IS NOT NULL),
                (SELECT max(r.served_seq) FROM r WHERE r.id IS NOT NULL),
-               (SELECT count(*)::int FROM r), (SELECT max(lk.o) FROM lk),
-               (SELECT array_agg(lk.group_key ORDER BY lk.o) FROM lk)
-          INTO p_ids, p_tids, p_ctids, p_seqs, p_last, p_n, p_end, p_locked;
+               (SELECT count(*)::int FROM lk), (SELECT max(lk.o) FROM lk),
+               (SELECT array_agg(lk.group_key ORDER BY lk.o) FROM lk),
+               (SELECT array_agg(lk.group_key) FROM r JOIN lk ON lk.o = r.o
+                 WHERE r.id IS NULL AND coalesce(a_cnt[array_position(a_key, lk.group_key)], 0) = 0)
+          INTO p_ids, p_tids, p_ctids, p_seqs, p_last, p_n, p_end, p_locked, p_dry;
+        f_dry := f_dry || coalesce(p_dry, '{}');
         r_locked := r_locked || coalesce(p_locked, '{}');
-        EXIT WHEN p_n < v_need;   -- (fewer cursors free than wanted: nothing probed; the walk's)
+        -- Fewer cursors free than wanted: no heads were probed. None locked (a front of the ring held by
+        -- other claims): read on; some: the walk's (it probes them; the fast path would pass them over).
+        EXIT WHEN p_n BETWEEN 1 AND v_need - 1;
         f_ids := f_ids || coalesce(p_ids, '{}'); f_tids := f_tids || coalesce(p_tids, '{}');
         f_ctids := f_ctids || coalesce(p_ctids, '{}'); f_seqs := f_seqs || coalesce(p_seqs, '{}');
         f_last := greatest(f_last, p_last);
-        v_at := p_end;
+        v_at := CASE WHEN p_n = 0 THEN cardinality(r_key) ELSE p_end END;
     END LOOP;
     IF cardinality(f_ids) = room AND (u_out OR u_seq > f_last) THEN
+        -- (a group passed over with no active job either: its cursor goes, as when the walk meets it, so
+        -- that it comes back never served; the walk does it when it takes over)
+        PERFORM _forget_group(v_q, d.k) FROM unnest(f_dry) AS d(k);
         PERFORM _fair_stamp(v_q, f_ctids, f_seqs, v_pos, v_found, v_productive, u_empty, v_maxid, v_quiet,
                             v_quiet_claims);
         ids := f_ids;
@@ -2007,12 +2049,7 @@ AS $$
 #variable_conflict use_column
 DECLARE
     c_discover_steps CONSTANT int := 16;   -- groups the skip scan registers per claim
-    -- New job ids _discover_fresh reads, at most (more: the skip scan, not gated). 2,048 until 2026-12-06: in the
-    -- fair soak with a snapshot held for minutes, one slow claim let more ids than that arrive before the next,
-    -- which swept; the sweep, slower than the time 2,048 jobs take to arrive, made the next claim sweep too, and
-    -- so on (46-61 sweeps a minute at 300-660 ms each, half the claimer's time). Reading 16,384 new ids costs a
-    -- few ms whatever the snapshot: a claim now sweeps unasked only after a pause of that many jobs.
-    c_fresh_ids CONSTANT int := 16384;
+    c_fresh_ids CONSTANT int := 16384;     -- new job ids _discover_fresh reads, at most (see the top: Cost)
     v_q       text := _claim_fair.queue;
     v_fresh   boolean;                     -- the jobs inserted since the previous claim were read by id
     v_expired boolean;                     -- an active job's lease has run out

@@ -134,6 +134,29 @@ def test_the_fast_path_passes_over_groups_with_nothing_pending(connect: ConnectF
     assert [r["group_key"] for r in got] == ["g7", "g1", "g3"] and path == "fast"
 
 
+def test_the_fast_path_reads_on_past_a_front_of_the_ring_another_claim_holds(connect: ConnectFactory) -> None:
+    """A claim of one while another claim, still open, holds the first 30 cursors of a ring of 40 groups: the fast
+    path reads on past the 18 cursors it reads first and takes the first free group's head (the walk passes over
+    held cursors alike). Before, such a claim walked: in the fair soak, most claims of the probe beside the
+    worker's claim of 50 (53 ms each under a held snapshot)."""
+    conn, walk = shortcut_and_walk(connect)
+    holder = connect()
+    groups = [f"g{i:02}" for i in range(40)]
+    _fair(conn, "q")
+    _put(conn, "q", [(g, 0) for g in groups for _ in range(3)])
+    first = claim(conn, "w", queues=["q"], max_jobs=40)  # ring: g00 .. g39
+    assert [r["group_key"] for r in first] == groups
+    _complete(conn, first)
+    with holder.transaction():
+        held = claim(holder, "holder", queues=["q"], max_jobs=30)
+        assert [r["group_key"] for r in held] == groups[:30]
+        got, path = _claim_counting(conn, "q", 1)
+        assert [r["group_key"] for r in got] == ["g30"]
+        assert path == "fast"
+        got = claim(walk, "w", queues=["q"], max_jobs=1)  # the walk alone, for comparison
+        assert [r["group_key"] for r in got] == ["g31"]
+
+
 def test_more_pending_than_the_claim_takes_is_not_drained(conn: Conn) -> None:
     """Eleven jobs, ten of them in one group, a claim of four: the second group's job is among them (the walk's
     one pick per group first), not four of the first group's."""

@@ -71,6 +71,16 @@ async def _gather(q: QueueState, within: float) -> None:
                 del q.waiters[ev]
 
 
+async def _open(w: WorkerState, failures: int) -> tuple[psycopg.AsyncConnection[Any], psycopg.AsyncCursor[Any]]:
+    """The claim connection and its cursor. Back from a connection failure (an outage?): the leases of the jobs
+    we hold ran on meanwhile, and the next claim would take our own expired jobs back (attempt + 1, run twice),
+    so they are renewed first, on this connection that just proved the server is back."""
+    conn = await w._connect("claim", CLAIM_OPTIONS)
+    if failures:
+        await renew_held(w, conn)
+    return conn, conn.cursor()
+
+
 async def claim_loop(w: WorkerState, q: QueueState) -> None:
     conn: psycopg.AsyncConnection[Any] | None = None
     cur: psycopg.AsyncCursor[Any] = None  # type: ignore[assignment]  # set with conn
@@ -94,13 +104,7 @@ async def claim_loop(w: WorkerState, q: QueueState) -> None:
             q.reserved += want
             try:
                 if conn is None or conn.closed:
-                    conn = await w._connect("claim", CLAIM_OPTIONS)
-                    cur = conn.cursor()
-                    if failures:
-                        # Back from a connection failure (an outage?): the leases of the jobs we hold ran on
-                        # meanwhile, and this claim would take our own expired jobs back (attempt + 1, run
-                        # twice). Renew them first, on this connection that just proved the server is back.
-                        await renew_held(w, conn)
+                    conn, cur = await _open(w, failures)
                 # Shielded: a claim cancelled on its way (the stop's last resort cancels every task) may still
                 # commit on the server, and its jobs would stay leased to nobody until the lease runs out. The
                 # deadline bounds the wait on a server that stopped answering.

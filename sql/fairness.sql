@@ -55,8 +55,9 @@
 --     per-group caps and the noisy threshold (on a queue without caps, a count that proved dear under
 --     a held snapshot is reused for a second: "Reads a claim skips for a while" below).
 --   * the usual claim (no caps, no noisy group, no never-served cursor, no kind quota that can run
---     out) skips the pick-by-pick walk: one statement reads the ring, locks the first free cursors
---     and their heads, one stamps them; the walk takes over from there when that falls short.
+--     out) skips the pick-by-pick walk: one statement reads the ring, one locks the first free cursors
+--     and their heads (more passes past groups with nothing pending, and reads on past a front of the
+--     ring other claims hold), one stamps them; the walk takes over from there when that falls short.
 --   * a claim that fits all the pending work of the ring's groups takes it in one statement, in the
 --     walk's order, and keeps the cursors of groups with nothing pending (_fair_drain): the usual
 --     claim of a worker that keeps up, where the fast path came up short and the walk took over; and

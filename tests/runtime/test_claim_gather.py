@@ -1,0 +1,64 @@
+"""The claimer's wait for free slots after a full claim (pgjobs/runtime/claimer.py, _gather): it returns once half
+a chunk is free, or when its time is up, whichever comes first. No database: this is the loop's own timing rule;
+the worker tests (test_worker.py) run it against PostgreSQL."""
+
+from __future__ import annotations
+
+import time
+
+import anyio
+
+from pgjobs.runtime.claimer import _gather
+from pgjobs.runtime.state import QueueState
+
+
+def _busy(capacity: int, running: int) -> QueueState:
+    q = QueueState("q", capacity, 1)
+    q.running = running
+    return q
+
+
+async def _free_slots(q: QueueState, n: int, every: float) -> None:
+    for _ in range(n):
+        await anyio.sleep(every)
+        q.running -= 1
+        q.poke("slot")
+
+
+def test_returns_once_half_a_chunk_is_free() -> None:
+    async def main() -> tuple[float, int]:
+        q = _busy(50, 46)  # 4 free, half a chunk is 25
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(_free_slots, q, 46, 0.002)
+            t0 = time.perf_counter()
+            await _gather(q, 10.0)
+            took, free = time.perf_counter() - t0, q.capacity - q.running
+            tg.cancel_scope.cancel()
+        return took, free
+
+    took, free = anyio.run(main)
+    assert free >= 25
+    assert free < 30  # it claimed soon after: not once every slot was free
+    assert took < 5.0
+
+
+def test_gives_up_after_its_time_when_slots_stay_busy() -> None:
+    async def main() -> float:
+        q = _busy(50, 48)
+        t0 = time.perf_counter()
+        await _gather(q, 0.05)
+        return time.perf_counter() - t0
+
+    took = anyio.run(main)
+    assert 0.04 <= took < 2.0
+
+
+def test_does_not_wait_when_nothing_runs() -> None:
+    async def main() -> float:
+        q = _busy(50, 0)
+        q.reserved = 40  # claims in flight: nothing running would free a slot
+        t0 = time.perf_counter()
+        await _gather(q, 5.0)
+        return time.perf_counter() - t0
+
+    assert anyio.run(main) < 1.0

@@ -1,15 +1,22 @@
-"""The claimer's wait for free slots after a full claim (pgjobs/runtime/claimer.py, _gather): it returns once half
-a chunk is free, or when its time is up, whichever comes first. No database: this is the loop's own timing rule;
-the worker tests (test_worker.py) run it against PostgreSQL."""
+"""The claimer's wait for free slots after a dear full claim (pgjobs/runtime/claimer.py, _gather): it returns once
+half a chunk is free, or when its time is up, whichever comes first (no database: the loop's own timing rule);
+and a worker whose every full claim counts as dear runs a backlog to the end and stops (PostgreSQL)."""
 
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import anyio
+import psycopg
+import pytest
 
+import pgjobs
+from pgjobs import App, AsyncClient, Worker
+from pgjobs.runtime import claimer
 from pgjobs.runtime.claimer import _gather
 from pgjobs.runtime.state import QueueState
+from tests.runtime.test_worker import run_worker
 
 
 def _busy(capacity: int, running: int) -> QueueState:
@@ -62,3 +69,26 @@ def test_does_not_wait_when_nothing_runs() -> None:
         return time.perf_counter() - t0
 
     assert anyio.run(main) < 1.0
+
+
+def test_a_worker_that_waits_after_every_full_claim_runs_a_backlog_to_the_end(
+    dsn: str, conn: psycopg.Connection[Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(claimer, "GATHER_PER_JOB", 0.0)  # every full claim counts as dear: the wait always runs
+    app = App()
+
+    @app.job("short")
+    async def short(payload: Any, ctx: pgjobs.JobContext) -> None:
+        await anyio.sleep(0.002)
+
+    conn.execute("SELECT count(*) FROM pgjobs.enqueue_many(%s)", [psycopg.types.json.Jsonb([{"kind": "short"}] * 600)])
+
+    async def body(worker: Worker, client: AsyncClient) -> None:
+        with anyio.fail_after(45):
+            while worker.completed < 600:
+                await anyio.sleep(0.02)
+
+    worker = run_worker(app, dsn, body, queues={"default": 20})
+    assert worker.completed == 600
+    states = dict(conn.execute("SELECT state::text, count(*) FROM pgjobs.jobs GROUP BY 1").fetchall())
+    assert states == {"succeeded": 600}

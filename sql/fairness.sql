@@ -794,44 +794,38 @@ DECLARE
     p_last    bigint;
     v_at      bigint := 0;     -- the ring position up to which passes tried to lock cursors
     v_need    int;
-    v_ask     int := least(2 * room + 16, v_limit);
-    v_end     boolean;         -- the ring as read reaches the ring's end
+    v_ask     int;             -- the cursors the last ring read asked for
+    v_end     boolean := false;  -- the ring as read reaches the ring's end
     n_key     text[];
     n_ctid    tid[];
     n_seq     bigint[];
     n_act     int[];
 BEGIN
-    -- (served_seq + 0: a filter, not an index key. Given both served_seq > 0 and the row comparison,
-    -- PostgreSQL 18 started the index scan at served_seq > 0, the queue's first stamp: under a held
-    -- snapshot every dead stamp since, 16 more index pages for a claim of one after 3,000 jobs
-    -- (tests/sql/test_fair_snapshot.py, test_fair_floors.py); 15 starts at the row comparison. The
-    -- same in _fair_ring_floor and _fair_ring_chunk.)
-    SELECT array_agg(ring.group_key), array_agg(ring.tid), array_agg(ring.served_seq),
-           array_agg(coalesce(a_cnt[array_position(a_key, ring.group_key)], 0))
-      INTO r_key, r_ctid, r_seq, r_act
-      FROM (SELECT c.group_key, c.served_seq, c.ctid AS tid
-              FROM group_cursors AS c
-             WHERE c.queue = v_q AND c.served_seq + 0 > 0 AND (c.served_seq, c.group_key) > (v_ring_from - 1, '')
-             ORDER BY c.served_seq, c.group_key
-             LIMIT v_ask) AS ring;
-    v_end := coalesce(cardinality(r_key), 0) < v_ask;
     r_locked := '{}';
     FOR pass IN 1 .. 6 LOOP
         v_need := room - cardinality(f_ids);
         EXIT WHEN v_need = 0;
         IF v_at >= coalesce(cardinality(r_key), 0) THEN
-            -- The ring as read is used up (its cursors held by other claims, or their groups dry): read on.
-            -- Why: a claim of one beside a worker's claim of 50 found the ring's first 18 cursors all
-            -- held by it, and walked (53 ms a claim, the soak's probe, under a held snapshot).
+            -- The ring read (the first pass), or read on past what was read: its cursors were held by other
+            -- claims or their groups dry. Why read on: a claim of one beside a worker's claim of 50 found
+            -- the ring's first 18 cursors all held by it, and walked (53 ms a claim, the soak's probe, under
+            -- a held snapshot). Each chunk 4 times the one before, up to v_limit cursors in all.
             EXIT WHEN v_end OR cardinality(r_key) >= v_limit;
-            v_ask := least(4 * v_ask, v_limit - cardinality(r_key));
+            v_ask := CASE WHEN r_key IS NULL THEN least(2 * room + 16, v_limit)
+                          ELSE least(4 * v_ask, v_limit - cardinality(r_key)) END;
+            -- (served_seq + 0: a filter, not an index key. Given both served_seq > 0 and the row comparison,
+            -- PostgreSQL 18 started the index scan at served_seq > 0, the queue's first stamp: under a held
+            -- snapshot every dead stamp since, 16 more index pages for a claim of one after 3,000 jobs
+            -- (tests/sql/test_fair_snapshot.py, test_fair_floors.py); 15 starts at the row comparison. The
+            -- same in _fair_ring_floor and _fair_ring_chunk.)
             SELECT array_agg(ring.group_key), array_agg(ring.tid), array_agg(ring.served_seq),
                    array_agg(coalesce(a_cnt[array_position(a_key, ring.group_key)], 0))
               INTO n_key, n_ctid, n_seq, n_act
               FROM (SELECT c.group_key, c.served_seq, c.ctid AS tid
                       FROM group_cursors AS c
                      WHERE c.queue = v_q AND c.served_seq + 0 > 0
-                       AND (c.served_seq, c.group_key) > (r_seq[cardinality(r_seq)], r_key[cardinality(r_key)])
+                       AND (c.served_seq, c.group_key) > (coalesce(r_seq[cardinality(r_seq)], v_ring_from - 1),
+                                                          coalesce(r_key[cardinality(r_key)], ''))
                      ORDER BY c.served_seq, c.group_key
                      LIMIT v_ask) AS ring;
             v_end := coalesce(cardinality(n_key), 0) < v_ask;
@@ -1674,7 +1668,7 @@ BEGIN
 END;
 $$;
 
--- The walk taking over from the fast path: L1 starts as the ring _fair_fast read (its first chunk), every
+-- The walk taking over from the fast path: L1 starts as the ring _fair_fast read (its chunks), every
 -- cursor tried and not locked already known as held by another claim (race: another claim is serving
 -- that group, which goes after the others), the boundary after what was read.
 CREATE OR REPLACE FUNCTION pgjobs._fair_walk_start(room int, v_limit int, l_key text[], l_ctid tid[], l_seq bigint[],

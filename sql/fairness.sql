@@ -765,13 +765,14 @@ $$;
 -- a minute (claims of about 47), at 37 ms each against 1.9 ms for the fast path, a third of its time; and
 -- most claims of the soak's probe (a claim of one: the ring's first 18 cursors were all held by the
 -- worker's claim in flight), at 53 ms each.
-CREATE OR REPLACE FUNCTION pgjobs._fair_fast(v_q text, room int, v_open text[], h_floor jsonb, v_ring_from bigint,
-                                             v_limit int,
+CREATE OR REPLACE FUNCTION pgjobs._fair_fast(v_q text, room int, v_open text[], h_floor jsonb, h_kept jsonb,
+                                             v_epoch bigint, v_t0 timestamptz, v_ring_from bigint, v_limit int,
                                              a_key text[], a_cnt int[], u_out boolean, u_seq bigint,
                                              v_pos text, v_found boolean, v_productive boolean, u_empty boolean,
                                              v_maxid bigint, v_quiet boolean, v_quiet_claims int,
                                              OUT ids bigint[], OUT tids tid[], OUT r_key text[], OUT r_ctid tid[],
-                                             OUT r_seq bigint[], OUT r_act int[], OUT r_locked text[])
+                                             OUT r_seq bigint[], OUT r_act int[], OUT r_locked text[],
+                                             OUT r_floors boolean)
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pgjobs, pg_temp
 AS $$
@@ -789,6 +790,11 @@ DECLARE
     p_locked  text[];
     p_dry     text[];
     f_dry     text[] := '{}';  -- groups passed over with no live work: forgotten as the walk does
+    f_fm int[] := '{}'; f_fp smallint[] := '{}'; f_fr timestamptz[] := '{}'; f_fi bigint[] := '{}';
+    f_fu timestamptz[] := '{}';  -- per pick: how its head was probed, the group's new floor, the old one's end
+    p_fm int[]; p_fp smallint[]; p_fr timestamptz[]; p_fi bigint[]; p_fu timestamptz[]; p_floors boolean;
+    v_took    numeric;
+    v_birth   timestamptz;       -- until when the floors set by probes from the front hold
     p_n       int;
     p_end     bigint;
     p_last    bigint;
@@ -802,6 +808,7 @@ DECLARE
     n_act     int[];
 BEGIN
     r_locked := '{}';
+    r_floors := false;
     FOR pass IN 1 .. 6 LOOP
         v_need := room - cardinality(f_ids);
         EXIT WHEN v_need = 0;
@@ -833,62 +840,101 @@ BEGIN
             r_key := r_key || n_key; r_ctid := r_ctid || n_ctid; r_seq := r_seq || n_seq; r_act := r_act || n_act;
         END IF;
         WITH lk AS (
-            SELECT x.o, x.group_key, x.served_seq, x.seq, c.tid
+            SELECT x.o, x.group_key, x.served_seq, x.seq, c.tid, c.floor_priority, c.floor_run_at, c.floor_id,
+                   c.floor_until, c.floor_epoch
               -- the served_seq values, drawn in ring order
               FROM (SELECT u.o, u.group_key, u.served_seq, u.tid, nextval('served_seq_seq') AS seq
                       FROM unnest(r_key, r_seq, r_ctid) WITH ORDINALITY AS u(group_key, served_seq, tid, o)
                      WHERE u.o > v_at) AS x
              CROSS JOIN LATERAL (
                     -- a cursor another claim holds (or rewrote since the read) is passed over
-                    SELECT c.ctid AS tid
+                    SELECT c.ctid AS tid, c.floor_priority, c.floor_run_at, c.floor_id, c.floor_until,
+                           c.floor_epoch
                       FROM group_cursors AS c
                      WHERE c.ctid = x.tid AND c.queue = v_q AND c.group_key = x.group_key
                        FOR UPDATE SKIP LOCKED) AS c
              LIMIT v_need
         ), r AS (
-            SELECT lk.o, lk.served_seq, lk.seq, lk.tid, h.id, h.jtid
+            SELECT lk.o, lk.served_seq, lk.seq, lk.tid, h.id, h.jtid, m.m, fa.priority AS fp, fa.run_at AS fr,
+                   fa.id AS fi, lk.floor_until AS fu
               FROM lk
-              -- the session's head floor for the group, unless a job more urgent than it is pending
-              -- (one probe of the range below it; none while no floor is kept: see _fair_floors)
+              -- How this group's head is probed (see "Head floors"): 1, from the group's floor in its cursor
+              -- (still good, and no job more urgent than it pending); 2, from the front, while this session
+              -- keeps floors (a held snapshot: the floor is set then); 3, from the front, as without one.
+             CROSS JOIN LATERAL (
+                    SELECT CASE WHEN lk.floor_epoch = v_epoch AND lk.floor_until > now()
+                                     AND NOT EXISTS (SELECT 1 FROM jobs AS u
+                                                      WHERE u.state = 'pending' AND u.queue = v_q
+                                                        AND u.group_key = lk.group_key
+                                                        AND u.priority < lk.floor_priority) THEN 1
+                                WHEN h_kept IS NOT NULL THEN 2 ELSE 3 END AS m
+                    OFFSET 0) AS m   -- (a fence: else the planner copies the CASE, and its probe, into each use)
+              -- 1 and 2: the group's first pending job of any kind, locked or not, a read that passes the
+              -- dead entries (and the new floor: one that holds for every claimer, whatever its kinds and
+              -- whoever holds a row); the head is then probed from there, past none of them
               LEFT JOIN LATERAL (
-                    SELECT (h_floor -> lk.group_key ->> 0)::smallint AS p,
-                           (h_floor -> lk.group_key ->> 1)::timestamptz AS r,
-                           (h_floor -> lk.group_key ->> 2)::bigint AS i
-                     WHERE h_floor ? lk.group_key
-                       AND NOT EXISTS (SELECT 1 FROM jobs AS u
-                                        WHERE u.state = 'pending' AND u.queue = v_q AND u.group_key = lk.group_key
-                                          AND u.priority < (h_floor -> lk.group_key ->> 0)::smallint)) AS hf ON true
+                    SELECT a.priority, a.run_at, a.id, a.ctid
+                      FROM jobs AS a
+                     WHERE m.m < 3 AND a.state = 'pending' AND a.queue = v_q AND a.group_key = lk.group_key
+                       AND (a.priority, a.run_at, a.id)
+                           >= (CASE WHEN m.m = 1 THEN lk.floor_priority ELSE (-32768)::smallint END,
+                               CASE WHEN m.m = 1 THEN lk.floor_run_at ELSE '-infinity' END,
+                               CASE WHEN m.m = 1 THEN lk.floor_id ELSE 0 END)
+                     ORDER BY a.priority, a.run_at, a.id
+                     LIMIT 1) AS fa ON true
+              -- (that first job itself when it is free and of a kind asked for, by its ctid: no second
+              -- descent of the index; else the probe from it, which runs only when h1 found nothing)
               LEFT JOIN LATERAL (
                     SELECT j.id, j.ctid AS jtid
                       FROM jobs AS j
-                     WHERE j.state = 'pending' AND j.queue = v_q AND j.group_key = lk.group_key
+                     WHERE j.ctid = fa.ctid AND j.state = 'pending' AND j.queue = v_q
+                       AND j.group_key = lk.group_key AND (v_open IS NULL OR j.kind = ANY (v_open))
+                       FOR UPDATE SKIP LOCKED) AS h1 ON true
+              LEFT JOIN LATERAL (
+                    SELECT j.id, j.ctid AS jtid
+                      FROM jobs AS j
+                     WHERE h1.id IS NULL AND (m.m = 3 OR fa.id IS NOT NULL)
+                       AND j.state = 'pending' AND j.queue = v_q AND j.group_key = lk.group_key
                        AND (v_open IS NULL OR j.kind = ANY (v_open))
-                       -- (the session's head floor, under a held snapshot: _fair_floors)
                        AND (j.priority, j.run_at, j.id)
-                           >= (coalesce(hf.p, (-32768)::smallint), coalesce(hf.r, '-infinity'), coalesce(hf.i, 0))
+                           >= (coalesce(fa.priority, (-32768)::smallint), coalesce(fa.run_at, '-infinity'),
+                               coalesce(fa.id, 0))
                      ORDER BY j.priority, j.run_at, j.id
                      LIMIT 1
-                       FOR UPDATE SKIP LOCKED) AS h ON true
+                       FOR UPDATE SKIP LOCKED) AS h2 ON true
+             CROSS JOIN LATERAL (SELECT coalesce(h1.id, h2.id) AS id, coalesce(h1.jtid, h2.jtid) AS jtid) AS h
              -- too few groups free (concurrent claims hold the rest): no heads locked for nothing
              WHERE (SELECT count(*) FROM lk) = v_need
         )
-        SELECT (SELECT array_agg(r.id ORDER BY r.o) FROM r WHERE r.id IS NOT NULL),
-               (SELECT array_agg(r.jtid ORDER BY r.o) FROM r WHERE r.id IS NOT NULL),
-               (SELECT array_agg(r.tid ORDER BY r.o) FROM r WHERE r.id IS NOT NULL),
-               (SELECT array_agg(r.seq ORDER BY r.o) FROM r WHERE r.id IS NOT NULL),
-               (SELECT max(r.served_seq) FROM r WHERE r.id IS NOT NULL),
+        SELECT p.ids, p.tids, p.ctids, p.seqs, p.last, p.fm, p.fp, p.fr, p.fi, p.fu,
                (SELECT count(*)::int FROM lk), (SELECT max(lk.o) FROM lk),
                (SELECT array_agg(lk.group_key ORDER BY lk.o) FROM lk),
                (SELECT array_agg(lk.group_key) FROM r JOIN lk ON lk.o = r.o
-                 WHERE r.id IS NULL AND coalesce(a_cnt[array_position(a_key, lk.group_key)], 0) = 0)
-          INTO p_ids, p_tids, p_ctids, p_seqs, p_last, p_n, p_end, p_locked, p_dry;
+                 WHERE r.id IS NULL AND coalesce(a_cnt[array_position(a_key, lk.group_key)], 0) = 0),
+               (SELECT bool_or(r.m < 3) FROM r)
+          INTO p_ids, p_tids, p_ctids, p_seqs, p_last, p_fm, p_fp, p_fr, p_fi, p_fu, p_n, p_end, p_locked, p_dry,
+               p_floors
+          -- (the new floors: the first pending job's key, or (its priority, now() - 300 ms, 0) when that is
+          -- lower, for producers whose transaction began before this claim and commits after it)
+          FROM (SELECT array_agg(r.id ORDER BY r.o) AS ids, array_agg(r.jtid ORDER BY r.o) AS tids,
+                       array_agg(r.tid ORDER BY r.o) AS ctids, array_agg(r.seq ORDER BY r.o) AS seqs,
+                       max(r.served_seq) AS last, array_agg(r.m ORDER BY r.o) AS fm,
+                       array_agg(r.fp ORDER BY r.o) AS fp,
+                       array_agg(least(r.fr, now() - interval '300 ms') ORDER BY r.o) AS fr,
+                       array_agg(CASE WHEN r.fr < now() - interval '300 ms' THEN r.fi ELSE 0 END ORDER BY r.o) AS fi,
+                       array_agg(r.fu ORDER BY r.o) AS fu
+                  FROM r WHERE r.id IS NOT NULL) AS p;
         f_dry := f_dry || coalesce(p_dry, '{}');
+        -- (a floor used: the rounds, after a fast path come up short, would probe from the front past it)
+        r_floors := r_floors OR coalesce(p_floors, false);
         r_locked := r_locked || coalesce(p_locked, '{}');
         -- Fewer cursors free than wanted: no heads were probed. None locked (a front of the ring held by
         -- other claims): read on; some: the walk's (it probes them; the fast path would pass them over).
         EXIT WHEN p_n BETWEEN 1 AND v_need - 1;
         f_ids := f_ids || coalesce(p_ids, '{}'); f_tids := f_tids || coalesce(p_tids, '{}');
         f_ctids := f_ctids || coalesce(p_ctids, '{}'); f_seqs := f_seqs || coalesce(p_seqs, '{}');
+        f_fm := f_fm || coalesce(p_fm, '{}'); f_fp := f_fp || coalesce(p_fp, '{}');
+        f_fr := f_fr || coalesce(p_fr, '{}'); f_fi := f_fi || coalesce(p_fi, '{}'); f_fu := f_fu || coalesce(p_fu, '{}');
         f_last := greatest(f_last, p_last);
         v_at := CASE WHEN p_n = 0 THEN cardinality(r_key) ELSE p_end END;
     END LOOP;
@@ -896,8 +942,20 @@ BEGIN
         -- (a group passed over with no active job either: its cursor goes, as when the walk meets it, so
         -- that it comes back never served; the walk does it when it takes over)
         PERFORM _forget_group(v_q, d.k) FROM unnest(f_dry) AS d(k);
+        IF 2 = ANY (f_fm) THEN
+            -- as long as this session's floors hold, with this claim's time counted in (_fair_floors_save
+            -- adds it when dear): the probes from the front of all groups cost a twentieth of the time at
+            -- most, as the session's own floors do; a floor set by one group's probe alone would hold for
+            -- 20 times that probe, and a probe of each group in a claim of its own cost them all that often
+            v_took := extract(epoch FROM clock_timestamp() - v_t0);
+            v_birth := CASE WHEN h_floor IS NOT NULL
+                            THEN to_timestamp((h_kept ->> 0)::numeric
+                                              + greatest(_fair_count_every(), 20 * ((h_kept ->> 3)::numeric + v_took)))
+                            ELSE now() + greatest(_fair_count_every(), 20 * v_took) * interval '1 s' END;
+        END IF;
         PERFORM _fair_stamp(v_q, f_ctids, f_seqs, v_pos, v_found, v_productive, u_empty, v_maxid, v_quiet,
-                            v_quiet_claims);
+                            v_quiet_claims, f_fm => f_fm, f_fp => f_fp, f_fr => f_fr, f_fi => f_fi, f_fu => f_fu,
+                            v_epoch => v_epoch, v_birth => v_birth);
         ids := f_ids;
         tids := f_tids;
     END IF;
@@ -911,7 +969,10 @@ $$;
 CREATE OR REPLACE FUNCTION pgjobs._fair_stamp(v_q text, f_ctids tid[], f_seqs bigint[], v_pos text, v_found boolean,
                                               v_productive boolean, u_empty boolean, v_maxid bigint,
                                               v_quiet boolean, v_quiet_claims int, u_seq bigint DEFAULT NULL,
-                                              u_served boolean DEFAULT false)
+                                              u_served boolean DEFAULT false, f_fm int[] DEFAULT NULL,
+                                              f_fp smallint[] DEFAULT NULL, f_fr timestamptz[] DEFAULT NULL,
+                                              f_fi bigint[] DEFAULT NULL, f_fu timestamptz[] DEFAULT NULL,
+                                              v_epoch bigint DEFAULT NULL, v_birth timestamptz DEFAULT NULL)
 RETURNS void
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pgjobs, pg_temp
@@ -921,9 +982,16 @@ DECLARE
     v_raise bigint := _fair_ring_raise(v_q, v_quiet, (SELECT min(x) FROM unnest(f_seqs) AS x));
 BEGIN
     WITH stamp AS (
+        -- (the group's floor: carried on when its head was probed from it, keeping its end and epoch; set
+        -- when probed from the front under a held snapshot; else left as it was, a floor as good as before)
         UPDATE group_cursors AS c
-           SET served_seq = s.seq, last_served_at = now()
-          FROM unnest(f_ctids, f_seqs) AS s(tid, seq)
+           SET served_seq = s.seq, last_served_at = now(),
+               floor_priority = CASE WHEN s.m < 3 THEN s.fp ELSE c.floor_priority END,
+               floor_run_at = CASE WHEN s.m < 3 THEN s.fr ELSE c.floor_run_at END,
+               floor_id = CASE WHEN s.m < 3 THEN s.fi ELSE c.floor_id END,
+               floor_until = CASE s.m WHEN 1 THEN s.fu WHEN 2 THEN v_birth ELSE c.floor_until END,
+               floor_epoch = CASE WHEN s.m < 3 THEN v_epoch ELSE c.floor_epoch END
+          FROM unnest(f_ctids, f_seqs, f_fm, f_fp, f_fr, f_fi, f_fu) AS s(tid, seq, m, fp, fr, fi, fu)
          WHERE c.ctid = s.tid AND c.ctid = ANY (f_ctids)
     )
     UPDATE fair_queues AS f
@@ -969,7 +1037,7 @@ CREATE OR REPLACE FUNCTION pgjobs._fair_drain(v_q text, room int, v_open text[],
                                               a_key text[], a_cnt int[], v_total int, v_noisy_min int,
                                               v_noisy_share real, v_pos text, v_found boolean, v_productive boolean,
                                               u_empty boolean, v_maxid bigint, v_quiet boolean, v_quiet_claims int,
-                                              rounds boolean, OUT ids bigint[], OUT tids tid[])
+                                              rounds boolean, v_epoch bigint, OUT ids bigint[], OUT tids tid[])
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pgjobs, pg_temp
 AS $$
@@ -977,6 +1045,7 @@ AS $$
 DECLARE
     v_max   int := 4 * room + 128;   -- cursors read, at most (the ring is read whole, or not at all)
     v_n     int;
+    v_fl    boolean;                 -- a cursor's floor holds (under the claim epoch v_epoch)
     f_ctids tid[];
     f_seqs  bigint[];
     v_v     bigint := _fair_index_visits('jobs_group_idx');
@@ -1000,20 +1069,28 @@ BEGIN
         END IF;
         RETURN;
     END IF;
-    SELECT count(*) INTO v_n
-      FROM (SELECT 1
-              FROM (SELECT c.group_key FROM group_cursors AS c
+    -- (a cursor met with a floor that holds, "Head floors", means the same as a session's floors: the drain
+    -- is left to the fast path, which starts there; its probes from the front would pass what the floor
+    -- skips, a held snapshot's dead entries)
+    SELECT count(*) FILTER (WHERE NOT p.fl), coalesce(bool_or(p.fl), false) INTO v_n, v_fl
+      FROM (SELECT r.fl
+              FROM (SELECT c.group_key, false AS fl FROM group_cursors AS c
                      WHERE v_unserved AND c.queue = v_q AND c.served_seq = 0
                     UNION ALL
-                    (SELECT c.group_key FROM group_cursors AS c
+                    (SELECT c.group_key, coalesce(c.floor_epoch = v_epoch AND c.floor_until > now(), false)
+                       FROM group_cursors AS c
                       WHERE c.queue = v_q AND c.served_seq + 0 > 0 AND (c.served_seq, c.group_key) > (v_ring_from - 1, '')
                       ORDER BY c.served_seq, c.group_key
                       LIMIT v_max)) AS r
-             CROSS JOIN LATERAL (SELECT 1 FROM jobs AS j
-                                  WHERE j.state = 'pending' AND j.queue = v_q AND j.group_key = r.group_key
+              LEFT JOIN LATERAL (SELECT 1 AS one FROM jobs AS j
+                                  WHERE NOT r.fl AND j.state = 'pending' AND j.queue = v_q AND j.group_key = r.group_key
                                    AND (v_open IS NULL OR j.kind = ANY (v_open))
-                                  LIMIT room + 1) AS x
+                                  LIMIT room + 1) AS x ON true
+             WHERE x.one IS NOT NULL OR r.fl
              LIMIT room + 1) AS p;
+    IF v_fl THEN
+        RETURN;
+    END IF;
     PERFORM _fair_keep('d ' || v_q, _fair_index_visits('jobs_group_idx') - v_v > 4 * room + 500, v_t0);
     IF v_n = 0 OR v_n > room THEN
         RETURN;
@@ -2081,6 +2158,7 @@ DECLARE
     v_f       record;                      -- what _fair_fast or _fair_walk returned
     l_key text[]; l_ctid tid[]; l_seq bigint[]; l_act int[]; l_dead text[];   -- the ring as the fast path read it
     v_epoch   bigint;                      -- the claim epoch before the heads are probed (_fair_floors)
+    r_epoch   bigint;                      -- the same, when cursors' floors may be used (else NULL)
     h_kept    jsonb;                       -- this session's head floors for the queue, if still good
     h_floor   jsonb;                       -- the floors this claim's head probes start from (NULL: none)
     v_v2      bigint;                      -- jobs_group_idx entries visited before the picks
@@ -2244,6 +2322,7 @@ BEGIN
     v_k := (SELECT min(q) FROM unnest(v_quota) AS q);   -- (NULL: no kind quota)
     -- Head floors (see "Head floors"): kept by a session whose head probes proved dear.
     SELECT * INTO v_epoch, h_kept, h_floor FROM _fair_floors(v_q, v_any_kept, v_promoted);
+    r_epoch := CASE WHEN _fair_count_every() > 0 AND NOT v_promoted THEN v_epoch END;
     v_v2 := _fair_index_visits('jobs_group_idx'); v_t0 := clock_timestamp();
     -- Places in the ring are drawn from here on (see _fair_ring_raise); the drain and the fast path can be
     -- turned off by a session (the tests compare them with the walk).
@@ -2254,17 +2333,17 @@ BEGIN
     IF v_short AND (v_open IS NULL OR v_k >= room) AND u_out AND h_floor IS NULL THEN
         -- (calls as expressions: a SELECT ... FROM f() costs a query's start and a materialised result)
         v_f := _fair_drain(v_q, room, v_open, v_fq.ring_from, v_unserved, a_key, a_cnt, v_total, v_cfg.noisy_min_active,
-                           v_cfg.noisy_share, v_pos, v_found, v_productive, u_empty, v_maxid, v_quiet, v_fq.quiet_claims, false);
+                           v_cfg.noisy_share, v_pos, v_found, v_productive, u_empty, v_maxid, v_quiet, v_fq.quiet_claims, false, r_epoch);
         ids := v_f.ids; tids := v_f.tids;
     END IF;
     IF ids IS NULL AND v_short AND NOT v_unserved AND (v_open IS NULL OR v_k >= room) THEN
-        v_f := _fair_fast(v_q, room, v_open, h_floor, v_fq.ring_from, v_limit, a_key, a_cnt, u_out, u_seq, v_pos,
+        v_f := _fair_fast(v_q, room, v_open, h_floor, h_kept, r_epoch, v_t0, v_fq.ring_from, v_limit, a_key, a_cnt, u_out, u_seq, v_pos,
                           v_found, v_productive, u_empty, v_maxid, v_quiet, v_fq.quiet_claims);
         ids := v_f.ids; tids := v_f.tids;
         l_key := v_f.r_key; l_ctid := v_f.r_ctid; l_seq := v_f.r_seq; l_act := v_f.r_act; l_dead := v_f.r_locked;
-        IF ids IS NULL AND u_out AND h_floor IS NULL THEN   -- came up short: rounds (see _fair_rounds)
+        IF ids IS NULL AND u_out AND h_floor IS NULL AND NOT v_f.r_floors THEN   -- came up short: rounds (_fair_rounds)
             v_f := _fair_drain(v_q, room, v_open, v_fq.ring_from, false, a_key, a_cnt, v_total, v_cfg.noisy_min_active,
-                               v_cfg.noisy_share, v_pos, v_found, v_productive, u_empty, v_maxid, v_quiet, v_fq.quiet_claims, true);
+                               v_cfg.noisy_share, v_pos, v_found, v_productive, u_empty, v_maxid, v_quiet, v_fq.quiet_claims, true, r_epoch);
             ids := v_f.ids; tids := v_f.tids;
         END IF;
     END IF;

@@ -10,6 +10,7 @@ claim must find: more urgent work, work filed with an old run_at, promoted or re
 from __future__ import annotations
 
 import json
+import time
 from typing import Any
 
 import psycopg
@@ -31,14 +32,14 @@ SELECT c.relname, pg_stat_get_xact_blocks_fetched(c.oid)
 """
 
 
-def _probe(conn: Conn) -> dict[str, int]:
-    """Blocks per pgjobs relation that one fair claim of PER_CLAIM jobs fetched."""
+def _probe(conn: Conn, n: int = PER_CLAIM) -> dict[str, int]:
+    """Blocks per pgjobs relation that one fair claim of n jobs fetched."""
     with conn.transaction():
         before = dict(conn.execute(_RELS).fetchall())
-        got = call(conn, "claim", worker="probe", queues=["q"], max_jobs=PER_CLAIM)
+        got = call(conn, "claim", worker="probe", queues=["q"], max_jobs=n)
         after = dict(conn.execute(_RELS).fetchall())
         call(conn, "complete_many", ids=[r["id"] for r in got], lease_tokens=[r["lease_token"] for r in got])
-    assert len(got) == PER_CLAIM
+    assert len(got) == n
     return {k: v - before.get(k, 0) for k, v in after.items() if v - before.get(k, 0) > 0}
 
 
@@ -132,3 +133,96 @@ def test_one_never_served_cursor_a_group_whoever_inserts_it(conn: Conn) -> None:
         " AND indpred IS NULL"
     ).fetchone()
     assert unique == (0,)
+
+
+# A group's floor in its cursor row (sql/fairness.sql, "Head floors"; migrations/deploy/fair_head_floors.sql):
+# set by the claims of a session that keeps floors, read by every session.
+
+
+def _kinds(n: int) -> dict[str, int]:
+    return {"k": n}  # the kind_limits of a worker that runs kind 'k' only
+
+
+def _claim_kinds(conn: Conn, n: int) -> list[dict[str, Any]]:
+    rows = call(conn, "claim", worker="w", queues=["q"], max_jobs=n, kind_limits=_kinds(n))
+    if rows:
+        call(conn, "complete_many", ids=[r["id"] for r in rows], lease_tokens=[r["lease_token"] for r in rows])
+    return rows
+
+
+def test_a_session_with_no_floor_of_its_own_starts_where_the_group_was_last_served(
+    conn: Conn, connect: ConnectFactory
+) -> None:
+    """A session that claims one job now and then (bench/soak.py's probe) kept no floor of its own and probed
+    each group from the front, past the dead entry of every job of the group claimed since (~100 heap blocks a
+    claim of one here). The floor in the group's cursor, left there by the worker's last claim of the group,
+    is where it starts now: one claim of one reads what it read when the snapshot was taken."""
+    _setup(conn)
+    probe = connect()
+    probe.execute("SET pgjobs.fair_count_every = 3600")  # (its count and sweep, once dear, kept: not measured)
+    _probe(probe, 1)  # the session's plans are cached
+    with held_snapshot(connect):
+        r0 = _probe(probe, 1)
+        for _ in range(400):
+            _claim_kinds(conn, PER_CLAIM)
+        _probe(probe, 1)  # pays the reads it keeps (the active count, the sweep)
+        r1 = _probe(probe, 1)
+        assert _floors(probe) == {}  # no head floor of its own: the cursor's
+    # (the head probe's relations: the claim's other reads, the sweep of every 8th claim, are not this test's)
+    head = ("jobs_live", "jobs_group_idx")
+    assert sum(r1.get(k, 0) for k in head) <= sum(r0.get(k, 0) for k in head) + 6, (r0, r1)
+
+
+def test_a_floor_in_a_cursor_hides_no_job_of_another_kind_or_one_another_session_holds(
+    conn: Conn, connect: ConnectFactory
+) -> None:
+    """The floor is the group's first pending job of any kind, locked or not, as the claim that served the group
+    last saw it; not that claim's own pick. A worker that runs kind 'k' only passes over g03's job of another
+    kind (filed with an old run_at: at the group's front), and over g05's head while another session holds
+    its row (then rolls back): a session that claims any kind gets both at its next claim of those groups."""
+    _setup(conn, jobs=4000)
+    other = call(conn, "enqueue", kind="other", queue="q", group_key="g03", run_at="2020-01-01T00:00:00Z")[0]["id"]
+    with held_snapshot(connect):
+        for _ in range(200):
+            _claim_kinds(conn, PER_CLAIM)
+        floors = conn.execute("SELECT count(*) FROM pgjobs.group_cursors WHERE floor_until > now()").fetchone()
+        assert floors == (GROUPS,)
+        held = connect(autocommit=False)
+        head = held.execute(
+            "SELECT id FROM pgjobs.jobs WHERE state = 'pending' AND group_key = 'g05'"
+            " ORDER BY priority, run_at, id LIMIT 1 FOR UPDATE"
+        ).fetchone()[0]
+        for _ in range(4):
+            _claim_kinds(conn, GROUPS)  # g05 served past its held head, the floors carried on
+        held.rollback()
+        got = [r["id"] for r in claim_and_complete(connect(), GROUPS, worker="any")]
+        assert other in got and head in got, (other, head, got)
+
+
+def test_a_job_committed_late_below_a_cursors_floor_is_claimed_once_the_floor_runs_out(
+    conn: Conn, connect: ConnectFactory
+) -> None:
+    """What a floor can miss: a producer whose transaction began more than 300 ms before it commits files a job
+    below the floor that the group's claims moved on to meanwhile. The floor holds for a while (here about a
+    second: pgjobs.fair_count_every), and every claim that probes from it carries it on without making it
+    live longer: then the group is probed from the front again, and the job is claimed. Here the group never
+    runs dry (a job comes before every claim), so nothing but the floor's end can bring the job back."""
+    _setup(conn, jobs=4000)
+    conn.execute("SET pgjobs.fair_count_every = 1")
+    with held_snapshot(connect):
+        for _ in range(200):
+            claim_and_complete(conn, PER_CLAIM)
+        producer = connect(autocommit=False)
+        late = call(producer, "enqueue", kind="k", queue="q", group_key="gx")[0]["id"]
+        time.sleep(0.4)
+        deadline, committed, got = time.monotonic() + 20, False, []
+        while time.monotonic() < deadline and late not in got:
+            call(conn, "enqueue", kind="k", queue="q", group_key="gx")
+            got = [r["id"] for r in claim_and_complete(conn, GROUPS + 1)]
+            if not committed and conn.execute(_GX_FLOOR).fetchone() == (True,):
+                producer.commit()  # below the floor gx got from the claim just now
+                committed = True
+        assert committed and late in got
+
+
+_GX_FLOOR = "SELECT floor_until > now() FROM pgjobs.group_cursors WHERE group_key = 'gx'"

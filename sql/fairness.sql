@@ -607,6 +607,24 @@ $$;
 -- second can miss: a claim rolled back after this one passed its locked rows, a producer committing over
 -- 300 ms after its transaction began: late by at most that second, never lost. Without a held snapshot a
 -- probe visits about what it takes: nothing is kept, and no probe below a floor runs.
+-- Floors in the cursors (sqitch change fair_head_floors). A session's floors are its own: a session that
+-- claims one job now and then (the soak's probe, every 200 ms) served each group rarely, kept no floor for
+-- it, and probed it from the front: 16,000-18,000 blocks, 70-180 ms, a claim of one 7 minutes into a hold.
+-- The fast path now keeps a group's floor in its cursor row, which its stamp rewrites anyway (no version of
+-- its own): floor_priority, floor_run_at, floor_id, until when it holds (floor_until) and under which claim
+-- epoch (floor_epoch). Every session's fast path starts there while it holds (the epoch unmoved, the time
+-- not past, no job more urgent than it pending). The floor is the group's first pending job of ANY kind,
+-- locked or not, read without a lock from where the probe started (a floor that holds, or the front), not
+-- the claim's own pick: a worker that runs some kinds, or that passed a row another session held, leaves a
+-- floor that hides nothing from a claimer of other kinds or from the next claim once the row is free
+-- (tests/sql/test_fair_floors.py). The head is then taken from that first job, by its ctid when it is free
+-- and of a kind asked for (no second descent of the index), else by the probe from there. A claim that
+-- probes from a floor carries it on (the new place, the same end and epoch: however often the group is
+-- served, the floor ends, and the group is probed from the front once more, which is the safety net above);
+-- one that probes from the front while its session keeps floors (the sign of a held snapshot) sets one,
+-- holding as long as the session's own floors do, this claim's time counted in (_fair_fast). Without a held
+-- snapshot no session keeps floors, no cursor gets one, and the fast path probes as before. The drain and
+-- the rounds, which probe every group from the front, leave a ring with floors to the fast path.
 
 -- Before the picks: the claim epoch now, this session's kept floors of the queue, and the floors this claim
 -- may use (NULL: none): not past their time, not with the epoch moved, not after promoting due jobs.

@@ -2145,7 +2145,7 @@ DECLARE
     c_fresh_ids CONSTANT int := 16384;     -- new job ids _discover_fresh reads, at most (see the top: Cost)
     v_q       text := _claim_fair.queue;
     v_fresh   boolean;                     -- the jobs inserted since the previous claim were read by id
-    v_expired boolean;                     -- an active job's lease has run out
+    v_expired boolean; v_settle boolean;   -- an active job's lease has run out (v_settle: its last attempt's)
     v_promoted boolean := false;           -- _promote_due ran in this call
     v_hint    jsonb;                       -- this session's [seen_max_id, quiet_claims]
     u_fresh   boolean := false;            -- one of them is ungrouped
@@ -2186,15 +2186,13 @@ DECLARE
     v_dear_h  boolean;                     -- the picks' head probes proved dear
     v_t0      timestamptz;                 -- when a read that may prove dear (_fair_keep), then the picks, began
 BEGIN
-    -- One statement for everything a claim reads before the walk (each statement has a fixed
-    -- cost to start, larger than what most of these reads cost): the queue's settings, its
-    -- fair_queues state, its active jobs per group, as of now; the highest job id (see v_quiet
-    -- below). The same pass over the active jobs tells whether one's lease has run out (the
-    -- caller leaves that probe to it: a second walk of jobs_active_idx, whose dead entries a held
-    -- snapshot keeps, see the top of this file): then the due jobs become pending first
-    -- (_promote_due), and the active jobs are counted again.
-    -- A count this session kept (see _fair_keep: under a held snapshot) saves the pass over the
-    -- active jobs on a queue without caps.
+    -- One statement for everything a claim reads before the walk (each statement has a fixed cost to start,
+    -- larger than what most of these reads cost): the queue's settings, its fair_queues state, its active
+    -- jobs per group, as of now; the highest job id (see v_quiet below). The same pass tells whether a
+    -- lease has run out (claim() leaves its probe to it: a second walk of jobs_active_idx, whose dead
+    -- entries a held snapshot keeps): then those out of attempts are settled, the others' jobs become
+    -- pending (_promote_due), and the active jobs are counted again. A count this session kept (see
+    -- _fair_keep: under a held snapshot) saves the pass over the active jobs on a queue without caps.
     v_any_kept := coalesce(current_setting('pgjobs.fair_kept', true), '') NOT IN ('', '{}');
     v_kept := CASE WHEN v_any_kept THEN _fair_kept('a ' || v_q) END;
     IF v_kept IS NOT NULL THEN
@@ -2221,27 +2219,30 @@ BEGIN
         SELECT c.max_active, c.max_active_per_group, c.noisy_share, c.noisy_min_active,
                f.queue, f.ungrouped_seq, f.ungrouped_empty, f.ring_from, f.discover_after, f.discover_found,
                f.discover_productive, f.seen_max_id, f.quiet_claims,
-               a.total, a.keys, a.cnts, a.top, a.expired, (SELECT max(j.id) FROM jobs AS j)
+               a.total, a.keys, a.cnts, a.top, a.expired, a.settle, (SELECT max(j.id) FROM jobs AS j)
           INTO v_cfg.max_active, v_cfg.max_active_per_group, v_cfg.noisy_share, v_cfg.noisy_min_active,
                v_fq.queue, v_fq.ungrouped_seq, v_fq.ungrouped_empty, v_fq.ring_from, v_fq.discover_after,
                v_fq.discover_found, v_fq.discover_productive, v_fq.seen_max_id, v_fq.quiet_claims,
-               v_total, a_key, a_cnt, v_top, v_expired, v_maxid
+               v_total, a_key, a_cnt, v_top, v_expired, v_settle, v_maxid
           FROM queues AS c
           LEFT JOIN fair_queues AS f ON f.queue = c.queue
          CROSS JOIN (SELECT coalesce(sum(x.n), 0)::int AS total,
                             array_agg(x.k) FILTER (WHERE x.k IS NOT NULL) AS keys,
                             array_agg(x.n) FILTER (WHERE x.k IS NOT NULL) AS cnts,
                             coalesce(max(x.n) FILTER (WHERE x.k IS NOT NULL), 0) AS top,
-                            coalesce(bool_or(x.e), false) AS expired
+                            coalesce(bool_or(x.e), false) AS expired, coalesce(bool_or(x.s), false) AS settle
                        FROM (SELECT j.group_key AS k, count(*)::int AS n,
                                     bool_or(j.lease_expires_at < now() AND j.attempt < j.max_attempts
-                                            AND NOT j.cancel_requested) AS e
+                                            AND NOT j.cancel_requested) AS e,
+                                    bool_or(j.lease_expires_at < now() AND (j.attempt >= j.max_attempts
+                                                                            OR j.cancel_requested)) AS s
                                FROM jobs AS j
                               WHERE j.state = 'active' AND j.queue = v_q
                               GROUP BY j.group_key) AS x) AS a
          WHERE c.queue = v_q;
-        EXIT WHEN NOT v_expired OR v_promoted;
-        PERFORM _promote_due(v_q);
+        EXIT WHEN NOT (v_expired OR v_settle) OR v_promoted;
+        PERFORM _settle_expired(ARRAY[v_q]) WHERE v_settle;
+        PERFORM _promote_due(v_q) WHERE v_expired;
         v_promoted := true;
     END LOOP;
     IF v_v0 IS NOT NULL AND NOT v_promoted

@@ -263,6 +263,26 @@ def test_expired_lease_is_reclaimed_on_a_fair_queue(conn: Conn) -> None:
     assert call(conn, "complete", id=first, lease_token=got[0]["lease_token"])[0]["complete"] is False
 
 
+@pytest.mark.parametrize("capped", [False, True])
+def test_expired_leases_out_of_attempts_or_cancelled_are_settled_by_a_fair_claim(conn: Conn, capped: bool) -> None:
+    """On a claim of one fair queue claim() leaves its probe for leases to settle to the fair claim's count of
+    the active jobs (one pass over jobs_active_idx, which a held snapshot makes long): a job whose lease ran
+    out on its last attempt ends failed, one whose cancellation was requested ends cancelled, and neither
+    counts as active any more in that claim (a queue capped at 2 active jobs gives the third job at once)."""
+    fair(conn, max_active=2 if capped else None)
+    [last] = put(conn, "A", 1, max_attempts=1)
+    [stop] = put(conn, "B", 1)
+    [third] = put(conn, "C", 1)
+    assert sorted(r["id"] for r in claim(conn, "w1", queues=["q"], max_jobs=2)) == sorted([last, stop])
+    assert call(conn, "cancel", id=stop)[0]["cancel"] is True
+    expire(conn, last)
+    expire(conn, stop)
+    assert [r["id"] for r in claim(conn, "w2", queues=["q"], max_jobs=5)] == [third]
+    rows = conn.execute("SELECT id, state::text FROM pgjobs.jobs WHERE id = ANY (%s)", [[last, stop]]).fetchall()
+    states = dict(rows)
+    assert states == {last: "failed", stop: "cancelled"}
+
+
 def test_due_scheduled_jobs_are_claimable_on_a_fair_queue(conn: Conn) -> None:
     fair(conn)
     soon = (datetime.now(UTC) + timedelta(hours=1)).isoformat()

@@ -961,7 +961,10 @@ BEGIN
     END LOOP;
     IF cardinality(f_ids) = room AND (u_out OR u_seq > f_last) THEN
         -- (a group passed over with no active job either: its cursor goes, as when the walk meets it, so
-        -- that it comes back never served; the walk does it when it takes over)
+        -- that it comes back never served; the walk does it when it takes over. Not under a held snapshot
+        -- (r.m < 3): the checks before the delete pass every dead entry of the group and of the queue's
+        -- active jobs, 250-350 ms a group in the fair soak, and a claim that met dozens took over 30 s;
+        -- the cursor stays, and the fast path passes over it from its floor)
         PERFORM _forget_group(v_q, d.k) FROM unnest(f_dry) AS d(k);
         IF 2 = ANY (f_fm) THEN
             -- as long as this session's floors hold, with this claim's time counted in (_fair_floors_save
@@ -2039,8 +2042,9 @@ BEGIN
             ELSIF l1_lid[b_i] IS NOT NULL THEN
                 v_key := v_key;   -- its kind ran out meanwhile: look again below
             ELSE
-                -- nothing to take: drop the cursor if the group has no live work at all
-                IF v_act = 0 THEN
+                -- nothing to take: drop the cursor if the group has no live work at all; not under a held
+                -- snapshot (h_floor set, '{}' when the floors ran out: _forget_group's checks cost 250-350 ms)
+                IF v_act = 0 AND h_floor IS NULL THEN
                     PERFORM _forget_group(v_q, v_key);
                 END IF;
                 CONTINUE picks;
@@ -2373,7 +2377,8 @@ BEGIN
         v_f := _fair_walk(v_q, room, kinds, quotas, serialized, v_cfg.max_active_per_group, v_cfg.noisy_min_active,
                           v_cfg.noisy_share, v_fq.ring_from, v_fq.ungrouped_seq, v_total, a_key, a_cnt, v_maxid,
                           v_quiet, v_pos, v_found, v_fq.quiet_claims, v_productive, u_out, u_probed, u_empty, u_hp,
-                          u_hr, u_hi, v_unserved, v_chunk, v_limit, l_key, l_ctid, l_seq, l_act, l_dead, h_floor);
+                          u_hr, u_hi, v_unserved, v_chunk, v_limit, l_key, l_ctid, l_seq, l_act, l_dead,
+                          coalesce(h_floor, CASE WHEN h_kept IS NOT NULL THEN '{}'::jsonb END));
         ids := v_f.ids; tids := v_f.tids;
     END IF;
     v_dear_h := _fair_index_visits('jobs_group_idx') - v_v2 > 4 * room + 500;

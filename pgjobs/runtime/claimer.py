@@ -59,6 +59,9 @@ async def _sleep(q: QueueState, free: int) -> None:
 
 # A full claim that took at least this long per job is dear: the next one waits for room (_gather).
 GATHER_PER_JOB = 0.00015
+# The least time a claim may take before the claimer gives up on its connection (else the lease, if longer): a
+# server that stopped answering, or a claim stuck for that long, is an outage (reconnect, back off), not a crash.
+CLAIM_DEADLINE_MIN = 10.0
 
 
 async def _gather(q: QueueState, within: float) -> None:
@@ -115,10 +118,13 @@ async def claim_loop(w: WorkerState, q: QueueState) -> None:
                 # commit on the server, and its jobs would stay leased to nobody until the lease runs out. The
                 # deadline bounds the wait on a server that stopped answering.
                 t0 = time.perf_counter()
-                with anyio.CancelScope(shield=True, deadline=anyio.current_time() + max(10.0, w.lease)):
+                deadline = max(CLAIM_DEADLINE_MIN, w.lease)
+                with anyio.CancelScope(shield=True, deadline=anyio.current_time() + deadline) as scope:
                     await cur.execute(
                         CLAIM_SQL, (w.name, queues, want, lease, _kind_limits(w, want)), prepare=w.prepare
                     )
+                if scope.cancelled_caught:  # (psycopg cancelled the query and closed the connection: no rows)
+                    raise psycopg.OperationalError(f"the claim did not answer within {deadline:g} s")
                 rows = await cur.fetchall()
                 took = time.perf_counter() - t0
                 took = took if len(rows) >= want and took >= want * GATHER_PER_JOB else 0.0

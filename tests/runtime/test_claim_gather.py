@@ -92,3 +92,35 @@ def test_a_worker_that_waits_after_every_full_claim_runs_a_backlog_to_the_end(
     assert worker.completed == 600
     states = dict(conn.execute("SELECT state::text, count(*) FROM pgjobs.jobs GROUP BY 1").fetchall())
     assert states == {"succeeded": 600}
+
+
+def test_a_claim_that_outlasts_its_deadline_is_an_outage_not_a_crash(
+    dsn: str, conn: psycopg.Connection[Any], connect: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A claim that does not answer within its deadline (the lease, at least CLAIM_DEADLINE_MIN) is cancelled,
+    and psycopg closes its connection. The claimer went on to read the rows of the claim it had just given up
+    and died of "no result available" (the fair soak under a held snapshot, a claim stuck for over 30 s): the
+    worker stopped working. It now counts it as an outage: a new connection, a back-off, and the work goes on.
+    Here a session holds the queues table locked for a while, so that the claim waits past its deadline."""
+    monkeypatch.setattr(claimer, "CLAIM_DEADLINE_MIN", 0.3)
+    app = App()
+
+    @app.job("short")
+    async def short(payload: Any, ctx: pgjobs.JobContext) -> None:
+        pass
+
+    blocker = connect(autocommit=False)
+
+    async def body(worker: Worker, client: AsyncClient) -> None:
+        blocker.execute("LOCK TABLE pgjobs.queues IN ACCESS EXCLUSIVE MODE")
+        calls = worker.claim_calls
+        await anyio.sleep(1.5)  # the poll's claims wait for the lock past their 0.5 s deadline
+        blocker.rollback()
+        assert worker.claim_calls == calls  # (none answered meanwhile)
+        await client.enqueue_many([{"kind": "short"}] * 20)
+        with anyio.fail_after(30):
+            while worker.completed < 20:
+                await anyio.sleep(0.02)
+
+    worker = run_worker(app, dsn, body, queues={"default": 5}, lease=0.5)
+    assert worker.completed == 20

@@ -90,6 +90,18 @@ async def _open(w: WorkerState, failures: int) -> tuple[psycopg.AsyncConnection[
     return conn, conn.cursor()
 
 
+async def _claim(w: WorkerState, cur: psycopg.AsyncCursor[Any], args: tuple[Any, ...]) -> list[tuple[Any, ...]]:
+    """One claim call. Shielded: a claim cancelled on its way (the stop's last resort cancels every task) may still
+    commit on the server, and its jobs would stay leased to nobody until the lease runs out. The deadline bounds
+    the wait on a server that stopped answering; past it psycopg cancels the query and closes the connection."""
+    deadline = max(CLAIM_DEADLINE_MIN, w.lease)
+    with anyio.CancelScope(shield=True, deadline=anyio.current_time() + deadline) as scope:
+        await cur.execute(CLAIM_SQL, args, prepare=w.prepare)
+    if scope.cancelled_caught:  # (no rows to read: an outage for the caller, as a lost connection is)
+        raise psycopg.OperationalError(f"the claim did not answer within {deadline:g} s")
+    return await cur.fetchall()
+
+
 async def claim_loop(w: WorkerState, q: QueueState) -> None:
     conn: psycopg.AsyncConnection[Any] | None = None
     cur: psycopg.AsyncCursor[Any] = None  # type: ignore[assignment]  # set with conn
@@ -114,18 +126,8 @@ async def claim_loop(w: WorkerState, q: QueueState) -> None:
             try:
                 if conn is None or conn.closed:
                     conn, cur = await _open(w, failures)
-                # Shielded: a claim cancelled on its way (the stop's last resort cancels every task) may still
-                # commit on the server, and its jobs would stay leased to nobody until the lease runs out. The
-                # deadline bounds the wait on a server that stopped answering.
                 t0 = time.perf_counter()
-                deadline = max(CLAIM_DEADLINE_MIN, w.lease)
-                with anyio.CancelScope(shield=True, deadline=anyio.current_time() + deadline) as scope:
-                    await cur.execute(
-                        CLAIM_SQL, (w.name, queues, want, lease, _kind_limits(w, want)), prepare=w.prepare
-                    )
-                if scope.cancelled_caught:  # (psycopg cancelled the query and closed the connection: no rows)
-                    raise psycopg.OperationalError(f"the claim did not answer within {deadline:g} s")
-                rows = await cur.fetchall()
+                rows = await _claim(w, cur, (w.name, queues, want, lease, _kind_limits(w, want)))
                 took = time.perf_counter() - t0
                 took = took if len(rows) >= want and took >= want * GATHER_PER_JOB else 0.0
                 w.claim_calls += 1

@@ -625,6 +625,10 @@ $$;
 -- holding as long as the session's own floors do, this claim's time counted in (_fair_fast). Without a held
 -- snapshot no session keeps floors, no cursor gets one, and the fast path probes as before. The drain and
 -- the rounds, which probe every group from the front, leave a ring with floors to the fast path.
+-- Also under a held snapshot: a dry group keeps its cursor (_forget_group's checks pass every dead entry of
+-- the group and of the queue's active jobs, 250-350 ms a group 4 minutes into the fair soak's hold; the
+-- walk drops it once the snapshot is gone), and on a claim of one fair queue claim()'s probe for leases to
+-- settle is folded into the active count's pass (_claim_fair): one walk of jobs_active_idx, not two.
 
 -- Before the picks: the claim epoch now, this session's kept floors of the queue, and the floors this claim
 -- may use (NULL: none): not past their time, not with the epoch moved, not after promoting due jobs.

@@ -625,10 +625,12 @@ $$;
 -- holding as long as the session's own floors do, this claim's time counted in (_fair_fast). Without a held
 -- snapshot no session keeps floors, no cursor gets one, and the fast path probes as before. The drain and
 -- the rounds, which probe every group from the front, leave a ring with floors to the fast path.
--- Also under a held snapshot: a dry group keeps its cursor (_forget_group's checks pass every dead entry of
--- the group and of the queue's active jobs, 250-350 ms a group 4 minutes into the fair soak's hold; the
--- walk drops it once the snapshot is gone), and on a claim of one fair queue claim()'s probe for leases to
--- settle is folded into the active count's pass (_claim_fair): one walk of jobs_active_idx, not two.
+-- Also under a held snapshot: a dry group passed over from a floor keeps its cursor in the fast path
+-- (_forget_group's checks pass every dead entry of the group and of the queue's active jobs, 250-350 ms a
+-- group 4 minutes into the fair soak's hold; the walk drops it when it meets it: a walk that kept them too
+-- left the ring full of dry cursors, and the worker fell behind), and on a claim of one fair queue claim()'s
+-- probe for leases to settle is folded into the active count's pass (_claim_fair): one walk of
+-- jobs_active_idx, not two.
 
 -- Before the picks: the claim epoch now, this session's kept floors of the queue, and the floors this claim
 -- may use (NULL: none): not past their time, not with the epoch moved, not after promoting due jobs.
@@ -2046,9 +2048,8 @@ BEGIN
             ELSIF l1_lid[b_i] IS NOT NULL THEN
                 v_key := v_key;   -- its kind ran out meanwhile: look again below
             ELSE
-                -- nothing to take: drop the cursor if the group has no live work at all; not under a held
-                -- snapshot (h_floor set, '{}' when the floors ran out: _forget_group's checks cost 250-350 ms)
-                IF v_act = 0 AND h_floor IS NULL THEN
+                -- nothing to take: drop the cursor if the group has no live work at all
+                IF v_act = 0 THEN
                     PERFORM _forget_group(v_q, v_key);
                 END IF;
                 CONTINUE picks;
@@ -2381,8 +2382,7 @@ BEGIN
         v_f := _fair_walk(v_q, room, kinds, quotas, serialized, v_cfg.max_active_per_group, v_cfg.noisy_min_active,
                           v_cfg.noisy_share, v_fq.ring_from, v_fq.ungrouped_seq, v_total, a_key, a_cnt, v_maxid,
                           v_quiet, v_pos, v_found, v_fq.quiet_claims, v_productive, u_out, u_probed, u_empty, u_hp,
-                          u_hr, u_hi, v_unserved, v_chunk, v_limit, l_key, l_ctid, l_seq, l_act, l_dead,
-                          coalesce(h_floor, CASE WHEN h_kept IS NOT NULL THEN '{}'::jsonb END));
+                          u_hr, u_hi, v_unserved, v_chunk, v_limit, l_key, l_ctid, l_seq, l_act, l_dead, h_floor);
         ids := v_f.ids; tids := v_f.tids;
     END IF;
     v_dear_h := _fair_index_visits('jobs_group_idx') - v_v2 > 4 * room + 500;

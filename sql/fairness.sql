@@ -112,8 +112,8 @@
 -- tests/sql/test_fair_floors.py. What would bound the rest (not built): for capped queues, an active
 -- count that does not pass completed jobs (a lease floor on jobs_active_idx is not safe: a later claim
 -- with a shorter lease, or a lease moved back, lands below it; an insert-only lease log needs the
--- completion paths in lifecycle.sql to take part); floors shared between sessions (a session that claims
--- one job now and then probes each group it serves from the front, its floor being for another group).
+-- completion paths in lifecycle.sql to take part). Floors shared between sessions (a session that claims
+-- one job now and then probed each group it served from the front) are built since: "Floors in the cursors".
 -- Built since (2026-12-06): the count, the look and the sweep are paid by one session per period, not by
 -- every session ("Shared gates"), and the look for never-served cursors runs only when one may have been
 -- created (_fair_unserved). Left: groups that run dry lose their cursor and come back with a new one (tens

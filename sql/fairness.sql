@@ -627,8 +627,9 @@ $$;
 -- the rounds, which probe every group from the front, leave a ring with floors to the fast path.
 -- Also under a held snapshot: a dry group passed over from a floor keeps its cursor in the fast path
 -- (_forget_group's checks pass every dead entry of the group and of the queue's active jobs, 250-350 ms a
--- group 4 minutes into the fair soak's hold; the walk drops it when it meets it: a walk that kept them too
--- left the ring full of dry cursors, and the worker fell behind), and on a claim of one fair queue claim()'s
+-- group 4 minutes into the fair soak's hold; the walk still drops it when it meets it: a walk that kept them
+-- too was tried once, and the worker fell behind in that run, not proven to be the cause), and on a claim of
+-- one fair queue claim()'s
 -- probe for leases to settle is folded into the active count's pass (_claim_fair): one walk of
 -- jobs_active_idx, not two.
 

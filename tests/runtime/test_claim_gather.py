@@ -16,7 +16,7 @@ from pgjobs import App, AsyncClient, Worker
 from pgjobs.runtime import claimer
 from pgjobs.runtime.claimer import _gather
 from pgjobs.runtime.state import QueueState
-from tests.runtime.test_worker import run_worker
+from tests.runtime.test_worker import completed, run_worker
 
 
 def _busy(capacity: int, running: int) -> QueueState:
@@ -84,9 +84,7 @@ def test_a_worker_that_waits_after_every_full_claim_runs_a_backlog_to_the_end(
     conn.execute("SELECT count(*) FROM pgjobs.enqueue_many(%s)", [psycopg.types.json.Jsonb([{"kind": "short"}] * 600)])
 
     async def body(worker: Worker, client: AsyncClient) -> None:
-        with anyio.fail_after(45):
-            while worker.completed < 600:
-                await anyio.sleep(0.02)
+        await completed(worker, 600, timeout=45)
 
     worker = run_worker(app, dsn, body, queues={"default": 20})
     assert worker.completed == 600
@@ -118,9 +116,7 @@ def test_a_claim_that_outlasts_its_deadline_is_an_outage_not_a_crash(
         blocker.rollback()
         assert worker.claim_calls == calls  # (none answered meanwhile)
         await client.enqueue_many([{"kind": "short"}] * 20)
-        with anyio.fail_after(30):
-            while worker.completed < 20:
-                await anyio.sleep(0.02)
+        await completed(worker, 20)
 
     worker = run_worker(app, dsn, body, queues={"default": 5}, lease=0.5)
     assert worker.completed == 20

@@ -51,6 +51,13 @@ async def claimed_again(worker: Worker, times: int = 1, timeout: float = 30) -> 
             await anyio.sleep(0.01)
 
 
+async def completed(worker: Worker, n: int, timeout: float = 30) -> None:
+    """Until the worker has completed ``n`` jobs."""
+    with anyio.fail_after(timeout):
+        while worker.completed < n:
+            await anyio.sleep(0.02)
+
+
 async def wait_state(client: AsyncClient, job_id: int, *states: JobState, timeout: float = 20) -> pgjobs.JobStatus:
     with anyio.fail_after(timeout):
         while True:
@@ -451,9 +458,7 @@ def test_completions_are_batched(dsn: str, conn: psycopg.Connection[Any]) -> Non
     conn.execute("SELECT count(*) FROM pgjobs.enqueue_many(%s)", [psycopg.types.json.Jsonb([{"kind": "noop"}] * 400)])
 
     async def body(worker: Worker, client: AsyncClient) -> None:
-        with anyio.fail_after(30):
-            while worker.completed < 400:
-                await anyio.sleep(0.02)
+        await completed(worker, 400)
 
     worker = run_worker(app, dsn, body, queues={"default": 50})
     assert worker.completed == 400
@@ -595,9 +600,7 @@ def test_batched_completions_keep_each_result(dsn: str, conn: psycopg.Connection
     )
 
     async def body(worker: Worker, client: AsyncClient) -> None:
-        with anyio.fail_after(30):
-            while worker.completed < 120:
-                await anyio.sleep(0.02)
+        await completed(worker, 120)
 
     worker = run_worker(app, dsn, body, queues={"default": 40})
     assert worker.complete_calls < 120

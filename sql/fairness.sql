@@ -629,9 +629,8 @@ $$;
 -- (_forget_group's checks pass every dead entry of the group and of the queue's active jobs, 250-350 ms a
 -- group 4 minutes into the fair soak's hold; the walk still drops it when it meets it: a walk that kept them
 -- too was tried once, and the worker fell behind in that run, not proven to be the cause), and on a claim of
--- one fair queue claim()'s
--- probe for leases to settle is folded into the active count's pass (_claim_fair): one walk of
--- jobs_active_idx, not two.
+-- one fair queue claim()'s probe for leases to settle is folded into the active count's pass (_claim_fair):
+-- one walk of jobs_active_idx, not two.
 
 -- Before the picks: the claim epoch now, this session's kept floors of the queue, and the floors this claim
 -- may use (NULL: none): not past their time, not with the epoch moved, not after promoting due jobs.

@@ -397,8 +397,8 @@ $$;
 -- When such a read proved dear (the count visited more than 2 x the active jobs it found + 1,000
 -- entries; the look or the sweep more than 1,000), the session keeps it for pgjobs.fair_count_every
 -- seconds (default 1; read at each claim; 0 keeps nothing): one session setting, pgjobs.fair_kept (jsonb:
--- kind and queue, e.g. 'a q1' -> [kept at, the shared gate it wrote, what was read...]), and longer while
--- the read's shared gate is closed (below). Meanwhile its claims reuse the count
+-- kind and queue, e.g. 'a q1' -> [kept at, the gate value it wrote (NULL: none; for the record), what was
+-- read...]), and longer while the read's shared gate is closed (below). Meanwhile its claims reuse the count
 -- (and skip claim()'s probe: the count saw no lease run out) and skip the look and the sweep. Only on
 -- queues without caps for the count: max_active and max_active_per_group are never overshot, so a capped
 -- queue counts every claim. What that time can miss: a group turning noisy (fairness is a ranking; it
@@ -419,12 +419,22 @@ $$;
 -- the read took when that is longer (the read then costs a twentieth of one session's time at most,
 -- however long the snapshot is held, whatever the number of sessions). While the gate is closed a
 -- session skips the look and the sweep (what they find is shared: cursors in group_cursors, the
--- ungrouped state in fair_queues) and reuses its own count up to 30 x pgjobs.fair_count_every seconds
--- old (a count is this session's own: with none that young it counts). A sequence, not a table: setval
--- leaves no dead tuple under the very snapshot this works around, and only the functions' owner may
--- call it (roles.sql), so no role can hold a gate shut; a gate set more than 10 minutes ahead is
--- ignored all the same. Two fair queues dear at once overwrite each other's gate (one sequence per read,
--- one queue's hash in it): each then pays as before this change, no worse.
+-- ungrouped state in fair_queues) and reuses the newest count up to 30 x pgjobs.fair_count_every seconds
+-- old: its own, or the one the last dear count wrote to fair_counts (sqitch change fair_counts; one index
+-- descent to the newest row of an insert-only table, so no version chain under the snapshot). A
+-- sequence, not a table, for the gate: setval leaves no dead tuple under the very snapshot this works
+-- around, and only the functions' owner may call it (roles.sql), so no role can hold a gate shut; a gate
+-- set more than 10 minutes ahead is ignored all the same. Two fair queues dear at once overwrite each
+-- other's gate (one sequence per read, one queue's hash in it): each then pays as before, no worse.
+-- Who reads when a gate opens: the first claim after it, most likely one of the session that claims most
+-- (a share of the claims as large as its share of them), and that claim closes the gate before it reads
+-- (for pgjobs.fair_count_every seconds, when this session's last such read was dear) so that the claims
+-- that start while it reads skip it. Until 2026-12-06 the gate opened first to the session that had
+-- closed it, the others a second later: once a probe had read in that second (the worker busy), the gate
+-- was the probe's, and it paid the count at every opening, every 6-7 s (220-420 ms each, ten minutes into
+-- the fair soak's hold), and its own count and look again whenever they were 30 s old: about 2 % of its
+-- claims, its p99. A close never shortens a gate: it closes an open one (or one of another queue) or
+-- moves its end later.
 -- A gate's value: until when (milliseconds since 2020, `seconds` from now) above 20 bits of the queue's hash.
 CREATE OR REPLACE FUNCTION pgjobs._fair_gate_value(v_q text, seconds numeric)
 RETURNS bigint
@@ -436,41 +446,36 @@ AS $$
            | (hashtext(v_q) & 1048575)::bigint;
 $$;
 
-CREATE OR REPLACE FUNCTION pgjobs._fair_gate_closed(v_kind text, v_q text, mine bigint DEFAULT NULL)
+CREATE OR REPLACE FUNCTION pgjobs._fair_gate_closed(v_kind text, v_q text)
 RETURNS boolean
 LANGUAGE sql
 STABLE
 SET search_path = pg_catalog, pgjobs, pg_temp
 AS $$
-    -- (`mine`: the value this session wrote, if it did. The session that closed a gate redoes the read
-    -- when it opens; the others wait pgjobs.fair_count_every seconds more, so that the one that claims
-    -- most, not one that claims now and then, pays for it.)
-    SELECT coalesce(g.v & 1048575 = n.v & 1048575
-                    AND (g.v >> 20) + CASE WHEN g.v = mine THEN 0 ELSE n.grace END > (n.v >> 20)
+    SELECT coalesce(g.v & 1048575 = n.v & 1048575 AND (g.v >> 20) > (n.v >> 20)
                     AND (g.v >> 20) <= (n.v >> 20) + 600000, false)
       FROM (SELECT pg_sequence_last_value(to_regclass('pgjobs.fair_gate_' || v_kind)) AS v) AS g,
-           (SELECT _fair_gate_value(v_q, 0) AS v, (_fair_count_every() * 1000)::bigint AS grace) AS n;
+           (SELECT _fair_gate_value(v_q, 0) AS v) AS n;
 $$;
 
--- Closes the gate of a read ('a', 'u' or 's') of this queue for `seconds` (at most 60), when it is open
--- to this session (`mine`: the value it wrote last; see _fair_gate_closed). A session that read while
--- the gate was closed (a count too old to reuse) leaves it as it is: the gate stays with the session that
--- reads when it opens, the one that claims most, not one that claims now and then. Returns the value
--- written (NULL: none).
-CREATE OR REPLACE FUNCTION pgjobs._fair_gate_close(v_kind text, v_q text, seconds numeric, mine bigint DEFAULT NULL)
+-- Closes the gate of a read ('a', 'u' or 's') of this queue for `seconds` (at most 60) from now, unless it
+-- is closed for this queue until later already. Returns the value written (NULL: none).
+CREATE OR REPLACE FUNCTION pgjobs._fair_gate_close(v_kind text, v_q text, seconds numeric)
 RETURNS bigint
 LANGUAGE sql
 SET search_path = pg_catalog, pgjobs, pg_temp
 AS $$
-    SELECT setval(g.s, _fair_gate_value(v_q, least(seconds, 60)))
-      FROM (SELECT to_regclass('pgjobs.fair_gate_' || v_kind) AS s) AS g
-     WHERE g.s IS NOT NULL AND NOT _fair_gate_closed(v_kind, v_q, mine);
+    SELECT setval(g.s, n.v)
+      FROM (SELECT to_regclass('pgjobs.fair_gate_' || v_kind) AS s) AS g,
+           (SELECT _fair_gate_value(v_q, least(seconds, 60)) AS v) AS n
+     WHERE g.s IS NOT NULL
+       AND NOT (_fair_gate_closed(v_kind, v_q) AND pg_sequence_last_value(g.s) >= n.v);
 $$;
 
--- A kept read ('a ', 'u ' or 's ' and the queue) while still good: [kept at, gate written, what was
--- read...]; else NULL. Good: kept less than pgjobs.fair_count_every seconds ago, or the read's gate is
--- closed (see above) and, for a count, kept less than 30 times that ago (a look or a sweep kept by
--- nobody in this session is '[]' then: skipped all the same).
+-- A kept read ('a ', 'u ', 's ' or 'd ' and the queue) while still good: [kept at, gate written, what was
+-- read...]; else NULL. Good: kept less than pgjobs.fair_count_every seconds ago; or, while the read's gate
+-- is closed (see above), a look or a sweep whatever its age (kept by nobody in this session: '[]'), and the
+-- newest count less than 30 times that old, this session's or the one in fair_counts.
 CREATE OR REPLACE FUNCTION pgjobs._fair_kept(v_key text)
 RETURNS jsonb
 LANGUAGE sql
@@ -478,18 +483,48 @@ STABLE
 SET search_path = pg_catalog, pgjobs, pg_temp
 AS $$
     SELECT CASE WHEN (k.e ->> 0)::numeric + k.every > k.now THEN k.e
-                WHEN k.every > 0 AND left(v_key, 2) IN ('a ', 'u ', 's ')
-                     AND (k.e IS NOT NULL OR left(v_key, 2) <> 'a ')
-                     AND coalesce((k.e ->> 0)::numeric + 30 * k.every > k.now, true)
-                     AND _fair_gate_closed(left(v_key, 1), substr(v_key, 3), (k.e ->> 1)::bigint)
-                THEN coalesce(k.e, '[]')
+                WHEN k.every = 0 OR left(v_key, 2) NOT IN ('a ', 'u ', 's ')
+                     OR NOT _fair_gate_closed(left(v_key, 1), substr(v_key, 3)) THEN NULL
+                WHEN left(v_key, 2) <> 'a ' THEN coalesce(k.e, '[]')
+                ELSE (SELECT x.e
+                        FROM (SELECT k.e
+                              UNION ALL
+                              (SELECT jsonb_build_array(extract(epoch FROM c.counted_at), NULL) || c.payload
+                                 FROM fair_counts AS c
+                                WHERE c.queue = substr(v_key, 3)
+                                ORDER BY c.counted_at DESC
+                                LIMIT 1)) AS x(e)
+                       WHERE (x.e ->> 0)::numeric + 30 * k.every > k.now
+                       ORDER BY (x.e ->> 0)::numeric DESC
+                       LIMIT 1)
            END
       FROM (SELECT nullif(current_setting('pgjobs.fair_kept', true), '')::jsonb -> v_key AS e,
                    _fair_count_every() AS every, extract(epoch FROM clock_timestamp()) AS now) AS k;
 $$;
 
--- After a read begun at `since`: keep it (with `payload`, a jsonb array) when it proved dear, and close its
--- shared gate for max(pgjobs.fair_count_every, 20 x what the read took); else forget what was kept.
+-- _fair_kept for a claim that reads when it gets NULL: then, if this session's last such read ('a ', 'u '
+-- or 's ') proved dear (it is kept, too old), the read's gate is closed for pgjobs.fair_count_every seconds
+-- before it runs, so that the claims starting meanwhile skip it (_fair_keep sets the gate's end after).
+CREATE OR REPLACE FUNCTION pgjobs._fair_kept_or_gate(v_key text)
+RETURNS jsonb
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pgjobs, pg_temp
+AS $$
+DECLARE
+    v_kept jsonb := _fair_kept(v_key);
+BEGIN
+    IF v_kept IS NULL AND left(v_key, 2) IN ('a ', 'u ', 's ')
+       AND nullif(current_setting('pgjobs.fair_kept', true), '')::jsonb ? v_key THEN
+        PERFORM _fair_gate_close(left(v_key, 1), substr(v_key, 3), _fair_count_every());
+    END IF;
+    RETURN v_kept;
+END;
+$$;
+
+-- After a read begun at `since`: keep it (with `payload`, a jsonb array) when it proved dear, close its
+-- shared gate for max(pgjobs.fair_count_every, 20 x what the read took), and write a count to fair_counts
+-- for the other sessions (rows older than five minutes go: VACUUM takes them once no snapshot needs them);
+-- else forget what was kept.
 CREATE OR REPLACE FUNCTION pgjobs._fair_keep(v_key text, dear boolean, since timestamptz,
                                              payload jsonb DEFAULT '[]')
 RETURNS void
@@ -504,8 +539,13 @@ BEGIN
         IF left(v_key, 2) IN ('a ', 'u ', 's ') THEN
             v_gate := _fair_gate_close(left(v_key, 1), substr(v_key, 3),
                                        greatest(_fair_count_every(),
-                                                20 * extract(epoch FROM clock_timestamp() - since)),
-                                       (v_all -> v_key ->> 1)::bigint);
+                                                20 * extract(epoch FROM clock_timestamp() - since)));
+        END IF;
+        IF left(v_key, 2) = 'a ' THEN
+            DELETE FROM fair_counts AS c
+             WHERE c.queue = substr(v_key, 3) AND c.counted_at < clock_timestamp() - interval '5 minutes';
+            INSERT INTO fair_counts (queue, counted_at, payload)
+            VALUES (substr(v_key, 3), clock_timestamp(), coalesce(payload, '[]'));
         END IF;
         v_all := v_all || jsonb_build_object(v_key, jsonb_build_array(extract(epoch FROM clock_timestamp()), v_gate)
                                                     || coalesce(payload, '[]'));
@@ -2273,7 +2313,7 @@ BEGIN
     -- pending (_promote_due), and the active jobs are counted again. A count this session kept (see
     -- _fair_keep: under a held snapshot) saves the pass over the active jobs on a queue without caps.
     v_any_kept := coalesce(current_setting('pgjobs.fair_kept', true), '') NOT IN ('', '{}');
-    v_kept := CASE WHEN v_any_kept THEN _fair_kept('a ' || v_q) END;
+    v_kept := CASE WHEN v_any_kept THEN _fair_kept_or_gate('a ' || v_q) END;
     IF v_kept IS NOT NULL THEN
         v_total := (v_kept ->> 2)::int;
         v_top := (v_kept ->> 3)::int;
@@ -2378,7 +2418,7 @@ BEGIN
         -- the 8th quiet claim looks for ungrouped work that came back without a new job, whether
         -- or not the ungrouped turn comes in this claim; unless this session's last look proved
         -- dear and is recent (_fair_keep): then as a quiet claim
-        IF v_any_kept AND _fair_kept('u ' || v_q) IS NOT NULL THEN
+        IF v_any_kept AND _fair_kept_or_gate('u ' || v_q) IS NOT NULL THEN
             u_out := true;
         ELSE
             v_v1 := _fair_index_visits('jobs_pending_idx'); v_t0 := clock_timestamp();
@@ -2401,7 +2441,7 @@ BEGIN
        -- (the 8th claim's sweep, when the last one proved dear: see _fair_keep; not a sweep that
        -- stands in for _discover_fresh, nor one while the sweeps keep finding groups)
        AND NOT (NOT v_found AND NOT v_productive AND (v_maxid IS NOT DISTINCT FROM v_fq.seen_max_id OR v_fresh)
-                AND v_any_kept AND _fair_kept('s ' || v_q) IS NOT NULL) THEN
+                AND v_any_kept AND _fair_kept_or_gate('s ' || v_q) IS NOT NULL) THEN
         v_v1 := _fair_index_visits('jobs_group_idx'); v_t0 := clock_timestamp();
         SELECT * INTO v_pos, v_found, v_productive
           FROM _fair_sweep(v_q, serialized, c_discover_steps, v_pos, v_found, v_productive);

@@ -67,6 +67,53 @@ def test_a_count_one_session_paid_spares_the_others_while_its_gate_is_closed(
         assert opened >= CLAIMS * PER_CLAIM, opened
 
 
+def test_a_session_whose_own_count_is_too_old_reuses_the_newest_count_another_session_wrote(
+    conn: Conn, connect: ConnectFactory
+) -> None:
+    """A dear count is also written to fair_counts: while the gate is closed, a session whose own count is
+    past 30 x pgjobs.fair_count_every reuses that one instead of counting past every dead entry again (a
+    session claiming now and then counted every 30 s, the soak probe's p99). Its rows are insert-only."""
+    _setup(conn)
+    conn.execute("SET pgjobs.fair_count_every = 30")
+    other = connect()
+    other.execute("SET pgjobs.fair_count_every = 0.1")  # its own count serves 0.1 s, is reused up to 3 s
+    with held_snapshot(connect):
+        assert work(conn, CLAIMS, PER_CLAIM) == CLAIMS * PER_CLAIM
+        counted, _ = _entries(other)
+        assert counted >= CLAIMS * PER_CLAIM, counted
+        time.sleep(3.2)  # its own count is now too old to reuse at all
+        conn.execute("SELECT set_config('pgjobs.fair_kept', '', false)")
+        assert work(conn, 1, PER_CLAIM) == PER_CLAIM  # counts (dear), closes the gate, writes its count
+        reused, _ = _entries(other)
+        assert reused <= 10, (reused, counted)
+        rows = conn.execute("SELECT count(*), max(payload ->> 0) FROM pgjobs.fair_counts WHERE queue = 'q'").fetchone()
+        assert rows is not None and rows[0] >= 2, rows  # the other's count and this one, each a row
+
+
+def test_a_session_whose_last_count_was_dear_closes_the_gate_before_it_counts_again(
+    conn: Conn, connect: ConnectFactory
+) -> None:
+    """Once a gate's time is up, the next claim to count closes it before counting (for
+    pgjobs.fair_count_every seconds), so that the claims starting while it counts skip the count instead of
+    each paying it too: here the count then proves cheap (no snapshot held any more), and the gate is
+    closed all the same. The gate opens to every session alike: none goes first."""
+    _setup(conn)
+    with held_snapshot(connect):
+        assert work(conn, CLAIMS, PER_CLAIM) == CLAIMS * PER_CLAIM
+        conn.execute("SELECT set_config('pgjobs.fair_kept', '', false)")
+        assert work(conn, 1, PER_CLAIM) == PER_CLAIM  # a dear count: kept, the gate closed
+    kept = conn.execute("SELECT current_setting('pgjobs.fair_kept')::jsonb ? 'a q'").fetchone()
+    assert kept is not None and kept[0]
+    conn.execute("VACUUM pgjobs.jobs_live")  # the next count is cheap: it closes nothing after it
+    conn.execute("SELECT setval('pgjobs.fair_gate_a', 1)")  # the gate's time up
+    time.sleep(1.1)  # this session's own count too old (pgjobs.fair_count_every: 1 s)
+    closed = "SELECT pgjobs._fair_gate_closed('a', 'q')"
+    assert not conn.execute(closed).fetchone()[0]  # type: ignore[index]
+    counted, _ = _entries(conn)
+    assert counted < 1000, counted
+    assert conn.execute(closed).fetchone()[0]  # type: ignore[index]
+
+
 def test_the_look_for_ungrouped_work_one_session_paid_is_skipped_by_the_others(
     conn: Conn, connect: ConnectFactory
 ) -> None:
@@ -95,8 +142,9 @@ def test_the_look_for_ungrouped_work_one_session_paid_is_skipped_by_the_others(
 @pytest.mark.smoke  # (on PostgreSQL 18 too: hashtext, pg_sequence_last_value, the bit arithmetic)
 def test_a_gate_holds_only_for_its_read_and_queue_and_for_ten_minutes_at_most(conn: Conn) -> None:
     """What a gate says: closed for the read and the queue it was closed for, for the time asked (at most
-    60 s), moved by no session it is closed to (a shorter close leaves it), open first to the session that
-    closed it, and a value further ahead than 10 minutes (which no claim writes) is taken as open."""
+    60 s), never shortened (a shorter close leaves it, a longer one moves its end later), open to every
+    session alike once its time is up, and a value further ahead than 10 minutes (which no claim writes)
+    is taken as open."""
 
     def closed(kind: str, queue: str) -> bool:
         return bool(conn.execute("SELECT pgjobs._fair_gate_closed(%s, %s)", [kind, queue]).fetchone()[0])  # type: ignore[index]
@@ -113,17 +161,22 @@ def test_a_gate_holds_only_for_its_read_and_queue_and_for_ten_minutes_at_most(co
     assert closed("a", "q")
     close("a", "other", 0.001)  # another queue's close replaces it (one queue per gate)
     assert not closed("a", "q")
-    # when a gate opens, the session that closed it reads again first; the others wait
-    # pgjobs.fair_count_every seconds more (1 by default)
-    mine = conn.execute("SELECT pgjobs._fair_gate_close('u', 'q', 0.001)").fetchone()[0]  # type: ignore[index]
+    close("u", "q", 0.001)  # its time up, the gate is open to every session (none goes first)
     time.sleep(0.01)
-    holder = conn.execute("SELECT pgjobs._fair_gate_closed('u', 'q', %s)", [mine]).fetchone()[0]  # type: ignore[index]
-    assert holder is False and closed("u", "q")
+    assert not closed("u", "q")
+
+    def until(kind: str) -> float:
+        end = "to_timestamp((last_value >> 20) / 1000.0 + 1577836800)"
+        sql = f"SELECT extract(epoch FROM {end} - clock_timestamp())::float8 FROM pgjobs.fair_gate_{kind}"
+        return float(conn.execute(sql).fetchone()[0])  # type: ignore[arg-type,index]
+
     close("s", "q", 3600)  # asked for an hour: 60 s
-    until = conn.execute(
-        "SELECT to_timestamp((last_value >> 20) / 1000.0 + 1577836800) - now() FROM pgjobs.fair_gate_s"
-    ).fetchone()[0]  # type: ignore[index]
-    assert 55 <= until.total_seconds() <= 61, until
+    assert 55 <= until("s") <= 61
+    close("u", "q", 2)
+    close("u", "q", 20)  # longer: its end moves later
+    assert 15 <= until("u") <= 21
+    close("u", "q", 2)  # shorter: left as it was
+    assert 15 <= until("u") <= 21
     far = ((int(time.time()) - 1577836800 + 3600) * 1000) << 20
     assert closed("s", "q")
     conn.execute(

@@ -1827,11 +1827,24 @@ SET search_path = pg_catalog, pgjobs, pg_temp
 AS $$
 #variable_conflict use_column
 BEGIN
+    -- Both find each cursor from its group, one LATERAL probe per group (then update by ctid): a join of the
+    -- groups with the cursors, planned generic on a table whose statistics said it was empty (a VACUUM
+    -- under a held snapshot), walked the index entries of the whole queue's cursors, every version a held
+    -- snapshot keeps, once per group: 10-12 s a claim, the worker stalled behind it (the fair soak's hold).
     IF v_nstamped > v_npicked1 THEN
+        -- (the version this walk stamped: its group and new served_seq, one index entry)
+        WITH back AS (
+            SELECT v.tid, r.seq, r.at
+              FROM unnest(l1_key, l1_seq, l1_oldat, l1_nseq, l1_picked) AS r(k, seq, at, nseq, picked)
+             CROSS JOIN LATERAL (SELECT c.ctid AS tid FROM group_cursors AS c
+                                  WHERE c.queue = v_q AND c.group_key = r.k AND c.served_seq = r.nseq
+                                 OFFSET 0) AS v   -- (a fence: not pulled up into a join the planner may turn)
+             WHERE r.nseq IS NOT NULL AND NOT r.picked
+        )
         UPDATE group_cursors AS c
-           SET served_seq = r.seq, last_served_at = r.at
-          FROM unnest(l1_key, l1_seq, l1_oldat, l1_nseq, l1_picked) AS r(k, seq, at, nseq, picked)
-         WHERE r.nseq IS NOT NULL AND NOT r.picked AND c.queue = v_q AND c.group_key = r.k;
+           SET served_seq = b.seq, last_served_at = b.at
+          FROM back AS b
+         WHERE c.ctid = b.tid AND c.ctid = ANY (ARRAY(SELECT b2.tid FROM back AS b2));
     END IF;
     -- Stamp the other served groups with the last served_seq each got in this call. A cursor
     -- another claimer holds right now is left to it (it has just served that group too).
@@ -1842,15 +1855,17 @@ BEGIN
              WHERE x.picked
              ORDER BY x.k, x.seq DESC
         ), lk AS (
-            SELECT c.group_key FROM group_cursors AS c
-             WHERE c.queue = v_q AND c.group_key IN (SELECT s.k FROM s WHERE NOT s.wrote)
-             ORDER BY c.group_key
-               FOR UPDATE SKIP LOCKED
+            SELECT v.tid, s.seq
+              FROM s
+             CROSS JOIN LATERAL (SELECT c.ctid AS tid FROM group_cursors AS c
+                                  WHERE c.queue = v_q AND c.group_key = s.k
+                                    FOR UPDATE SKIP LOCKED) AS v
+             WHERE NOT s.wrote
         )
         UPDATE group_cursors AS c
-           SET last_served_at = now(), served_seq = greatest(c.served_seq, s.seq)
-          FROM s JOIN lk ON lk.group_key = s.k
-         WHERE c.queue = v_q AND c.group_key = s.k;
+           SET last_served_at = now(), served_seq = greatest(c.served_seq, lk.seq)
+          FROM lk
+         WHERE c.ctid = lk.tid AND c.ctid = ANY (ARRAY(SELECT l2.tid FROM lk AS l2));
     END IF;
     -- (its own stamps are visible to _fair_stamp's ring read by now: none to count apart)
     PERFORM _fair_stamp(v_q, '{}', '{}', v_pos, v_found, v_productive, u_empty, v_maxid, v_quiet, v_quiet_claims,

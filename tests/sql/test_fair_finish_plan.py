@@ -1,0 +1,73 @@
+"""The end of a walked fair claim (sql/fairness.sql, _fair_finish) under a held snapshot: it gives groups
+stamped ahead but not picked their old place back, and stamps the picked groups a take-again served. Both
+found the cursor by its group in a join with the groups; planned generic on a table whose statistics said it
+was empty (a VACUUM under the hold can leave reltuples at 0), that join walked the index entries of every
+version of every cursor of the queue, once per group: 10-12 s a claim in the ten-minute fair soak, the worker
+stalled behind it. Counted without timers: index entries of group_cursors the call was handed."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import psycopg
+import pytest
+from conftest import ConnectFactory
+
+from tests.helpers.fair import work
+from tests.helpers.foundation import call, held_snapshot
+
+Conn = psycopg.Connection[Any]
+
+GROUPS = 20
+
+_VISITS = (
+    "SELECT pg_stat_get_xact_tuples_returned('pgjobs.group_cursors_key_idx'::regclass)"
+    " + pg_stat_get_xact_tuples_returned('pgjobs.group_cursors_seq_idx'::regclass)"
+)
+_FINISH = (
+    "SELECT pgjobs._fair_finish('q', %(n)s, 0, ARRAY[%(g)s], ARRAY[%(old)s]::bigint[], ARRAY[%(at)s]::timestamptz[],"
+    " %(nseq)s::bigint[], ARRAY[false], %(unstamped)s, %(l2)s::text[], %(l2seq)s::bigint[], %(l2pick)s::boolean[],"
+    " %(l2wrote)s::boolean[], NULL, false, NULL, false, false, NULL, 0, true, 0)"
+)
+
+
+def _finish_visits(conn: Conn, group: str, back: bool) -> int:
+    """Entries of group_cursors' indexes one _fair_finish call was handed: `back`, a cursor this transaction
+    stamped and did not pick (its old place given back); else a picked group whose cursor was not stamped."""
+    with conn.transaction(force_rollback=True):
+        old, at = conn.execute(
+            "SELECT served_seq, last_served_at FROM pgjobs.group_cursors WHERE queue = 'q' AND group_key = %s",
+            [group],
+        ).fetchone()  # type: ignore[misc]
+        new = conn.execute(
+            "UPDATE pgjobs.group_cursors SET served_seq = nextval('pgjobs.served_seq_seq')"
+            " WHERE queue = 'q' AND group_key = %s RETURNING served_seq",
+            [group],
+        ).fetchone()[0]  # type: ignore[index]
+        before = conn.execute(_VISITS).fetchone()[0]  # type: ignore[index]
+        args = {"g": group, "old": old, "at": at}
+        if back:
+            args |= {"n": 1, "nseq": [new], "unstamped": False, "l2": [], "l2seq": [], "l2pick": [], "l2wrote": []}
+        else:
+            args |= {"n": 0, "nseq": [None], "unstamped": True, "l2": [group], "l2seq": [new + 1000],
+                     "l2pick": [True], "l2wrote": [False]}  # fmt: skip
+        conn.execute(_FINISH, args)
+        return int(conn.execute(_VISITS).fetchone()[0] - before)  # type: ignore[index]
+
+
+@pytest.mark.parametrize("back", [True, False], ids=["place-given-back", "take-again-stamped"])
+def test_the_end_of_a_walked_claim_finds_each_cursor_from_its_group(
+    conn: Conn, connect: ConnectFactory, back: bool
+) -> None:
+    call(conn, "configure_queue", queue="q", fair=True)
+    call(conn, "enqueue_many", jobs=[{"kind": "k", "queue": "q", "group_key": f"g{i % GROUPS}"} for i in range(9000)])
+    with held_snapshot(connect):
+        assert work(conn, 400, 10) == 4000  # ~200 versions of every cursor, all kept
+        conn.execute("UPDATE pg_class SET reltuples = 0 WHERE oid = 'pgjobs.group_cursors'::regclass")
+        other = connect()
+        other.execute("SET plan_cache_mode = force_generic_plan")  # (as a long-lived session's plans end up)
+        visits = [_finish_visits(other, f"g{i}", back) for i in range(3)]
+    if back:  # the version this transaction stamped: one index entry (before: 4,021 and more, the queue's)
+        assert max(visits) <= 5, visits
+    else:  # one walk of that one group's ~200 versions (before: two, 404)
+        assert max(visits) <= 300, visits

@@ -426,15 +426,17 @@ $$;
 -- around, and only the functions' owner may call it (roles.sql), so no role can hold a gate shut; a gate
 -- set more than 10 minutes ahead is ignored all the same. Two fair queues dear at once overwrite each
 -- other's gate (one sequence per read, one queue's hash in it): each then pays as before, no worse.
--- Who reads when a gate opens: the first claim after it, most likely one of the session that claims most
--- (a share of the claims as large as its share of them), and that claim closes the gate before it reads
--- (for pgjobs.fair_count_every seconds, when this session's last such read was dear) so that the claims
--- that start while it reads skip it. Until 2026-12-06 the gate opened first to the session that had
--- closed it, the others a second later: once a probe had read in that second (the worker busy), the gate
--- was the probe's, and it paid the count at every opening, every 6-7 s (220-420 ms each, ten minutes into
--- the fair soak's hold), and its own count and look again whenever they were 30 s old: about 2 % of its
--- claims, its p99. A close never shortens a gate: it closes an open one (or one of another queue) or
--- moves its end later.
+-- Who reads when a gate opens: the session that claims most. To each session the gate stays closed past its
+-- end for twice the time since that session's previous claim of the queue (at most
+-- pgjobs.fair_count_every), so a worker claiming every 10 ms reads 20 ms after the end, and a probe claiming
+-- every 200 ms reads only when nobody has 400 ms later; the claim that reads closes the gate before it
+-- reads (for pgjobs.fair_count_every seconds, when this session's last such read was dear), so that the
+-- claims starting while it reads skip it, and sets its end after. Until 2026-12-06 the gate opened first
+-- to the session that had closed it, the others a second later: once a probe had read in that second (the
+-- worker busy), the gate was the probe's for good, and it paid the count at every opening, every 6-7 s
+-- (220-420 ms each, ten minutes into the fair soak's hold), and its own count and look again whenever they
+-- were 30 s old: about 2 % of its claims, its p99. A close never shortens a gate: it closes an open one
+-- (or one of another queue) or moves its end later.
 -- A gate's value: until when (milliseconds since 2020, `seconds` from now) above 20 bits of the queue's hash.
 CREATE OR REPLACE FUNCTION pgjobs._fair_gate_value(v_q text, seconds numeric)
 RETURNS bigint
@@ -446,13 +448,14 @@ AS $$
            | (hashtext(v_q) & 1048575)::bigint;
 $$;
 
-CREATE OR REPLACE FUNCTION pgjobs._fair_gate_closed(v_kind text, v_q text)
+-- (`grace`: seconds after its end during which the gate still counts as closed to the caller: see _fair_kept)
+CREATE OR REPLACE FUNCTION pgjobs._fair_gate_closed(v_kind text, v_q text, grace numeric DEFAULT 0)
 RETURNS boolean
 LANGUAGE sql
 STABLE
 SET search_path = pg_catalog, pgjobs, pg_temp
 AS $$
-    SELECT coalesce(g.v & 1048575 = n.v & 1048575 AND (g.v >> 20) > (n.v >> 20)
+    SELECT coalesce(g.v & 1048575 = n.v & 1048575 AND (g.v >> 20) + (grace * 1000)::bigint > (n.v >> 20)
                     AND (g.v >> 20) <= (n.v >> 20) + 600000, false)
       FROM (SELECT pg_sequence_last_value(to_regclass('pgjobs.fair_gate_' || v_kind)) AS v) AS g,
            (SELECT _fair_gate_value(v_q, 0) AS v) AS n;
@@ -475,7 +478,11 @@ $$;
 -- A kept read ('a ', 'u ', 's ' or 'd ' and the queue) while still good: [kept at, gate written, what was
 -- read...]; else NULL. Good: kept less than pgjobs.fair_count_every seconds ago; or, while the read's gate
 -- is closed (see above), a look or a sweep whatever its age (kept by nobody in this session: '[]'), and the
--- newest count less than 30 times that old, this session's or the one in fair_counts.
+-- newest count less than 30 times that old, this session's or the one in fair_counts. To a session the
+-- gate stays closed past its end for twice the time since the session's previous claim of the queue (at
+-- most pgjobs.fair_count_every; that much for a first claim): a worker claiming every 10 ms reads 20 ms
+-- after the end, a probe claiming every 200 ms only if no one has 400 ms later (the session that claims
+-- most pays, as the shared gates intend; the time of the previous claim is in the session's fair_hint).
 CREATE OR REPLACE FUNCTION pgjobs._fair_kept(v_key text)
 RETURNS jsonb
 LANGUAGE sql
@@ -484,7 +491,7 @@ SET search_path = pg_catalog, pgjobs, pg_temp
 AS $$
     SELECT CASE WHEN (k.e ->> 0)::numeric + k.every > k.now THEN k.e
                 WHEN k.every = 0 OR left(v_key, 2) NOT IN ('a ', 'u ', 's ')
-                     OR NOT _fair_gate_closed(left(v_key, 1), substr(v_key, 3)) THEN NULL
+                     OR NOT _fair_gate_closed(left(v_key, 1), substr(v_key, 3), k.grace) THEN NULL
                 WHEN left(v_key, 2) <> 'a ' THEN coalesce(k.e, '[]')
                 ELSE (SELECT x.e
                         FROM (SELECT k.e
@@ -498,8 +505,11 @@ AS $$
                        ORDER BY (x.e ->> 0)::numeric DESC
                        LIMIT 1)
            END
-      FROM (SELECT nullif(current_setting('pgjobs.fair_kept', true), '')::jsonb -> v_key AS e,
-                   _fair_count_every() AS every, extract(epoch FROM clock_timestamp()) AS now) AS k;
+      FROM (SELECT x.e, x.every, x.now,
+                   least(x.every, coalesce(2 * (x.now - (x.hint -> substr(v_key, 3) ->> 2)::numeric), x.every)) AS grace
+              FROM (SELECT nullif(current_setting('pgjobs.fair_kept', true), '')::jsonb -> v_key AS e,
+                           nullif(current_setting('pgjobs.fair_hint', true), '')::jsonb AS hint,
+                           _fair_count_every() AS every, extract(epoch FROM clock_timestamp()) AS now) AS x) AS k;
 $$;
 
 -- _fair_kept for a claim that reads when it gets NULL: then, if this session's last such read ('a ', 'u '
@@ -732,7 +742,7 @@ END;
 $$;
 
 -- The queue state a claim keeps for the session's next claim on the queue, in the session setting
--- pgjobs.fair_hint (jsonb: queue -> [seen_max_id, quiet_claims]); fair_queues gets them only when the claim
+-- pgjobs.fair_hint (jsonb: queue -> [seen_max_id, quiet_claims, claimed at]); fair_queues gets the first two when it
 -- writes the row anyway (see the top of this file, "Under a held snapshot": a row rewritten by every claim
 -- is a version chain every claim walks). Only hints: a session without one starts from the row, and a stale
 -- seen_max_id costs a sweep. (ring_from is not among them: _fair_ring_raise has why.) Set like SET, so a
@@ -746,7 +756,8 @@ AS $$
                       jsonb_set(coalesce(nullif(current_setting('pgjobs.fair_hint', true), '')::jsonb, '{}'),
                                 ARRAY[v_q],
                                 jsonb_build_array(coalesce(v_seen, 0),
-                                                  CASE WHEN v_quiet THEN v_quiet_claims + 1 ELSE 0 END))::text,
+                                                  CASE WHEN v_quiet THEN v_quiet_claims + 1 ELSE 0 END,
+                                                  extract(epoch FROM clock_timestamp())))::text,
                       false);
 $$;
 

@@ -185,6 +185,31 @@ def test_a_gate_holds_only_for_its_read_and_queue_and_for_ten_minutes_at_most(co
     assert not closed("s", "q")
 
 
+def test_when_a_gate_ends_the_session_that_claims_most_reads_first(conn: Conn) -> None:
+    """Past its end a gate stays closed to a session for twice the time since its previous claim of the queue
+    (at most pgjobs.fair_count_every, and that much for a session that has not claimed it yet): a worker that
+    claims every few ms reads at once, a probe that claimed a while ago leaves the read to it."""
+
+    def kept_after_claiming(seconds_ago: float | None) -> Any:
+        if seconds_ago is None:
+            conn.execute("SELECT set_config('pgjobs.fair_hint', '{}', false)")
+        else:
+            conn.execute(
+                "SELECT set_config('pgjobs.fair_hint', jsonb_build_object('q', jsonb_build_array(0, 0,"
+                " extract(epoch FROM clock_timestamp()) - %s::numeric))::text, false)",
+                [seconds_ago],
+            )
+        return conn.execute("SELECT pgjobs._fair_kept('u q')").fetchone()[0]  # type: ignore[index]
+
+    conn.execute("SELECT pgjobs._fair_gate_close('u', 'q', 0.05)")
+    time.sleep(0.1)  # ended 50 ms ago
+    assert kept_after_claiming(2.0) == []  # (skipped: closed to it for another second)
+    assert kept_after_claiming(None) == []
+    assert kept_after_claiming(0.001) is None  # read
+    time.sleep(1.0)
+    assert kept_after_claiming(2.0) is None  # a second past the end: open to every session
+
+
 def _new_key_entries(conn: Conn) -> tuple[int, list[dict[str, Any]]]:
     """Entries of group_cursors_new_key (the never-served cursors, live or dead) one claim of one job was
     handed, and what it claimed (completed at once)."""

@@ -336,7 +336,7 @@ def test_the_fair_queues_row_is_written_only_when_a_shared_setting_moves(conn: C
         xmins.append(conn.execute(version).fetchone())
     assert len(set(xmins)) <= 3, xmins  # at most two sweeps in 16 claims (and the state before them)
     hint = conn.execute("SELECT current_setting('pgjobs.fair_hint', true)::jsonb -> 'q'").fetchone()
-    assert hint is not None and hint[0] is not None and len(hint[0]) == 2  # [seen_max_id, quiet claims]
+    assert hint is not None and hint[0] is not None and len(hint[0]) == 3  # [seen_max_id, quiet claims, claimed at]
 
     with held_snapshot(connect):
         _probe(conn)

@@ -27,6 +27,7 @@ probe claims is its slowest claim), and the share of the offered rate done in th
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as dt
 import json
 import os
@@ -36,7 +37,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import psycopg
 
@@ -69,6 +70,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--fair", action="store_true", help="a fair queue with 100 groups")
     p.add_argument("--concurrency", type=int, default=50, help="the worker's concurrency (default 50)")
     p.add_argument("--json", metavar="PATH", help="where to write the results")
+    p.add_argument(
+        "--trace", metavar="PATH", help="log the probe's PL/pgSQL function statistics per claim (JSON lines)"
+    )
     return p
 
 
@@ -104,19 +108,41 @@ class Producer(threading.Thread):
                     self.behind -= wait
 
 
-class Probe(threading.Thread):
-    """Claims one job every 200 ms (and completes it): the claim call's time and the job's queue delay."""
+_TRACE_SQL = "SELECT funcname, calls, self_time FROM pg_stat_xact_user_functions WHERE schemaname = 'pgjobs' ORDER BY 1"
 
-    def __init__(self, dsn: str) -> None:
+
+def _trace(conn: psycopg.Connection[Any], log: IO[str], since: float, took: float) -> None:
+    """One JSON line of --trace: the claim's time and, per pgjobs PL/pgSQL function, its calls and self time
+    (ms) in the probe's session since the session's statistics were last flushed (at most once a second:
+    diff consecutive lines; a line whose counts went down follows a flush). Ends the claim's transaction."""
+    rows = conn.execute(_TRACE_SQL).fetchall()
+    conn.execute("COMMIT")
+    functions = {str(r[0]): [int(r[1]), round(float(r[2]), 2)] for r in rows}
+    line = {"t": round(time.monotonic() - since, 2), "took_ms": round(took * 1000, 2), "functions": functions}
+    log.write(json.dumps(line) + "\n")
+
+
+class Probe(threading.Thread):
+    """Claims one job every 200 ms (and completes it): the claim call's time and the job's queue delay. With
+    ``trace`` (a path), each claim runs in a transaction that then reads the session's function statistics
+    (_trace), so its time leaves out the commit."""
+
+    def __init__(self, dsn: str, trace: Path | None = None) -> None:
         super().__init__(daemon=True)
         self.dsn = dsn
+        self.trace = trace
         self.stop = threading.Event()
         self.samples: list[tuple[float, float, float | None]] = []  # (monotonic, claim seconds, wait seconds)
         self.completed = 0
 
     def run(self) -> None:
-        with connect(self.dsn) as conn:
+        since = time.monotonic()
+        with connect(self.dsn) as conn, self.trace.open("w") if self.trace else contextlib.nullcontext() as log:
+            if log is not None:
+                conn.execute("SET track_functions = 'pl'")
             while not self.stop.wait(0.2):
+                if log is not None:
+                    conn.execute("BEGIN")
                 t0 = time.perf_counter()
                 row = conn.execute(
                     # (the live states: with jobs partitioned by state, a lookup by id alone visits every
@@ -129,6 +155,8 @@ class Probe(threading.Thread):
                     [QUEUE],
                 ).fetchone()
                 took = time.perf_counter() - t0
+                if log is not None:
+                    _trace(conn, log, since, took)
                 wait = None if row is None or row[2] is None else float(row[2])
                 self.samples.append((time.monotonic(), took, wait))
                 if row is not None:
@@ -218,7 +246,9 @@ def _ms(v: float | None) -> str:
     return "-" if v is None else f"{v:.1f}"
 
 
-def soak(dsn: str, rate: float, minutes: float, idle_tx: float, fair: bool, concurrency: int) -> dict[str, Any]:
+def soak(
+    dsn: str, rate: float, minutes: float, idle_tx: float, fair: bool, concurrency: int, trace: Path | None = None
+) -> dict[str, Any]:
     with connect(dsn) as conn:
         if fair:
             conn.execute("SELECT pgjobs.configure_queue(%s, fair => true)", [QUEUE])
@@ -226,7 +256,7 @@ def soak(dsn: str, rate: float, minutes: float, idle_tx: float, fair: bool, conc
         count_file = Path(f"/tmp/pgjobs-soak-worker-{os.getpid()}.count")
         count_file.unlink(missing_ok=True)
         worker = _start_worker(dsn, concurrency, worker_log, count_file)
-        producer, probe = Producer(dsn, rate, fair), Probe(dsn)
+        producer, probe = Producer(dsn, rate, fair), Probe(dsn, trace)
 
         def ran_so_far() -> int:
             return _ran(count_file) + probe.completed
@@ -326,7 +356,8 @@ def main(argv: list[str]) -> int:
         rate = args.share * clean_max
         print(f"clean maximum {clean_max:.0f} jobs/s; offering {rate:.0f} jobs/s ({args.share:.0%})", flush=True)
     with fresh_database(args.dsn, "soak") as dsn:
-        result = soak(dsn, rate, args.minutes, args.idle_tx, args.fair, args.concurrency)
+        trace = Path(args.trace) if args.trace else None
+        result = soak(dsn, rate, args.minutes, args.idle_tx, args.fair, args.concurrency, trace)
     result.update(
         clean_max=clean_max, rate=rate, minutes=args.minutes, idle_tx=args.idle_tx, fair=args.fair,
         concurrency=args.concurrency,

@@ -246,6 +246,34 @@ def _ms(v: float | None) -> str:
     return "-" if v is None else f"{v:.1f}"
 
 
+def _print_window(w: dict[str, Any]) -> None:
+    """A window's two lines: rates, depth and the probe's figures; the tables' dead tuples and sizes."""
+    print(
+        f"t={w['t']:6.1f}s{' [snapshot held]' if w['snapshot_held'] else ''}  done {w['completed_per_s']:7.0f}/s"
+        f" (offered {w['offered_per_s']:6.0f}/s)  depth {w['depth']:6d}  claim p50/p99"
+        f" {_ms(w['claim_p50_ms'])}/{_ms(w['claim_p99_ms'])} ms  wait p50/p99"
+        f" {_ms(w['wait_p50_ms'])}/{_ms(w['wait_p99_ms'])} ms",
+        flush=True,
+    )
+    shown = (
+        f"{t['table']} {t['dead']}d/{t['bytes'] // 1024}k" for t in w["tables"] if t["bytes"] > 16384 or t["dead"] > 0
+    )
+    print("    " + "  ".join(shown), flush=True)
+
+
+def _stop(producer: Producer, probe: Probe, worker: subprocess.Popen[bytes]) -> None:
+    producer.stop.set()
+    probe.stop.set()
+    producer.join(10)
+    probe.join(10)
+    if worker.poll() is None:
+        worker.send_signal(signal.SIGTERM)
+        try:
+            worker.wait(30)
+        except subprocess.TimeoutExpired:
+            worker.kill()
+
+
 def soak(
     dsn: str, rate: float, minutes: float, idle_tx: float, fair: bool, concurrency: int, trace: Path | None = None
 ) -> dict[str, Any]:
@@ -288,34 +316,10 @@ def soak(
                     **_window(probe, last_t), "tables": tables,
                 }  # fmt: skip
                 windows.append(w)
-                print(
-                    f"t={w['t']:6.1f}s{' [snapshot held]' if held else ''}  done {w['completed_per_s']:7.0f}/s"
-                    f" (offered {w['offered_per_s']:6.0f}/s)  depth {depth:6d}  claim p50/p99"
-                    f" {_ms(w['claim_p50_ms'])}/{_ms(w['claim_p99_ms'])} ms  wait p50/p99"
-                    f" {_ms(w['wait_p50_ms'])}/{_ms(w['wait_p99_ms'])} ms",
-                    flush=True,
-                )
-                print(
-                    "    "
-                    + "  ".join(
-                        f"{t['table']} {t['dead']}d/{t['bytes'] // 1024}k"
-                        for t in tables
-                        if t["bytes"] > 16384 or t["dead"] > 0
-                    ),
-                    flush=True,
-                )
+                _print_window(w)
                 last_ran, last_enq, last_t = ran, enq, now
         finally:
-            producer.stop.set()
-            probe.stop.set()
-            producer.join(10)
-            probe.join(10)
-            if worker.poll() is None:
-                worker.send_signal(signal.SIGTERM)
-                try:
-                    worker.wait(30)
-                except subprocess.TimeoutExpired:
-                    worker.kill()
+            _stop(producer, probe, worker)
         # the exact backlog, once (the windows' depth is the counters' difference): the two agree but for
         # jobs whose handler ran and whose completion did not commit before the worker stopped
         final_depth = _depth(conn)

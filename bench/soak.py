@@ -20,7 +20,9 @@ one job every 200 ms to time a claim under the same table (its job is completed 
 in the middle of the run, and the end prints issue 10's bars over whole periods: the probe's claim p50/p99
 over every claim before the snapshot and over every claim while it was held (a 10 s window's p99 of some 50
 probe claims is its slowest claim), and the share of the offered rate done in the last 20 s of the hold.
-``--fair`` runs on a fair queue with 100 groups. Results go to
+``--fair`` runs on a fair queue with 100 groups. ``--functions`` adds a third line per window: the pgjobs PL/pgSQL
+functions with the most self time in it, over every session (the worker's claimer above all): where a claimer that
+falls behind spends its time. Results go to
 ``bench/results/soak-<timestamp>.json`` (``--json``).
 """
 
@@ -72,6 +74,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--json", metavar="PATH", help="where to write the results")
     p.add_argument(
         "--trace", metavar="PATH", help="log the probe's PL/pgSQL function statistics per claim (JSON lines)"
+    )
+    p.add_argument(
+        "--functions", action="store_true", help="per window, the pgjobs PL/pgSQL functions' self time (all sessions)"
     )
     return p
 
@@ -183,6 +188,38 @@ class IdleTx(threading.Thread):
             self.ended = time.monotonic()
 
 
+_FUNCTIONS_SQL = (
+    "SELECT funcname, sum(calls)::bigint, sum(self_time)::float8 FROM pg_stat_user_functions"
+    " WHERE schemaname = 'pgjobs' GROUP BY 1"
+)
+
+
+class Functions:
+    """--functions: the database's PL/pgSQL function statistics (every session: the worker's claimer and completer,
+    the probe, the producer; each backend flushes them at most once a second), as deltas per window: what the
+    server's time went into while the worker kept up, and while it fell behind. Costs every call a clock read."""
+
+    def __init__(self, conn: psycopg.Connection[Any]) -> None:
+        db = conn.execute("SELECT current_database()").fetchone()
+        conn.execute(f'ALTER DATABASE "{db[0] if db else ""}" SET track_functions = pl')
+        self.conn = conn
+        self.last = self._read()
+
+    def _read(self) -> dict[str, tuple[int, float]]:
+        return {str(r[0]): (int(r[1]), float(r[2])) for r in self.conn.execute(_FUNCTIONS_SQL).fetchall()}
+
+    def window(self, top: int = 8) -> list[dict[str, Any]]:
+        """The ``top`` functions by self time since the previous call: name, calls, self ms."""
+        now = self._read()
+        delta = [
+            (name, c - self.last.get(name, (0, 0.0))[0], t - self.last.get(name, (0, 0.0))[1])
+            for name, (c, t) in now.items()
+        ]
+        self.last = now
+        delta.sort(key=lambda d: -d[2])
+        return [{"function": n, "calls": c, "self_ms": round(t, 1)} for n, c, t in delta[:top] if c > 0]
+
+
 def _depth(conn: psycopg.Connection[Any]) -> int:
     row = conn.execute(
         "SELECT count(*) FROM pgjobs.jobs WHERE queue = %s AND state IN ('pending', 'active', 'scheduled')", [QUEUE]
@@ -259,6 +296,8 @@ def _print_window(w: dict[str, Any]) -> None:
         f"{t['table']} {t['dead']}d/{t['bytes'] // 1024}k" for t in w["tables"] if t["bytes"] > 16384 or t["dead"] > 0
     )
     print("    " + "  ".join(shown), flush=True)
+    if w.get("functions"):
+        print("    fn: " + "  ".join(f"{f['function']} {f['calls']}x/{f['self_ms']:.0f}ms" for f in w["functions"]))
 
 
 def _stop(producer: Producer, probe: Probe, worker: subprocess.Popen[bytes]) -> None:
@@ -275,11 +314,19 @@ def _stop(producer: Producer, probe: Probe, worker: subprocess.Popen[bytes]) -> 
 
 
 def soak(
-    dsn: str, rate: float, minutes: float, idle_tx: float, fair: bool, concurrency: int, trace: Path | None = None
+    dsn: str,
+    rate: float,
+    minutes: float,
+    idle_tx: float,
+    fair: bool,
+    concurrency: int,
+    trace: Path | None = None,
+    functions: bool = False,
 ) -> dict[str, Any]:
     with connect(dsn) as conn:
         if fair:
             conn.execute("SELECT pgjobs.configure_queue(%s, fair => true)", [QUEUE])
+        funcs = Functions(conn) if functions else None  # before the worker connects: its sessions track too
         worker_log = Path(f"/tmp/pgjobs-soak-worker-{os.getpid()}.log")
         count_file = Path(f"/tmp/pgjobs-soak-worker-{os.getpid()}.count")
         count_file.unlink(missing_ok=True)
@@ -315,6 +362,8 @@ def soak(
                     "offered_per_s": (enq - last_enq) / (now - last_t), "depth": depth, "snapshot_held": held,
                     **_window(probe, last_t), "tables": tables,
                 }  # fmt: skip
+                if funcs is not None:
+                    w["functions"] = funcs.window()
                 windows.append(w)
                 _print_window(w)
                 last_ran, last_enq, last_t = ran, enq, now
@@ -361,7 +410,7 @@ def main(argv: list[str]) -> int:
         print(f"clean maximum {clean_max:.0f} jobs/s; offering {rate:.0f} jobs/s ({args.share:.0%})", flush=True)
     with fresh_database(args.dsn, "soak") as dsn:
         trace = Path(args.trace) if args.trace else None
-        result = soak(dsn, rate, args.minutes, args.idle_tx, args.fair, args.concurrency, trace)
+        result = soak(dsn, rate, args.minutes, args.idle_tx, args.fair, args.concurrency, trace, args.functions)
     result.update(
         clean_max=clean_max, rate=rate, minutes=args.minutes, idle_tx=args.idle_tx, fair=args.fair,
         concurrency=args.concurrency,

@@ -247,17 +247,22 @@ $$;
 -- that lost their race after one.)
 CREATE OR REPLACE FUNCTION pgjobs._claim_front_leases(queues text[])
 RETURNS timestamptz[]
-LANGUAGE sql
+LANGUAGE plpgsql
 STABLE
 SET search_path = pg_catalog, pgjobs, pg_temp
 AS $$
-    SELECT array_agg(CASE WHEN x.lease_expires_at < now() - interval '300 ms' THEN x.lease_expires_at
-                          ELSE now() - interval '300 ms' END ORDER BY q.ord)
-      FROM unnest(queues) WITH ORDINALITY AS q(name, ord)
-      LEFT JOIN LATERAL (SELECT j.lease_expires_at FROM jobs AS j
-                          WHERE j.state = 'active' AND j.queue = q.name AND j.lease_expires_at < now()
-                          ORDER BY j.lease_expires_at
-                          LIMIT 1) AS x ON true;
+#variable_conflict use_column
+BEGIN
+    RETURN (
+        SELECT array_agg(CASE WHEN x.lease_expires_at < now() - interval '300 ms' THEN x.lease_expires_at
+                              ELSE now() - interval '300 ms' END ORDER BY q.ord)
+          FROM unnest(queues) WITH ORDINALITY AS q(name, ord)
+          LEFT JOIN LATERAL (SELECT j.lease_expires_at FROM jobs AS j
+                              WHERE j.state = 'active' AND j.queue = q.name AND j.lease_expires_at < now()
+                              ORDER BY j.lease_expires_at
+                              LIMIT 1) AS x ON true
+    );
+END;
 $$;
 
 -- Records where a claim found work (see "Scan floors" above). key: the queues and kind set the floor

@@ -26,6 +26,13 @@
 -- serving it, so a concurrent claim, finding it held, serves that group only after the others.
 -- Concurrent claims thus spread over the groups although neither sees the other's picks.
 --
+-- Language: every routine here is PL/pgSQL, the one-statement helpers too. A LANGUAGE sql function with a SET
+-- clause (every routine pins its search_path) is never inlined, and PostgreSQL before 18 parses, analyses and
+-- plans its body again at every call, where PL/pgSQL keeps its plans for the session. Until 2026-12-06 twelve
+-- helpers here were SQL functions (the gates, the kept reads, the floors, the fast path's probe of heads from
+-- floors): perf on the worker's claim backend in the fair soak under a held snapshot put 18 % of its CPU in
+-- parsing and planning them (tests/sql/test_sql_layout.py keeps claim.sql and this file PL/pgSQL).
+--
 -- Cost. A claim never enumerates the groups or their jobs:
 --   * the ring is read in served_seq order on group_cursors_seq_idx, a chunk at a time, from
 --     ring_from (fair_queues': every live cursor's served_seq is at least that, so the index entries
@@ -184,10 +191,12 @@ $$;
 -- never lost). Two groups whose keys hash alike share a lock: one of them waits for a later claim.
 CREATE OR REPLACE FUNCTION pgjobs._fair_group_lock(queue text, group_key text)
 RETURNS boolean
-LANGUAGE sql
+LANGUAGE plpgsql
 SET search_path = pg_catalog, pgjobs, pg_temp
 AS $$
-    SELECT pg_try_advisory_xact_lock(hashtextextended('pgjobs.group:' || queue || chr(10) || group_key, 0));
+BEGIN
+    RETURN pg_try_advisory_xact_lock(hashtextextended('pgjobs.group:' || queue || chr(10) || group_key, 0));
+END;
 $$;
 
 CREATE OR REPLACE FUNCTION pgjobs._discover_groups(queue text, after_key text, steps int,
@@ -327,9 +336,11 @@ $$;
 -- active job. Called when a probe found nothing to take from a group that had no active job.
 CREATE OR REPLACE FUNCTION pgjobs._forget_group(queue text, group_key text)
 RETURNS void
-LANGUAGE sql
+LANGUAGE plpgsql
 SET search_path = pg_catalog, pgjobs, pg_temp
 AS $$
+#variable_conflict use_column
+BEGIN
     WITH gone AS (
     DELETE FROM pgjobs.group_cursors AS c
      WHERE c.queue = _forget_group.queue AND c.group_key = _forget_group.group_key
@@ -354,6 +365,7 @@ AS $$
     -- _discover_fresh from registering the group again)
     DELETE FROM pgjobs.fair_groups AS g USING gone
      WHERE g.queue = gone.queue AND g.group_key = gone.group_key;
+END;
 $$;
 
 -- The pieces of the fair pick, called from _claim_fair (at the end of this part). Each one is a rule or
@@ -440,39 +452,51 @@ $$;
 -- A gate's value: until when (milliseconds since 2020, `seconds` from now) above 20 bits of the queue's hash.
 CREATE OR REPLACE FUNCTION pgjobs._fair_gate_value(v_q text, seconds numeric)
 RETURNS bigint
-LANGUAGE sql
+LANGUAGE plpgsql
 STABLE
 SET search_path = pg_catalog, pgjobs, pg_temp
 AS $$
-    SELECT (((extract(epoch FROM clock_timestamp()) - 1577836800 + seconds) * 1000)::bigint << 20)
+BEGIN
+    RETURN (((extract(epoch FROM clock_timestamp()) - 1577836800 + seconds) * 1000)::bigint << 20)
            | (hashtext(v_q) & 1048575)::bigint;
+END;
 $$;
 
 -- (`grace`: seconds after its end during which the gate still counts as closed to the caller: see _fair_kept)
 CREATE OR REPLACE FUNCTION pgjobs._fair_gate_closed(v_kind text, v_q text, grace numeric DEFAULT 0)
 RETURNS boolean
-LANGUAGE sql
+LANGUAGE plpgsql
 STABLE
 SET search_path = pg_catalog, pgjobs, pg_temp
 AS $$
-    SELECT coalesce(g.v & 1048575 = n.v & 1048575 AND (g.v >> 20) + (grace * 1000)::bigint > (n.v >> 20)
-                    AND (g.v >> 20) <= (n.v >> 20) + 600000, false)
-      FROM (SELECT pg_sequence_last_value(to_regclass('pgjobs.fair_gate_' || v_kind)) AS v) AS g,
-           (SELECT _fair_gate_value(v_q, 0) AS v) AS n;
+#variable_conflict use_column
+BEGIN
+    RETURN (
+        SELECT coalesce(g.v & 1048575 = n.v & 1048575 AND (g.v >> 20) + (grace * 1000)::bigint > (n.v >> 20)
+                        AND (g.v >> 20) <= (n.v >> 20) + 600000, false)
+          FROM (SELECT pg_sequence_last_value(to_regclass('pgjobs.fair_gate_' || v_kind)) AS v) AS g,
+               (SELECT _fair_gate_value(v_q, 0) AS v) AS n
+    );
+END;
 $$;
 
 -- Closes the gate of a read ('a', 'u' or 's') of this queue for `seconds` (at most 60) from now, unless it
 -- is closed for this queue until later already. Returns the value written (NULL: none).
 CREATE OR REPLACE FUNCTION pgjobs._fair_gate_close(v_kind text, v_q text, seconds numeric)
 RETURNS bigint
-LANGUAGE sql
+LANGUAGE plpgsql
 SET search_path = pg_catalog, pgjobs, pg_temp
 AS $$
-    SELECT setval(g.s, n.v)
-      FROM (SELECT to_regclass('pgjobs.fair_gate_' || v_kind) AS s) AS g,
-           (SELECT _fair_gate_value(v_q, least(seconds, 60)) AS v) AS n
-     WHERE g.s IS NOT NULL
-       AND NOT (_fair_gate_closed(v_kind, v_q) AND pg_sequence_last_value(g.s) >= n.v);
+#variable_conflict use_column
+BEGIN
+    RETURN (
+        SELECT setval(g.s, n.v)
+          FROM (SELECT to_regclass('pgjobs.fair_gate_' || v_kind) AS s) AS g,
+               (SELECT _fair_gate_value(v_q, least(seconds, 60)) AS v) AS n
+         WHERE g.s IS NOT NULL
+           AND NOT (_fair_gate_closed(v_kind, v_q) AND pg_sequence_last_value(g.s) >= n.v)
+    );
+END;
 $$;
 
 -- A kept read ('a ', 'u ', 's ' or 'd ' and the queue) while still good: [kept at, gate written, what was
@@ -487,27 +511,32 @@ $$;
 -- most pays, as the shared gates intend; the time of the previous claim is in the session's fair_hint).
 CREATE OR REPLACE FUNCTION pgjobs._fair_kept(v_key text)
 RETURNS jsonb
-LANGUAGE sql
+LANGUAGE plpgsql
 STABLE
 SET search_path = pg_catalog, pgjobs, pg_temp
 AS $$
-    SELECT CASE WHEN (k.e ->> 0)::numeric + k.every > k.now THEN k.e
-                WHEN k.every = 0 OR left(v_key, 2) NOT IN ('a ', 'u ', 's ')
-                     OR NOT _fair_gate_closed(left(v_key, 1), substr(v_key, 3), k.grace) THEN NULL
-                WHEN left(v_key, 2) <> 'a ' THEN coalesce(k.e, '[]')
-                WHEN (k.e ->> 0)::numeric + 30 * k.every > k.now THEN k.e
-                ELSE (SELECT jsonb_build_array(extract(epoch FROM c.counted_at), NULL) || c.payload
-                        FROM fair_counts AS c
-                       WHERE c.queue = substr(v_key, 3)
-                         AND c.counted_at > to_timestamp(k.now - 30 * k.every)
-                       ORDER BY c.counted_at DESC
-                       LIMIT 1)
-           END
-      FROM (SELECT x.e, x.every, x.now,
-                   least(x.every, coalesce(2 * (x.now - (x.hint -> substr(v_key, 3) ->> 2)::numeric), x.every)) AS grace
-              FROM (SELECT nullif(current_setting('pgjobs.fair_kept', true), '')::jsonb -> v_key AS e,
-                           nullif(current_setting('pgjobs.fair_hint', true), '')::jsonb AS hint,
-                           _fair_count_every() AS every, extract(epoch FROM clock_timestamp()) AS now) AS x) AS k;
+#variable_conflict use_column
+BEGIN
+    RETURN (
+        SELECT CASE WHEN (k.e ->> 0)::numeric + k.every > k.now THEN k.e
+                    WHEN k.every = 0 OR left(v_key, 2) NOT IN ('a ', 'u ', 's ')
+                         OR NOT _fair_gate_closed(left(v_key, 1), substr(v_key, 3), k.grace) THEN NULL
+                    WHEN left(v_key, 2) <> 'a ' THEN coalesce(k.e, '[]')
+                    WHEN (k.e ->> 0)::numeric + 30 * k.every > k.now THEN k.e
+                    ELSE (SELECT jsonb_build_array(extract(epoch FROM c.counted_at), NULL) || c.payload
+                            FROM fair_counts AS c
+                           WHERE c.queue = substr(v_key, 3)
+                             AND c.counted_at > to_timestamp(k.now - 30 * k.every)
+                           ORDER BY c.counted_at DESC
+                           LIMIT 1)
+               END
+          FROM (SELECT x.e, x.every, x.now,
+                       least(x.every, coalesce(2 * (x.now - (x.hint -> substr(v_key, 3) ->> 2)::numeric), x.every)) AS grace
+                  FROM (SELECT nullif(current_setting('pgjobs.fair_kept', true), '')::jsonb -> v_key AS e,
+                               nullif(current_setting('pgjobs.fair_hint', true), '')::jsonb AS hint,
+                               _fair_count_every() AS every, extract(epoch FROM clock_timestamp()) AS now) AS x) AS k
+    );
+END;
 $$;
 
 -- _fair_kept for a claim that reads when it gets NULL: then, if this session's last such read ('a ', 'u '
@@ -570,32 +599,41 @@ $$;
 -- for leases to settle on them). Callers test the setting first: empty, nothing is kept.
 CREATE OR REPLACE FUNCTION pgjobs._fair_counts_fresh(queues text[])
 RETURNS boolean
-LANGUAGE sql
+LANGUAGE plpgsql
 STABLE
 SET search_path = pg_catalog, pgjobs, pg_temp
 AS $$
-    SELECT coalesce(bool_and(_fair_kept('a ' || q) IS NOT NULL), false) FROM unnest(queues) AS q;
+#variable_conflict use_column
+BEGIN
+    RETURN (
+        SELECT coalesce(bool_and(_fair_kept('a ' || q) IS NOT NULL), false) FROM unnest(queues) AS q
+    );
+END;
 $$;
 
 -- Entries of an index of jobs_live that this backend's scans have visited in this transaction (live or
 -- dead); 0 for an index renamed or gone (then nothing is ever kept).
 CREATE OR REPLACE FUNCTION pgjobs._fair_index_visits(index_name text)
 RETURNS bigint
-LANGUAGE sql
+LANGUAGE plpgsql
 STABLE
 SET search_path = pg_catalog, pgjobs, pg_temp
 AS $$
-    SELECT coalesce(pg_stat_get_xact_tuples_returned(to_regclass('pgjobs.' || index_name)), 0);
+BEGIN
+    RETURN coalesce(pg_stat_get_xact_tuples_returned(to_regclass('pgjobs.' || index_name)), 0);
+END;
 $$;
 
 -- pgjobs.fair_count_every: how long a kept read serves, in seconds (default 1; 0 keeps none).
 CREATE OR REPLACE FUNCTION pgjobs._fair_count_every()
 RETURNS numeric
-LANGUAGE sql
+LANGUAGE plpgsql
 STABLE
 SET search_path = pg_catalog, pgjobs, pg_temp
 AS $$
-    SELECT greatest(coalesce(nullif(current_setting('pgjobs.fair_count_every', true), '')::numeric, 1), 0);
+BEGIN
+    RETURN greatest(coalesce(nullif(current_setting('pgjobs.fair_count_every', true), '')::numeric, 1), 0);
+END;
 $$;
 
 -- Whether the queue has a never-served cursor (the walk takes the claim then: they go first). The look
@@ -684,18 +722,22 @@ $$;
 -- may use (NULL: none): not past their time, not with the epoch moved, not after promoting due jobs.
 CREATE OR REPLACE FUNCTION pgjobs._fair_floors(v_q text, v_any_kept boolean, v_promoted boolean,
                                                OUT v_epoch bigint, OUT h_kept jsonb, OUT h_floor jsonb)
-LANGUAGE sql
+LANGUAGE plpgsql
 SET search_path = pg_catalog, pgjobs, pg_temp
 AS $$
+#variable_conflict use_column
+BEGIN
     SELECT e.v, k.h,
            CASE WHEN k.h IS NOT NULL AND NOT v_promoted AND (k.h ->> 1)::bigint = e.v AND _fair_count_every() > 0
                      AND (k.h ->> 0)::numeric + greatest(_fair_count_every(), 20 * (k.h ->> 3)::numeric)
                          > extract(epoch FROM clock_timestamp())
                 THEN k.h -> 2 END
+      INTO v_epoch, h_kept, h_floor
       FROM (SELECT coalesce(pg_sequence_last_value(to_regclass('pgjobs.claim_floor_epoch')), 0) AS v) AS e,
            (SELECT CASE WHEN v_any_kept
                         THEN nullif(current_setting('pgjobs.fair_kept', true), '')::jsonb -> ('h ' || v_q)
                    END AS h) AS k;
+END;
 $$;
 
 -- After the picks: keep floors from them (merged into the floors used, which keep their age and epoch),
@@ -747,16 +789,18 @@ $$;
 -- rolled-back claim leaves the hint as it was.
 CREATE OR REPLACE FUNCTION pgjobs._fair_save_hint(v_q text, v_seen bigint, v_quiet boolean, v_quiet_claims int)
 RETURNS void
-LANGUAGE sql
+LANGUAGE plpgsql
 SET search_path = pg_catalog, pgjobs, pg_temp
 AS $$
-    SELECT set_config('pgjobs.fair_hint',
-                      jsonb_set(coalesce(nullif(current_setting('pgjobs.fair_hint', true), '')::jsonb, '{}'),
-                                ARRAY[v_q],
-                                jsonb_build_array(coalesce(v_seen, 0),
-                                                  CASE WHEN v_quiet THEN v_quiet_claims + 1 ELSE 0 END,
-                                                  extract(epoch FROM clock_timestamp())))::text,
-                      false);
+BEGIN
+    PERFORM set_config('pgjobs.fair_hint',
+                       jsonb_set(coalesce(nullif(current_setting('pgjobs.fair_hint', true), '')::jsonb, '{}'),
+                                 ARRAY[v_q],
+                                 jsonb_build_array(coalesce(v_seen, 0),
+                                                   CASE WHEN v_quiet THEN v_quiet_claims + 1 ELSE 0 END,
+                                                   extract(epoch FROM clock_timestamp())))::text,
+                       false);
+END;
 $$;
 
 -- The ring_from this claim may raise the queue's to now (NULL: none). Why a lock: a claim draws its cursors'
@@ -806,15 +850,17 @@ $$;
 -- this reads past the stamps of about that many claims.
 CREATE OR REPLACE FUNCTION pgjobs._fair_ring_floor(v_q text, v_from bigint)
 RETURNS bigint
-LANGUAGE sql
+LANGUAGE plpgsql
 STABLE
 SET search_path = pg_catalog, pgjobs, pg_temp
 AS $$
-    SELECT greatest(v_from, coalesce((SELECT c.served_seq FROM pgjobs.group_cursors AS c
+BEGIN
+    RETURN greatest(v_from, coalesce((SELECT c.served_seq FROM pgjobs.group_cursors AS c
                                        WHERE c.queue = v_q AND c.served_seq + 0 > 0
                                          AND (c.served_seq, c.group_key) > (v_from - 1, '')
                                        ORDER BY c.served_seq, c.group_key
                                        LIMIT 1), v_from));
+END;
 $$;
 
 -- One pass of the fast path where head floors are in play (a cursor of the ring read has one that holds, or
@@ -830,9 +876,11 @@ CREATE OR REPLACE FUNCTION pgjobs._fair_fast_floors(v_q text, v_open text[], h_k
                                                     OUT p_fp smallint[], OUT p_fr timestamptz[], OUT p_fi bigint[],
                                                     OUT p_fu timestamptz[], OUT p_n int, OUT p_end bigint,
                                                     OUT p_locked text[], OUT p_dry text[], OUT p_floors boolean)
-LANGUAGE sql
+LANGUAGE plpgsql
 SET search_path = pg_catalog, pgjobs, pg_temp
 AS $$
+#variable_conflict use_column
+BEGIN
     WITH lk AS (
         SELECT x.o, x.group_key, x.served_seq, x.seq, c.tid, c.floor_priority, c.floor_run_at, c.floor_id,
                c.floor_until, c.floor_epoch
@@ -909,6 +957,8 @@ AS $$
            (SELECT array_agg(lk.group_key) FROM r JOIN lk ON lk.o = r.o
              WHERE r.id IS NULL AND r.m = 3 AND coalesce(a_cnt[array_position(a_key, lk.group_key)], 0) = 0),
            (SELECT bool_or(r.m < 3) FROM r)
+      INTO p_ids, p_tids, p_ctids, p_seqs, p_last, p_fm, p_fp, p_fr, p_fi, p_fu, p_n, p_end,
+           p_locked, p_dry, p_floors
       -- (the new floors: the first pending job's key, or (its priority, now() - 300 ms, 0) when that is
       -- lower, for producers whose transaction began before this claim and commits after it)
       FROM (SELECT array_agg(r.id ORDER BY r.o) AS ids, array_agg(r.jtid ORDER BY r.o) AS tids,
@@ -919,6 +969,7 @@ AS $$
                    array_agg(CASE WHEN r.fr < now() - interval '300 ms' THEN r.fi ELSE 0 END ORDER BY r.o) AS fi,
                    array_agg(r.fu ORDER BY r.o) AS fu
               FROM r WHERE r.id IS NOT NULL) AS p;
+END;
 $$;
 
 -- The fast path (Cost, last point): a fair queue without caps, no noisy group, no never-served cursor

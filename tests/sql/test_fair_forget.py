@@ -1,0 +1,74 @@
+"""Dropping a dry group's cursor (_forget_group, sql/fairness.sql) under a held snapshot: its checks pass every
+dead entry of the group's claimed jobs and of the queue's completed ones, so once a call proved dear the session
+keeps the cursors of served groups for a while, and still checks never-served ones (while one exists the fast
+path does not run). Deterministic: which cursors are left, no timings."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import psycopg
+from conftest import ConnectFactory
+
+from tests.helpers.fair import work
+from tests.helpers.foundation import call, held_snapshot
+
+Conn = psycopg.Connection[Any]
+
+_CURSORS = (
+    "SELECT group_key, served_seq > 0 FROM pgjobs.group_cursors WHERE queue = 'q' AND group_key <> 'C' ORDER BY 1"
+)
+
+
+def _dry_groups(conn: Conn) -> None:
+    """Cursors of groups without a job: A and B served once, N registered and never served (as a group whose
+    only job went before a claim served it). Written here, not by claims: a claim that meets a dry cursor
+    would drop it itself."""
+    conn.execute(
+        "INSERT INTO pgjobs.group_cursors (queue, group_key, served_seq)"
+        " VALUES ('q', 'A', nextval('pgjobs.served_seq_seq')), ('q', 'B', nextval('pgjobs.served_seq_seq')),"
+        " ('q', 'N', 0)"
+    )
+    conn.execute("INSERT INTO pgjobs.fair_groups (queue, group_key) VALUES ('q', 'A'), ('q', 'B'), ('q', 'N')")
+    conn.execute("SELECT set_config('pgjobs.fair_kept', '', false)")  # what the claims before kept: forgotten
+    assert conn.execute(_CURSORS).fetchall() == [("A", True), ("B", True), ("N", False)]
+
+
+def _forget(conn: Conn, group: str) -> None:
+    """A call as a claim makes it: under _claim_controlled's planner settings (index scans, generic plans; on a
+    table this small the planner would rather read the whole heap, and the checks would visit no index)."""
+    with conn.transaction():
+        conn.execute(
+            "SET LOCAL enable_seqscan = off; SET LOCAL enable_bitmapscan = off;"
+            " SET LOCAL plan_cache_mode = force_generic_plan"
+        )
+        conn.execute("SELECT pgjobs._forget_group('q', %s)", [group])
+
+
+def test_after_a_dear_forget_served_cursors_stay_for_a_while(conn: Conn, connect: ConnectFactory) -> None:
+    call(conn, "configure_queue", queue="q", fair=True)
+    conn.execute("SET pgjobs.fair_count_every = 0.5")
+    with held_snapshot(connect):
+        # 1,200 jobs of group C claimed and completed: dead entries the checks pass
+        call(conn, "enqueue_many", jobs=[{"kind": "k", "queue": "q", "group_key": "C"} for _ in range(1200)])
+        assert work(conn, 24, 50) == 1200
+        _dry_groups(conn)
+        _forget(conn, "A")  # checked (passing them all): dropped, and the session keeps served cursors now
+        assert conn.execute(_CURSORS).fetchall() == [("B", True), ("N", False)]
+        _forget(conn, "B")  # served: kept
+        _forget(conn, "N")  # never served: checked and dropped all the same
+        assert conn.execute(_CURSORS).fetchall() == [("B", True)]
+        time.sleep(0.6)  # the keep's time is over (pgjobs.fair_count_every: the call took far less than 25 ms)
+        _forget(conn, "B")
+        assert conn.execute(_CURSORS).fetchall() == []
+
+
+def test_without_a_held_snapshot_every_forget_checks(conn: Conn) -> None:
+    """Cheap checks keep nothing: each dry group's cursor goes at once, and the session keeps no read."""
+    call(conn, "configure_queue", queue="q", fair=True)
+    _dry_groups(conn)
+    for group in ("A", "B", "N"):
+        _forget(conn, group)
+    assert conn.execute(_CURSORS).fetchall() == []
+    assert conn.execute("SELECT current_setting('pgjobs.fair_kept', true)").fetchone()[0] in (None, "", "{}")

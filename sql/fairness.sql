@@ -337,12 +337,13 @@ $$;
 -- Under a held snapshot the checks pass every dead entry of the group's claimed jobs (jobs_group_idx) and of
 -- the queue's completed ones (jobs_active_idx: it has no group key), so a call grows with the time held:
 -- measured in the fair soak (bench/soak.py --fair --functions) at 5,200 jobs/s, 20-70 ms a call 2 to 5
--- minutes into a held snapshot, 15-100 calls every 10 s: 8-20 % of the worker's claimer. When a call proved
--- dear (over 1,000 entries), the session keeps the cursors of served groups for a while ('f <queue>' in
--- pgjobs.fair_kept: for pgjobs.fair_count_every seconds, or 20 times what the call took when that is longer,
--- the rule of the other dear reads): they stay in the ring as the fast path keeps them under a held snapshot,
--- and the walk meets them as groups with nothing to take. A never-served cursor is checked all the same: the
--- fast path does not run while one exists (_fair_unserved).
+-- minutes into a held snapshot, 15-100 calls every 10 s: 8-20 % of the worker's claimer; and the soak's probe
+-- (a claim of one every 200 ms) met a dry group in its walk every few seconds, 50-150 ms a claim: its p99.
+-- So these checks are one more read with a shared gate ('f': "Shared gates"): once a call proved dear (over
+-- 1,000 entries), served groups' cursors stay, for every session, until the gate opens (pgjobs.fair_count_every
+-- or 20 times that call), and the session that claims most checks again. They stay in the ring as the fast
+-- path keeps them under a held snapshot, and the walk meets them as groups with nothing to take. A never-served
+-- cursor is checked all the same: the fast path does not run while one exists (_fair_unserved).
 CREATE OR REPLACE FUNCTION pgjobs._forget_group(queue text, group_key text)
 RETURNS void
 LANGUAGE plpgsql
@@ -350,14 +351,13 @@ SET search_path = pg_catalog, pgjobs, pg_temp
 AS $$
 #variable_conflict use_column
 DECLARE
-    v_kept jsonb := CASE WHEN coalesce(current_setting('pgjobs.fair_kept', true), '') NOT IN ('', '{}')
-                         THEN current_setting('pgjobs.fair_kept', true)::jsonb -> ('f ' || _forget_group.queue) END;
-    v_keep boolean;      -- served cursors stay: a recent call proved dear
+    -- served cursors stay: a recent check proved dear (as the other gated reads, only for a session that
+    -- keeps some read: one whose reads are cheap has an empty pgjobs.fair_kept)
+    v_keep boolean := CASE WHEN coalesce(current_setting('pgjobs.fair_kept', true), '') NOT IN ('', '{}')
+                           THEN _fair_kept_or_gate('f ' || _forget_group.queue) IS NOT NULL ELSE false END;
     v_v0 bigint;
     v_t0 timestamptz := clock_timestamp();
 BEGIN
-    v_keep := coalesce((v_kept ->> 0)::numeric + greatest(_fair_count_every(), 20 * (v_kept ->> 2)::numeric)
-                       > extract(epoch FROM v_t0), false);
     v_v0 := CASE WHEN NOT v_keep THEN _fair_index_visits('jobs_active_idx') + _fair_index_visits('jobs_group_idx') END;
     WITH gone AS (
     DELETE FROM pgjobs.group_cursors AS c
@@ -387,7 +387,7 @@ BEGIN
     IF v_v0 IS NOT NULL THEN
         PERFORM _fair_keep('f ' || _forget_group.queue,
                            _fair_index_visits('jobs_active_idx') + _fair_index_visits('jobs_group_idx') - v_v0 > 1000,
-                           v_t0, jsonb_build_array(extract(epoch FROM clock_timestamp() - v_t0)));
+                           v_t0);
     END IF;
 END;
 $$;
@@ -543,7 +543,7 @@ AS $$
 BEGIN
     RETURN (
         SELECT CASE WHEN (k.e ->> 0)::numeric + k.every > k.now THEN k.e
-                    WHEN k.every = 0 OR left(v_key, 2) NOT IN ('a ', 'u ', 's ')
+                    WHEN k.every = 0 OR left(v_key, 2) NOT IN ('a ', 'u ', 's ', 'f ')
                          OR NOT _fair_gate_closed(left(v_key, 1), substr(v_key, 3), k.grace) THEN NULL
                     WHEN left(v_key, 2) <> 'a ' THEN coalesce(k.e, '[]')
                     WHEN (k.e ->> 0)::numeric + 30 * k.every > k.now THEN k.e
@@ -574,7 +574,7 @@ AS $$
 DECLARE
     v_kept jsonb := _fair_kept(v_key);
 BEGIN
-    IF v_kept IS NULL AND left(v_key, 2) IN ('a ', 'u ', 's ')
+    IF v_kept IS NULL AND left(v_key, 2) IN ('a ', 'u ', 's ', 'f ')
        AND nullif(current_setting('pgjobs.fair_kept', true), '')::jsonb ? v_key THEN
         PERFORM _fair_gate_close(left(v_key, 1), substr(v_key, 3), _fair_count_every());
     END IF;
@@ -597,7 +597,7 @@ DECLARE
     v_gate bigint;
 BEGIN
     IF dear AND _fair_count_every() > 0 THEN
-        IF left(v_key, 2) IN ('a ', 'u ', 's ') THEN
+        IF left(v_key, 2) IN ('a ', 'u ', 's ', 'f ') THEN
             v_gate := _fair_gate_close(left(v_key, 1), substr(v_key, 3),
                                        greatest(_fair_count_every(),
                                                 20 * extract(epoch FROM clock_timestamp() - since)));

@@ -70,3 +70,44 @@ def test_the_end_of_a_walked_claim_finds_each_cursor_from_its_group(
     # back: the version this transaction stamped, one index entry (before: 4,021 and more, the queue's); else the
     # picked group's newest stamp first (before: one walk of that group's ~200 versions, 202; two before that, 404)
     assert max(visits) <= 5, visits
+
+
+_TAKE_AGAIN = (
+    "SELECT t.v_id FROM pgjobs._fair_take_again('q', %s, NULL, '{}', NULL, 1, 1, 1, 0, '{}', '{}', '{}', '{}',"
+    " '{}', '{}') AS t"
+)
+_SET_FLOOR = """
+UPDATE pgjobs.group_cursors AS c
+   SET floor_priority = h.priority, floor_run_at = h.run_at, floor_id = h.id,
+       floor_epoch = coalesce(pg_sequence_last_value('pgjobs.claim_floor_epoch'), 0),
+       floor_until = now() + %s::interval
+  FROM (SELECT j.priority, j.run_at, j.id FROM pgjobs.jobs AS j
+         WHERE j.state = 'pending' AND j.queue = 'q' AND j.group_key = %s
+         ORDER BY j.priority, j.run_at, j.id LIMIT 1) AS h
+ WHERE c.queue = 'q' AND c.group_key = %s
+RETURNING h.id
+"""
+
+
+def test_a_take_again_probes_a_group_from_its_cursors_floor(conn: Conn, connect: ConnectFactory) -> None:
+    """The walk's take-again (a group picked again, a session without a floor of its own for it) probes the
+    group's head from the floor in its cursor while that holds, not from the front past every job of the group
+    claimed under the held snapshot (jobs_group_idx entries the call was handed)."""
+    call(conn, "configure_queue", queue="q", fair=True)
+    call(conn, "enqueue_many", jobs=[{"kind": "k", "queue": "q", "group_key": f"g{i % GROUPS}"} for i in range(9000)])
+    with held_snapshot(connect):
+        assert work(conn, 400, 10) == 4000  # ~200 claimed jobs of every group before its head
+        held = conn.execute(_SET_FLOOR, ["1 minute", "g1", "g1"]).fetchone()[0]  # type: ignore[index]
+        conn.execute(_SET_FLOOR, ["-1 second", "g2", "g2"])  # a floor past its end: from the front
+        other = connect()  # (under _claim_controlled's planner settings, as the walk calls it)
+        other.execute("SET plan_cache_mode = force_generic_plan; SET enable_seqscan = off; SET enable_bitmapscan = off")
+        visits = "SELECT pg_stat_get_xact_tuples_returned('pgjobs.jobs_group_idx'::regclass)"
+        seen: dict[str, tuple[int, int]] = {}
+        for group in ("g1", "g2"):
+            with other.transaction(force_rollback=True):
+                before = other.execute(visits).fetchone()[0]  # type: ignore[index]
+                got = other.execute(_TAKE_AGAIN, [group]).fetchone()[0]  # type: ignore[index]
+                seen[group] = (got, other.execute(visits).fetchone()[0] - before)  # type: ignore[index]
+    assert seen["g1"][0] == held
+    assert seen["g1"][1] <= 10, seen  # from the floor (before: from the front, as g2 below)
+    assert seen["g2"][1] >= 150, seen

@@ -1,9 +1,10 @@
-"""The end of a walked fair claim (sql/fairness.sql, _fair_finish) under a held snapshot: it gives groups
+"""The walk of a fair claim under a held snapshot: its end (sql/fairness.sql, _fair_finish) gives groups
 stamped ahead but not picked their old place back, and stamps the picked groups a take-again served. Both
 found the cursor by its group in a join with the groups; planned generic on a table whose statistics said it
 was empty (a VACUUM under the hold can leave reltuples at 0), that join walked the index entries of every
 version of every cursor of the queue, once per group: 10-12 s a claim in the ten-minute fair soak, the worker
-stalled behind it. Counted without timers: index entries of group_cursors the call was handed."""
+stalled behind it. Also a take-again's head probe (from the group's cursor's floor) and the long sweep of a
+claim that came up short (behind the 's' gate). Counted without timers: index entries each call was handed."""
 
 from __future__ import annotations
 
@@ -111,3 +112,27 @@ def test_a_take_again_probes_a_group_from_its_cursors_floor(conn: Conn, connect:
     assert seen["g1"][0] == held
     assert seen["g1"][1] <= 10, seen  # from the floor (before: from the front, as g2 below)
     assert seen["g2"][1] >= 150, seen
+
+
+def test_the_long_sweep_of_a_claim_that_came_up_short_waits_for_the_gate(conn: Conn, connect: ConnectFactory) -> None:
+    """The walk's sweep of 256 groups (a quiet claim that came up short) passes every job each group had claimed
+    under a held snapshot; once one proved dear, the next wait for the 's' gate, in this session and in another
+    that keeps reads (jobs_group_idx entries each call was handed)."""
+    call(conn, "configure_queue", queue="q", fair=True)
+    call(conn, "enqueue_many", jobs=[{"kind": "k", "queue": "q", "group_key": f"g{i % GROUPS}"} for i in range(9000)])
+    other = connect()
+    with held_snapshot(connect):
+        assert work(conn, 400, 10) == 4000
+        assert work(other, 1, 1) == 1  # its count of the active jobs proved dear: it keeps reads
+        conn.execute("SELECT set_config('pgjobs.fair_kept', '', false)")  # what its claims kept: forgotten
+        sweep = "SELECT * FROM pgjobs._fair_sweep('q', false, 256, NULL, false, false)"
+        visits = "SELECT pg_stat_get_xact_tuples_returned('pgjobs.jobs_group_idx'::regclass)"
+        seen = []
+        for session in (conn, other, conn):
+            session.execute("SET pgjobs.fair_count_every = 60")
+            with session.transaction():
+                before = session.execute(visits).fetchone()[0]  # type: ignore[index]
+                session.execute(sweep)
+                seen.append(session.execute(visits).fetchone()[0] - before)  # type: ignore[index]
+    assert seen[0] >= 4000, seen  # the first: ~200 claimed jobs of each of the 20 groups
+    assert seen[1:] == [0, 0], seen

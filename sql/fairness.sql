@@ -365,14 +365,18 @@ BEGIN
        AND (c.served_seq = 0 OR NOT v_keep)
        -- (a group another claim is registering right now is left alone: _fair_group_lock)
        AND pgjobs._fair_group_lock(_forget_group.queue, _forget_group.group_key)
-       -- a cursor another claimer holds is being served: not ours to drop (newest stamp first, and the
-       -- delete by ctid: by its group alone each lookup walked every version a held snapshot keeps, as
-       -- _fair_finish's did)
-       AND c.ctid = (SELECT x.ctid FROM pgjobs.group_cursors AS x
-                      WHERE x.queue = _forget_group.queue AND x.group_key = _forget_group.group_key
-                      ORDER BY x.served_seq DESC
-                      LIMIT 1
-                        FOR UPDATE SKIP LOCKED)
+       -- a cursor another claimer holds is being served: not ours to drop (newest stamp first, locked by
+       -- its ctid, and the delete by ctid: by its group alone each lookup walked every version a held
+       -- snapshot keeps, as _fair_finish's did)
+       AND c.ctid = (SELECT y.ctid
+                       FROM (SELECT x.ctid FROM pgjobs.group_cursors AS x
+                              WHERE x.queue = _forget_group.queue AND x.group_key = _forget_group.group_key
+                              ORDER BY x.served_seq DESC
+                              LIMIT 1) AS n
+                      CROSS JOIN LATERAL (SELECT z.ctid FROM pgjobs.group_cursors AS z
+                                           WHERE z.ctid = n.ctid AND z.queue = _forget_group.queue
+                                             AND z.group_key = _forget_group.group_key
+                                             FOR UPDATE SKIP LOCKED) AS y)
        AND NOT EXISTS (SELECT 1 FROM pgjobs.jobs AS j
                         WHERE j.state = 'pending' AND j.queue = _forget_group.queue
                           AND j.group_key = _forget_group.group_key)
@@ -1963,11 +1967,14 @@ BEGIN
               FROM s
              -- (newest stamp first: the live version; in ascending order the probe walked every version of
              -- the group's cursor a held snapshot keeps, 13,600 blocks and 90 ms a claim five minutes into
-             -- the fair soak's hold; an un-stamp leaves a version above the live one, a few at most)
+             -- the fair soak's hold; an un-stamp leaves a version above the live one, a few at most. Then
+             -- locked by its ctid: a lock skipped within the scan went on through every older version)
              CROSS JOIN LATERAL (SELECT c.ctid AS tid FROM group_cursors AS c
                                   WHERE c.queue = v_q AND c.group_key = s.k
                                   ORDER BY c.served_seq DESC
-                                  LIMIT 1
+                                  LIMIT 1) AS n
+             CROSS JOIN LATERAL (SELECT c.ctid AS tid FROM group_cursors AS c
+                                  WHERE c.ctid = n.tid AND c.queue = v_q AND c.group_key = s.k
                                     FOR UPDATE SKIP LOCKED) AS v
              WHERE NOT s.wrote
         )

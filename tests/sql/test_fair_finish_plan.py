@@ -136,3 +136,29 @@ def test_the_long_sweep_of_a_claim_that_came_up_short_waits_for_the_gate(conn: C
                 seen.append(session.execute(visits).fetchone()[0] - before)  # type: ignore[index]
     assert seen[0] >= 4000, seen  # the first: ~200 claimed jobs of each of the 20 groups
     assert seen[1:] == [0, 0], seen
+
+
+def test_the_end_of_a_walk_passes_over_a_cursor_another_claim_holds(conn: Conn, connect: ConnectFactory) -> None:
+    """A picked group whose cursor another claim holds is left to it, and finding that out reads the newest
+    version only: a lock skipped within the scan by group went on through every older version (index entries
+    of group_cursors the call was handed; the cursor's stamp stays as it was)."""
+    call(conn, "configure_queue", queue="q", fair=True)
+    call(conn, "enqueue_many", jobs=[{"kind": "k", "queue": "q", "group_key": f"g{i % GROUPS}"} for i in range(9000)])
+    stamp = "SELECT served_seq FROM pgjobs.group_cursors WHERE queue = 'q' AND group_key = 'g1'"
+    with held_snapshot(connect):
+        assert work(conn, 400, 10) == 4000  # ~200 versions of every cursor, all kept
+        holder, other = connect(), connect()
+        other.execute("SET plan_cache_mode = force_generic_plan; SET enable_seqscan = off; SET enable_bitmapscan = off")
+        old = conn.execute(stamp).fetchone()[0]  # type: ignore[index]
+        with holder.transaction():
+            holder.execute(stamp + " FOR UPDATE")
+            with other.transaction():
+                before = other.execute(_VISITS).fetchone()[0]  # type: ignore[index]
+                other.execute(
+                    _FINISH,
+                    {"g": "g1", "old": old, "at": None, "n": 0, "nseq": [None], "unstamped": True, "l2": ["g1"],
+                     "l2seq": [old + 1000], "l2pick": [True], "l2wrote": [False]},
+                )  # fmt: skip
+                visits = other.execute(_VISITS).fetchone()[0] - before  # type: ignore[index]
+        assert conn.execute(stamp).fetchone()[0] == old
+    assert visits <= 5, visits

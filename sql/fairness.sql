@@ -1778,6 +1778,18 @@ BEGIN
             EXIT;
         END IF;
     END LOOP;
+    -- Under a held snapshot the scan below passes every job of the queue claimed since, from its front (100-150 ms
+    -- ten minutes into the fair soak's hold, the probe's claims that found the queue empty and gave U its turn):
+    -- while the look for ungrouped work is gated ('u', "Shared gates"), the queue's shared state said none was
+    -- left, and this claim saw none arrive, U has nothing.
+    IF v_id IS NULL AND u_empty IS DISTINCT FROM false
+       AND coalesce(current_setting('pgjobs.fair_kept', true), '') NOT IN ('', '{}')
+       AND _fair_kept_or_gate('u ' || v_q) IS NOT NULL
+       AND coalesce((SELECT f.ungrouped_empty FROM fair_queues AS f WHERE f.queue = v_q), false) THEN
+        u_empty := true;
+        u_out := true;
+        RETURN;
+    END IF;
     IF v_id IS NULL THEN
         v_k := greatest(1, ceil(v_left::numeric / greatest(1, v_rest))::int);
         WITH cand AS (

@@ -162,3 +162,33 @@ def test_the_end_of_a_walk_passes_over_a_cursor_another_claim_holds(conn: Conn, 
                 visits = other.execute(_VISITS).fetchone()[0] - before  # type: ignore[index]
         assert conn.execute(stamp).fetchone()[0] == old
     assert visits <= 5, visits
+
+
+_TAKE_U = (
+    "SELECT t.v_id, t.u_out FROM pgjobs._fair_take_ungrouped('q', NULL, '{}', 1, 1, '{}', '{}', '{}', 1, false, false,"
+    " 0, NULL, false, NULL, false, false) AS t"
+)
+
+
+def test_the_ungrouped_turn_waits_for_the_look_gate(conn: Conn, connect: ConnectFactory) -> None:
+    """U's turn in the walk (an all-grouped queue: the last look found no ungrouped job) reads the queue's claim
+    order from its front, past every job claimed under a held snapshot; while the look is gated, a session
+    that keeps reads takes U out instead (jobs_pending_idx entries the call was handed)."""
+    call(conn, "configure_queue", queue="q", fair=True)
+    call(conn, "enqueue_many", jobs=[{"kind": "k", "queue": "q", "group_key": f"g{i % GROUPS}"} for i in range(9000)])
+    with held_snapshot(connect):
+        assert work(conn, 400, 10) == 4000
+        assert conn.execute("SELECT ungrouped_empty FROM pgjobs.fair_queues WHERE queue = 'q'").fetchone()[0] is True
+        visits = "SELECT pg_stat_get_xact_tuples_returned('pgjobs.jobs_pending_idx'::regclass)"
+        seen = []
+        for gated in (False, True):
+            conn.execute("SELECT set_config('pgjobs.fair_kept', '', false), setval('pgjobs.fair_gate_u', 1)")
+            if gated:  # a look that proved dear a moment ago: kept, and its gate closed for a minute
+                conn.execute("SET pgjobs.fair_count_every = 60")
+                conn.execute("SELECT pgjobs._fair_keep('u q', true, clock_timestamp())")
+            with conn.transaction(force_rollback=True):
+                before = conn.execute(visits).fetchone()[0]  # type: ignore[index]
+                got = conn.execute(_TAKE_U).fetchone()
+                seen.append((got, conn.execute(visits).fetchone()[0] - before))  # type: ignore[index]
+    assert seen[0][1] >= 4000, seen  # from the front, past the claimed jobs
+    assert seen[1] == ((None, True), 0), seen

@@ -458,7 +458,8 @@ $$;
 -- 200 ms: bench/soak.py's probe) paid one in every five of its claims (measured: a probe claim of one job
 -- 120 s into a held snapshot took 264 ms, of which the count 55, the look 53, the sweep 95; its p99 was
 -- 5.6x the clean one). A session whose read proved dear now also closes a gate shared by every session:
--- the sequence fair_gate_a, _u or _s (sqitch change fair_gates) holds until when, and for which queue
+-- the sequence fair_gate_a, _u or _s (sqitch change fair_gates; _f since, _forget_group's checks: sqitch
+-- change fair_gate_forget) holds until when, and for which queue
 -- (a hash of its name), the next such read may wait: pgjobs.fair_count_every seconds, or 20 times what
 -- the read took when that is longer (the read then costs a twentieth of one session's time at most,
 -- however long the snapshot is held, whatever the number of sessions). While the gate is closed a

@@ -2019,7 +2019,7 @@ AS $$
 #variable_conflict use_column
 DECLARE
     v_disc    record;
-    v_long    boolean := steps > 16;
+    v_long    boolean := steps > 16;   -- the walk's sweep (16 x _claim_fair's c_discover_steps), not a claim's
     v_v1      bigint;
     v_t0      timestamptz := clock_timestamp();
 BEGIN

@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import IO, Any
 
 import psycopg
+from psycopg import sql
 
 from .common import connect, fresh_database, percentile
 from .worker import HERE, throughput
@@ -201,7 +202,7 @@ class Functions:
 
     def __init__(self, conn: psycopg.Connection[Any]) -> None:
         db = conn.execute("SELECT current_database()").fetchone()
-        conn.execute(f'ALTER DATABASE "{db[0] if db else ""}" SET track_functions = pl')
+        conn.execute(sql.SQL("ALTER DATABASE {} SET track_functions = pl").format(sql.Identifier(db[0] if db else "")))
         self.conn = conn
         self.last = self._read()
 
@@ -284,7 +285,8 @@ def _ms(v: float | None) -> str:
 
 
 def _print_window(w: dict[str, Any]) -> None:
-    """A window's two lines: rates, depth and the probe's figures; the tables' dead tuples and sizes."""
+    """A window's lines: rates, depth and the probe's figures; the tables' dead tuples and sizes; with
+    --functions, the functions with the most self time."""
     print(
         f"t={w['t']:6.1f}s{' [snapshot held]' if w['snapshot_held'] else ''}  done {w['completed_per_s']:7.0f}/s"
         f" (offered {w['offered_per_s']:6.0f}/s)  depth {w['depth']:6d}  claim p50/p99"

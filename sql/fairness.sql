@@ -28,7 +28,7 @@
 --
 -- Language: every routine here is PL/pgSQL, the one-statement helpers too. A LANGUAGE sql function with a SET
 -- clause (every routine pins its search_path) is never inlined, and PostgreSQL before 18 parses, analyses and
--- plans its body again at every call, where PL/pgSQL keeps its plans for the session. Until 2026-12-06 twelve
+-- plans its body again at every call, where PL/pgSQL keeps its plans for the session. Until 2026-12-06 thirteen
 -- helpers here were SQL functions (the gates, the kept reads, the floors, the fast path's probe of heads from
 -- floors): perf on the worker's claim backend in the fair soak under a held snapshot put 18 % of its CPU in
 -- parsing and planning them (tests/sql/test_sql_layout.py keeps claim.sql and this file PL/pgSQL).
@@ -71,7 +71,8 @@
 --     one that does not fit but finds fewer groups with a job than its size takes them in rounds, also
 --     in the walk's order (_fair_rounds), before the walk is tried.
 -- Cursors of groups without live work are deleted when the walk meets them (they drift to the
--- front of the ring as live groups are served), so the table stays the size of the live groups.
+-- front of the ring as live groups are served), so the table stays the size of the live groups;
+-- under a held snapshot, while the checks before a delete are gated, served ones stay (_forget_group).
 --
 -- Under a held snapshot (issue 10 item 1). A foreign session idle in a transaction keeps every
 -- version newer than its snapshot: no pruning, no VACUUM, and no dead index entry can be marked killed by
@@ -332,6 +333,25 @@ BEGIN
 END;
 $$;
 
+-- Where a group's cursor is (its ctid; NULL: none), without a lock (lock it by that ctid, FOR UPDATE SKIP
+-- LOCKED, when it is to be written). Newest stamp first: the live version (an un-stamp, _fair_finish, leaves
+-- a few versions above it at most). Found by its group in ascending order, a lookup walked every version of
+-- the cursor a held snapshot keeps (13,600 blocks, 90 ms five minutes into the fair soak's hold), and a lock
+-- skipped within that scan (another claim holds the cursor) went on through all of them.
+CREATE OR REPLACE FUNCTION pgjobs._fair_cursor(v_q text, v_key text)
+RETURNS tid
+LANGUAGE plpgsql
+STABLE
+SET search_path = pg_catalog, pgjobs, pg_temp
+AS $$
+BEGIN
+    RETURN (SELECT c.ctid FROM group_cursors AS c
+             WHERE c.queue = v_q AND c.group_key = v_key
+             ORDER BY c.served_seq DESC
+             LIMIT 1);
+END;
+$$;
+
 -- Drops a group's cursor when the group has no live work left: no waiting, scheduled, pending or
 -- active job. Called when a probe found nothing to take from a group that had no active job.
 -- Under a held snapshot the checks pass every dead entry of the group's claimed jobs (jobs_group_idx) and of
@@ -351,10 +371,7 @@ SET search_path = pg_catalog, pgjobs, pg_temp
 AS $$
 #variable_conflict use_column
 DECLARE
-    -- served cursors stay: a recent check proved dear (as the other gated reads, only for a session that
-    -- keeps some read: one whose reads are cheap has an empty pgjobs.fair_kept)
-    v_keep boolean := CASE WHEN coalesce(current_setting('pgjobs.fair_kept', true), '') NOT IN ('', '{}')
-                           THEN _fair_kept_or_gate('f ' || _forget_group.queue) IS NOT NULL ELSE false END;
+    v_keep boolean := _fair_gated('f ' || _forget_group.queue);   -- served cursors stay: a check proved dear
     v_v0 bigint;
     v_t0 timestamptz := clock_timestamp();
 BEGIN
@@ -365,18 +382,12 @@ BEGIN
        AND (c.served_seq = 0 OR NOT v_keep)
        -- (a group another claim is registering right now is left alone: _fair_group_lock)
        AND pgjobs._fair_group_lock(_forget_group.queue, _forget_group.group_key)
-       -- a cursor another claimer holds is being served: not ours to drop (newest stamp first, locked by
-       -- its ctid, and the delete by ctid: by its group alone each lookup walked every version a held
-       -- snapshot keeps, as _fair_finish's did)
-       AND c.ctid = (SELECT y.ctid
-                       FROM (SELECT x.ctid FROM pgjobs.group_cursors AS x
-                              WHERE x.queue = _forget_group.queue AND x.group_key = _forget_group.group_key
-                              ORDER BY x.served_seq DESC
-                              LIMIT 1) AS n
-                      CROSS JOIN LATERAL (SELECT z.ctid FROM pgjobs.group_cursors AS z
-                                           WHERE z.ctid = n.ctid AND z.queue = _forget_group.queue
-                                             AND z.group_key = _forget_group.group_key
-                                             FOR UPDATE SKIP LOCKED) AS y)
+       -- a cursor another claimer holds is being served: not ours to drop (_fair_cursor: found and deleted
+       -- by its ctid)
+       AND c.ctid = (SELECT x.ctid FROM pgjobs.group_cursors AS x
+                      WHERE x.ctid = pgjobs._fair_cursor(_forget_group.queue, _forget_group.group_key)
+                        AND x.queue = _forget_group.queue AND x.group_key = _forget_group.group_key
+                        FOR UPDATE SKIP LOCKED)
        AND NOT EXISTS (SELECT 1 FROM pgjobs.jobs AS j
                         WHERE j.state = 'pending' AND j.queue = _forget_group.queue
                           AND j.group_key = _forget_group.group_key)
@@ -513,7 +524,7 @@ BEGIN
 END;
 $$;
 
--- Closes the gate of a read ('a', 'u' or 's') of this queue for `seconds` (at most 60) from now, unless it
+-- Closes the gate of a read ('a', 'u', 's' or 'f') of this queue for `seconds` (at most 60) from now, unless it
 -- is closed for this queue until later already. Returns the value written (NULL: none).
 CREATE OR REPLACE FUNCTION pgjobs._fair_gate_close(v_kind text, v_q text, seconds numeric)
 RETURNS bigint
@@ -532,7 +543,7 @@ BEGIN
 END;
 $$;
 
--- A kept read ('a ', 'u ', 's ' or 'd ' and the queue) while still good: [kept at, gate written, what was
+-- A kept read ('a ', 'u ', 's ', 'f ' or 'd ' and the queue) while still good: [kept at, gate written, what was
 -- read...]; else NULL. Good: kept less than pgjobs.fair_count_every seconds ago; or, while the read's gate
 -- is closed (see above), a look or a sweep whatever its age (kept by nobody in this session: '[]'), and a
 -- count less than 30 times that old: this session's, else the newest in fair_counts (read only then: read
@@ -572,8 +583,8 @@ BEGIN
 END;
 $$;
 
--- _fair_kept for a claim that reads when it gets NULL: then, if this session's last such read ('a ', 'u '
--- or 's ') proved dear (it is kept, too old), the read's gate is closed for pgjobs.fair_count_every seconds
+-- _fair_kept for a claim that reads when it gets NULL: then, if this session's last such read ('a ', 'u ',
+-- 's ' or 'f ') proved dear (it is kept, too old), the read's gate is closed for pgjobs.fair_count_every seconds
 -- before it runs, so that the claims starting meanwhile skip it (_fair_keep sets the gate's end after).
 CREATE OR REPLACE FUNCTION pgjobs._fair_kept_or_gate(v_key text)
 RETURNS jsonb
@@ -588,6 +599,24 @@ BEGIN
         PERFORM _fair_gate_close(left(v_key, 1), substr(v_key, 3), _fair_count_every());
     END IF;
     RETURN v_kept;
+END;
+$$;
+
+-- Whether this session skips a gated read now ('u ', 's ' or 'f ' and the queue): it keeps some read (a session
+-- whose reads are cheap has an empty pgjobs.fair_kept and never consults the gates), and _fair_kept_or_gate
+-- says the read is kept or its gate closed. For the reads outside _claim_fair's own tests: the walk's long
+-- sweep (_fair_sweep), U's turn in the walk (_fair_take_ungrouped), the checks before a cursor goes
+-- (_forget_group).
+CREATE OR REPLACE FUNCTION pgjobs._fair_gated(v_key text)
+RETURNS boolean
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pgjobs, pg_temp
+AS $$
+BEGIN
+    IF coalesce(current_setting('pgjobs.fair_kept', true), '') IN ('', '{}') THEN
+        RETURN false;
+    END IF;
+    RETURN _fair_kept_or_gate(v_key) IS NOT NULL;
 END;
 $$;
 
@@ -746,8 +775,8 @@ $$;
 -- the rounds, which probe every group from the front, leave a ring with floors to the fast path.
 -- Also under a held snapshot: a dry group passed over from a floor keeps its cursor in the fast path
 -- (_forget_group's checks pass every dead entry of the group and of the queue's active jobs, 250-350 ms a
--- group 4 minutes into the fair soak's hold; the walk still drops it when it meets it: a walk that kept them
--- too was tried once, and the worker fell behind in that run, not proven to be the cause), and on a claim of
+-- group 4 minutes into the fair soak's hold; since those checks have a shared gate, the walk keeps it too
+-- while the gate is closed: _forget_group), and on a claim of
 -- one fair queue claim()'s probe for leases to settle is folded into the active count's pass (_claim_fair):
 -- one walk of jobs_active_idx, not two.
 
@@ -1783,9 +1812,7 @@ BEGIN
     -- ten minutes into the fair soak's hold, the probe's claims that found the queue empty and gave U its turn):
     -- while the look for ungrouped work is gated ('u', "Shared gates"), the queue's shared state said none was
     -- left, and this claim saw none arrive, U has nothing.
-    IF v_id IS NULL AND u_empty IS DISTINCT FROM false
-       AND coalesce(current_setting('pgjobs.fair_kept', true), '') NOT IN ('', '{}')
-       AND _fair_kept_or_gate('u ' || v_q) IS NOT NULL
+    IF v_id IS NULL AND u_empty IS DISTINCT FROM false AND _fair_gated('u ' || v_q)
        AND coalesce((SELECT f.ungrouped_empty FROM fair_queues AS f WHERE f.queue = v_q), false) THEN
         u_empty := true;
         u_out := true;
@@ -1881,19 +1908,17 @@ BEGIN
                  -- epoch), unless a job more urgent than it is pending (one probe of the range below it).
                  -- (The cursor's: a session that kept no floor for the group probed it from the front, past
                  -- every job of the group claimed under a held snapshot: 40-90 ms, 18 of the soak's probe's
-                 -- 110 claims over 100 ms. Its newest stamp first: see _fair_finish.)
+                 -- 110 claims over 100 ms. Found by _fair_cursor.)
                  LEFT JOIN LATERAL (
                        SELECT (h_floor -> x.k ->> 0)::smallint AS p, (h_floor -> x.k ->> 1)::timestamptz AS r,
                               (h_floor -> x.k ->> 2)::bigint AS i
                         WHERE h_floor ? x.k
                        UNION ALL
                        SELECT c.floor_priority, c.floor_run_at, c.floor_id
-                         FROM (SELECT c.floor_priority, c.floor_run_at, c.floor_id, c.floor_epoch, c.floor_until
-                                 FROM group_cursors AS c
-                                WHERE NOT coalesce(h_floor ? x.k, false) AND c.queue = v_q AND c.group_key = x.k
-                                ORDER BY c.served_seq DESC
-                                LIMIT 1) AS c
-                        WHERE c.floor_epoch = v_epoch AND c.floor_until > now()
+                         FROM group_cursors AS c
+                        WHERE NOT coalesce(h_floor ? x.k, false)
+                          AND c.ctid = _fair_cursor(v_q, x.k) AND c.queue = v_q AND c.group_key = x.k
+                          AND c.floor_epoch = v_epoch AND c.floor_until > now()
                        OFFSET 0) AS f0 ON true   -- (a fence: the check below then probes by its priority)
                  LEFT JOIN LATERAL (
                        SELECT f0.p, f0.r, f0.i
@@ -1978,17 +2003,9 @@ BEGIN
         ), lk AS (
             SELECT v.tid, s.seq
               FROM s
-             -- (newest stamp first: the live version; in ascending order the probe walked every version of
-             -- the group's cursor a held snapshot keeps, 13,600 blocks and 90 ms a claim five minutes into
-             -- the fair soak's hold; an un-stamp leaves a version above the live one, a few at most. Then
-             -- locked by its ctid: a lock skipped within the scan went on through every older version)
              CROSS JOIN LATERAL (SELECT c.ctid AS tid FROM group_cursors AS c
-                                  WHERE c.queue = v_q AND c.group_key = s.k
-                                  ORDER BY c.served_seq DESC
-                                  LIMIT 1) AS n
-             CROSS JOIN LATERAL (SELECT c.ctid AS tid FROM group_cursors AS c
-                                  WHERE c.ctid = n.tid AND c.queue = v_q AND c.group_key = s.k
-                                    FOR UPDATE SKIP LOCKED) AS v
+                                  WHERE c.ctid = _fair_cursor(v_q, s.k) AND c.queue = v_q AND c.group_key = s.k
+                                    FOR UPDATE SKIP LOCKED) AS v   -- (_fair_cursor: by its ctid)
              WHERE NOT s.wrote
         )
         UPDATE group_cursors AS c
@@ -2023,8 +2040,7 @@ DECLARE
     v_v1      bigint;
     v_t0      timestamptz := clock_timestamp();
 BEGIN
-    IF v_long AND coalesce(current_setting('pgjobs.fair_kept', true), '') NOT IN ('', '{}')
-       AND _fair_kept_or_gate('s ' || v_q) IS NOT NULL THEN
+    IF v_long AND _fair_gated('s ' || v_q) THEN
         RETURN;   -- a sweep proved dear a moment ago: what it finds is shared (cursors), the gate's time is short
     END IF;
     v_v1 := CASE WHEN v_long THEN _fair_index_visits('jobs_group_idx') END;

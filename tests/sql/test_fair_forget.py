@@ -17,7 +17,8 @@ from tests.helpers.foundation import call, held_snapshot
 Conn = psycopg.Connection[Any]
 
 _CURSORS = (
-    "SELECT group_key, served_seq > 0 FROM pgjobs.group_cursors WHERE queue = 'q' AND group_key <> 'C' ORDER BY 1"
+    "SELECT group_key, served_seq > 0 FROM pgjobs.group_cursors"
+    " WHERE queue = 'q' AND group_key IN ('A', 'B', 'N') ORDER BY 1"
 )
 
 
@@ -85,3 +86,41 @@ def test_without_a_held_snapshot_every_forget_checks(conn: Conn) -> None:
         _forget(conn, group)
     assert conn.execute(_CURSORS).fetchall() == []
     assert conn.execute("SELECT current_setting('pgjobs.fair_kept', true)").fetchone()[0] in (None, "", "{}")
+
+
+_CURSOR_VISITS = (
+    "SELECT sum(pg_stat_get_xact_tuples_returned(i.indexrelid))::bigint FROM pg_index AS i"
+    " WHERE i.indrelid = 'pgjobs.group_cursors'::regclass"
+)
+
+
+def test_the_checks_find_the_cursor_by_its_ctid_and_leave_a_held_one(conn: Conn, connect: ConnectFactory) -> None:
+    """Under a held snapshot a group's cursor has a version per serve. Finding it reads the newest only (index
+    entries of group_cursors the call was handed; by its group the delete walked them all), and a cursor
+    another session holds locked stays (it is being served)."""
+    call(conn, "configure_queue", queue="q", fair=True)
+    _dry_groups(conn)
+    with held_snapshot(connect):
+        for _ in range(200):  # 200 serves of A and of B: versions the snapshot keeps
+            conn.execute(
+                "UPDATE pgjobs.group_cursors SET served_seq = nextval('pgjobs.served_seq_seq')"
+                " WHERE queue = 'q' AND group_key IN ('A', 'B')"
+            )
+        fresh = connect()  # (keeps no read: the checks run)
+        with fresh.transaction():  # (under the claim's planner settings, as _forget: else a table scan)
+            fresh.execute(
+                "SET LOCAL enable_seqscan = off; SET LOCAL enable_bitmapscan = off;"
+                " SET LOCAL plan_cache_mode = force_generic_plan"
+            )
+            before = fresh.execute(_CURSOR_VISITS).fetchone()[0]  # type: ignore[index]
+            fresh.execute("SELECT pgjobs._forget_group('q', 'A')")
+            visits = fresh.execute(_CURSOR_VISITS).fetchone()[0] - before  # type: ignore[index]
+        assert ("A", True) not in conn.execute(_CURSORS).fetchall()
+        holder = connect()
+        with holder.transaction():
+            holder.execute("SELECT 1 FROM pgjobs.group_cursors WHERE queue = 'q' AND group_key = 'B' FOR UPDATE")
+            _forget(fresh, "B")
+            assert ("B", True) in conn.execute(_CURSORS).fetchall()
+        _forget(fresh, "B")  # released: dropped
+        assert ("B", True) not in conn.execute(_CURSORS).fetchall()
+    assert visits <= 5, visits

@@ -106,7 +106,8 @@ def test_claim_path_routines_are_plpgsql() -> None:
     search_path) is never inlined, and before PostgreSQL 18 its body is parsed, analysed and planned again at
     every call, where a PL/pgSQL function keeps its plans for the session. Measured (perf on the worker's claim
     backend, the fair soak ten minutes into a held snapshot, 2026-12-06): 18 % of its CPU was that parsing and
-    planning, for thirteen small helpers of fairness.sql and the fast path's probe of heads from floors."""
+    planning, for the thirteen helpers of fairness.sql (the fast path's probe of heads from floors among them)
+    and one of claim.sql."""
     sql = [r.where() for r in routines() if r.file in CLAIM_PATH_FILES and r.language != "plpgsql"]
     assert not sql, sql
 

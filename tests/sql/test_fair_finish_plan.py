@@ -115,9 +115,10 @@ def test_a_take_again_probes_a_group_from_its_cursors_floor(conn: Conn, connect:
 
 
 def test_the_long_sweep_of_a_claim_that_came_up_short_waits_for_the_gate(conn: Conn, connect: ConnectFactory) -> None:
-    """The walk's sweep of 256 groups (a quiet claim that came up short) passes every job each group had claimed
-    under a held snapshot; once one proved dear, the next wait for the 's' gate, in this session and in another
-    that keeps reads (jobs_group_idx entries each call was handed)."""
+    """The walk's sweep of 256 groups (a quiet claim that came up short) passes every job each group without a
+    cursor had claimed under a held snapshot (groups that ran dry lost theirs, and their work came back without a
+    new job); once one proved dear, the next wait for the 's' gate, in this session and in another that keeps
+    reads (jobs_group_idx entries each call was handed; the cursors are dropped again before each call)."""
     call(conn, "configure_queue", queue="q", fair=True)
     call(conn, "enqueue_many", jobs=[{"kind": "k", "queue": "q", "group_key": f"g{i % GROUPS}"} for i in range(9000)])
     other = connect()
@@ -130,6 +131,8 @@ def test_the_long_sweep_of_a_claim_that_came_up_short_waits_for_the_gate(conn: C
         seen = []
         for session in (conn, other, conn):
             session.execute("SET pgjobs.fair_count_every = 60")
+            conn.execute("DELETE FROM pgjobs.fair_groups WHERE queue = 'q'")
+            conn.execute("DELETE FROM pgjobs.group_cursors WHERE queue = 'q'")
             with session.transaction():
                 before = session.execute(visits).fetchone()[0]  # type: ignore[index]
                 session.execute(sweep)

@@ -139,8 +139,8 @@ def test_the_8th_claims_looks_are_not_paid_again_and_again_under_a_held_snapshot
     """On an all-grouped queue every 8th claim looks for ungrouped work that came back without a new job (a walk
     of jobs_pending_idx past every job claimed since the held snapshot) and sweeps 16 groups for work without a
     cursor (stepping over those with one: tests/sql/test_fair_sweep.py). Once such a read proved dear, the
-    session skips it for pgjobs.fair_count_every seconds (the other sessions too, while its gate is closed); an ungrouped job
-    released back to pending meanwhile is claimed once that time is up."""
+    session skips it for pgjobs.fair_count_every seconds (the other sessions too, while its gate is closed); an
+    ungrouped job released back to pending meanwhile is claimed once that time is up."""
     call(conn, "configure_queue", queue="q", fair=True)
     (u,) = call(conn, "enqueue", kind="k", queue="q")  # ungrouped, claimed by a worker before the snapshot
     call(conn, "enqueue_many", jobs=[{"kind": "k", "queue": "q", "group_key": f"g{i % GROUPS}"} for i in range(5000)])

@@ -51,7 +51,8 @@ def test_a_sweep_steps_over_the_groups_with_a_cursor_without_reading_their_claim
     and is handed no entry of their jobs (before: every claimed job of each, 3,200 and more); a group that lost
     its cursor is read up to its first pending job, and registered."""
     call(conn, "configure_queue", queue="q", fair=True)
-    call(conn, "enqueue_many", jobs=[{"kind": "k", "queue": "q", "group_key": f"g{i % GROUPS:02}"} for i in range(9000)])
+    jobs = [{"kind": "k", "queue": "q", "group_key": f"g{i % GROUPS:02}"} for i in range(9000)]
+    call(conn, "enqueue_many", jobs=jobs)
     with held_snapshot(connect):
         assert work(conn, 400, 10) == 4000  # ~200 claimed jobs of every group, their dead entries all kept
         assert len(_registered(conn)) == GROUPS

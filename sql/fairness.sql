@@ -393,8 +393,8 @@ $$;
 -- minutes into a held snapshot, 15-100 calls every 10 s: 8-20 % of the worker's claimer; and the soak's probe
 -- (a claim of one every 200 ms) met a dry group in its walk every few seconds, 50-150 ms a claim: its p99.
 -- So these checks are one more read with a shared gate ('f': "Shared gates"): once a call proved dear (over
--- 1,000 entries), served groups' cursors stay, for every session, until the gate opens (pgjobs.fair_count_every
--- or 20 times that call), and the session that claims most checks again. They stay in the ring as the fast
+-- 1,000 entries), served groups' cursors stay, for every session, until the gate opens (60 s: _fair_keep has
+-- why), and the session that claims most checks again. They stay in the ring as the fast
 -- path keeps them under a held snapshot, and the walk meets them as groups with nothing to take. A never-served
 -- cursor is checked all the same: the fast path does not run while one exists (_fair_unserved).
 CREATE OR REPLACE FUNCTION pgjobs._forget_group(queue text, group_key text)
@@ -506,7 +506,8 @@ $$;
 -- change fair_gate_forget) holds until when, and for which queue
 -- (a hash of its name), the next such read may wait: pgjobs.fair_count_every seconds, or 20 times what
 -- the read took when that is longer (the read then costs a twentieth of one session's time at most,
--- however long the snapshot is held, whatever the number of sessions). While the gate is closed a
+-- however long the snapshot is held, whatever the number of sessions; the look 100 times, the checks of
+-- _forget_group 60 s: _fair_keep has why). While the gate is closed a
 -- session skips the look and the sweep (what they find is shared: cursors in group_cursors, the
 -- ungrouped state in fair_queues) and reuses the newest count up to 30 x pgjobs.fair_count_every seconds
 -- old: its own, or the one the last dear count wrote to fair_counts (sqitch change fair_counts; one index
@@ -654,9 +655,18 @@ END;
 $$;
 
 -- After a read begun at `since`: keep it (with `payload`, a jsonb array) when it proved dear, close its
--- shared gate for max(pgjobs.fair_count_every, 20 x what the read took), and write a count to fair_counts
--- for the other sessions (rows older than five minutes go: VACUUM takes them once no snapshot needs them);
--- else forget what was kept.
+-- shared gate, and write a count to fair_counts for the other sessions (rows older than five minutes go:
+-- VACUUM takes them once no snapshot needs them); else forget what was kept. How long the gate closes:
+--   * 'a', 's': max(pgjobs.fair_count_every, 20 x what the read took) (a twentieth of one session's time);
+--   * 'u': max(pgjobs.fair_count_every, 100 x what it took) (at most 60 s, as every gate): the look finds only
+--     ungrouped work that came back without a new job (a claim that comes up short looks at once), and under a
+--     held snapshot it read 100-300 ms of dead entries every 2-6 s in the ten-minute fair soak;
+--   * 'f': 60 s. The checks before a dry group's cursor goes are upkeep (the table the size of the live groups),
+--     and under a held snapshot a dropped cursor costs again when its group comes back: never served, it has no
+--     floor (its head probed from the front, past every job of the group claimed since: 70-105 ms), the
+--     fast path does not run while it exists (_fair_unserved), and the walk reads the never-served part of the
+--     ring past one dead entry per group that ever came back. In the ten-minute fair soak, gated for 20 x a check
+--     (1-2 s), the soak's probe paid a check (30-83 ms) and such a walk (110-300 ms) 14 times in the hold.
 CREATE OR REPLACE FUNCTION pgjobs._fair_keep(v_key text, dear boolean, since timestamptz,
                                              payload jsonb DEFAULT '[]')
 RETURNS void
@@ -670,8 +680,11 @@ BEGIN
     IF dear AND _fair_count_every() > 0 THEN
         IF left(v_key, 2) IN ('a ', 'u ', 's ', 'f ') THEN
             v_gate := _fair_gate_close(left(v_key, 1), substr(v_key, 3),
-                                       greatest(_fair_count_every(),
-                                                20 * extract(epoch FROM clock_timestamp() - since)));
+                                       CASE left(v_key, 2)
+                                            WHEN 'f ' THEN 60
+                                            ELSE greatest(_fair_count_every(),
+                                                          CASE WHEN left(v_key, 2) = 'u ' THEN 100 ELSE 20 END
+                                                          * extract(epoch FROM clock_timestamp() - since)) END);
         END IF;
         IF left(v_key, 2) = 'a ' THEN
             DELETE FROM fair_counts AS c

@@ -48,8 +48,9 @@ def _forget(conn: Conn, group: str) -> None:
 
 
 def test_after_a_dear_forget_served_cursors_stay_for_a_while(conn: Conn, connect: ConnectFactory) -> None:
-    """The check that proved dear closes the shared gate: served cursors stay, for this session and for another
-    that keeps reads (the soak's probe: its count is dear too), until the gate opens; never-served ones go."""
+    """The check that proved dear closes the shared gate for 60 s: served cursors stay, for this session and for
+    another that keeps reads (the soak's probe: its count is dear too), until the gate opens; never-served ones
+    go."""
     call(conn, "configure_queue", queue="q", fair=True)
     conn.execute("SET pgjobs.fair_count_every = 0.5")
     other = connect()
@@ -71,7 +72,11 @@ def test_after_a_dear_forget_served_cursors_stay_for_a_while(conn: Conn, connect
         _forget(conn, "B")
         _forget(conn, "N")  # never served: checked and dropped all the same
         assert conn.execute(_CURSORS).fetchall() == [("B", True)]
-        deadline = time.monotonic() + 5  # the gate opens (pgjobs.fair_count_every, and as much grace at most)
+        # closed for 60 s (not pgjobs.fair_count_every: a dropped cursor costs again when its group comes back)
+        end = "SELECT ((last_value >> 20) / 1000.0 + 1577836800 - extract(epoch FROM clock_timestamp()))::float8"
+        assert 50 <= conn.execute(end + " FROM pgjobs.fair_gate_f").fetchone()[0] <= 61  # type: ignore[index]
+        conn.execute("SELECT setval('pgjobs.fair_gate_f', 1)")  # its time up
+        deadline = time.monotonic() + 5  # (what this session kept: pgjobs.fair_count_every, as much grace at most)
         while conn.execute(_CURSORS).fetchall() and time.monotonic() < deadline:
             time.sleep(0.2)
             _forget(conn, "B")

@@ -47,9 +47,10 @@
 --     (_discover_fresh), and their groups without a row in fair_groups (one row per group with a
 --     cursor, never updated) are registered; that also tells whether ungrouped work arrived;
 --   * other groups get their cursor from an incremental skip scan over jobs_group_idx (16 distinct
---     groups per sweep, resuming where the previous sweep stopped), for work that became pending
---     without a new job (a due scheduled job, a retry, a dependency met, an insert that committed
---     after a claim read past its id) or when more than 16,384 jobs came in since the session's
+--     groups per sweep, resuming where the previous sweep stopped; it steps over the groups that have a
+--     cursor by their fair_groups key and reads the index only between them: _fair_next_group), for
+--     work that became pending without a new job (a due scheduled job, a retry, a dependency met, an
+--     insert that committed after a claim read past its id) or when more than 16,384 jobs came in since the session's
 --     previous claim (a session that claims seldom on a busy server: as before, every such claim
 --     sweeps; 2,048 until 2026-12-06: in the fair soak with a snapshot held for minutes, one slow claim
 --     let more ids than that arrive before the next, which swept, and the sweep, slower than the time
@@ -96,11 +97,12 @@
 -- jobs kept coming, the soak's case; the look for ungrouped work on an all-grouped queue 498 more):
 -- new groups come from the new ids, and fair_groups answers "has it a cursor?" in one probe. Now
 -- 2,493 (the four items above), and 60 instead of 180 when the snapshot was just taken. The sweep every
--- 8th claim still walks its 16 groups' claimed jobs. _claim_controlled's expired-lease probe is folded
+-- 8th claim still walked its 16 groups' claimed jobs (until it stepped over the groups that have a cursor,
+-- _fair_next_group: 3,216 entries a sweep, now at most 16). _claim_controlled's expired-lease probe is folded
 -- into the count (which reads the same entries): once those 20,000 leases had lapsed, the whole claim
 -- read 4,552 buffers where main read 12,783 (claim()'s own probe 1,974 of them: claim.sql). The sweep
 -- of every 8th claim looks a found group's cursor up in fair_groups too: 3,319 buffers instead of 5,403
--- (what is left is the skip scan passing each group's claimed jobs on jobs_group_idx).
+-- (what was left then is the skip scan passing each group's claimed jobs on jobs_group_idx: _fair_next_group).
 -- fair_groups is not free of versions either: a group that runs out of work loses its cursor and its
 -- row, and gets both again with its next job (in the soak, about 80 such cycles a second over 100
 -- groups); a lookup passes one entry per cycle of that group since the snapshot, not one per serve.
@@ -177,10 +179,6 @@ BEGIN
 END;
 $$;
 
--- Registers up to `steps` groups with pending work, in group_key order after `after_key` (NULL: from
--- the first), as never-served cursors; existing cursors are left alone. One index descent of
--- jobs_group_idx per distinct group (a skip scan), whatever the groups' backlogs. Returns how many
--- groups it met, the last one (where the next sweep resumes), and how many were new.
 -- The registration lock of one group of one queue, tried, never waited for: held to the end of the
 -- transaction by whoever registers the group (_discover_fresh, _discover_groups) or forgets it
 -- (_forget_group). Why: fair_groups' primary key made a registration wait for another transaction's
@@ -253,8 +251,10 @@ BEGIN
 END;
 $$;
 
--- The skip scan (see the top: Cost): `steps` groups from after_key on, one _fair_next_group each; those without
--- a cursor are registered. met: the groups met (fewer than steps: the queue's groups ran out).
+-- The skip scan (see the top: Cost): up to `steps` groups in group_key order after `after_key` (NULL: from the
+-- first), one _fair_next_group each, whatever the groups' backlogs; those without a cursor are registered as
+-- never-served cursors, existing cursors are left alone. Returns how many groups it met (fewer than steps: the
+-- queue's groups ran out), the last one (where the next sweep resumes), and how many were new.
 CREATE OR REPLACE FUNCTION pgjobs._discover_groups(queue text, after_key text, steps int,
                                                    OUT met int, OUT last_key text, OUT added int)
 LANGUAGE plpgsql
@@ -408,6 +408,15 @@ DECLARE
     v_v0 bigint;
     v_t0 timestamptz := clock_timestamp();
 BEGIN
+    -- (first, and in a statement of its own: in the DELETE below the checks, which refer to no column of the
+    -- cursor, are a one-time filter run before its row is read, so a kept served cursor paid them all the same:
+    -- 35-70 ms a call ten minutes into the fair soak's hold, 5-12 % of the worker's claimer)
+    -- (never served: one entry per time the group came back, not _fair_cursor's walk past its old stamps)
+    IF v_keep AND NOT EXISTS (SELECT 1 FROM pgjobs.group_cursors AS c
+                               WHERE c.queue = _forget_group.queue AND c.group_key = _forget_group.group_key
+                                 AND c.served_seq = 0) THEN
+        RETURN;
+    END IF;
     v_v0 := CASE WHEN NOT v_keep THEN _fair_index_visits('jobs_active_idx') + _fair_index_visits('jobs_group_idx') END;
     WITH gone AS (
     DELETE FROM pgjobs.group_cursors AS c
@@ -2623,8 +2632,8 @@ BEGIN
     -- thus found within 8 claims, or at once when the queue has nothing else to give.
     -- The jobs inserted since the previous claim (at most c_fresh_ids) are read by id instead: their
     -- groups get a cursor at once, and whether one of them is ungrouped is known, so such a claim
-    -- counts as quiet too (the skip scan walks each group's claimed jobs and every version of its
-    -- cursor, which a held snapshot keeps: see the top of this file).
+    -- counts as quiet too (the skip scan walked each group's claimed jobs and every version of its
+    -- cursor, which a held snapshot keeps: see the top of this file; now it steps over groups with a cursor).
     v_fresh := coalesce(v_maxid > v_fq.seen_max_id AND v_maxid - v_fq.seen_max_id <= c_fresh_ids, false);
     IF v_fresh THEN
         SELECT d.ungrouped INTO u_fresh FROM _discover_fresh(v_q, v_fq.seen_max_id, v_maxid) AS d;

@@ -586,16 +586,37 @@ BEGIN
 END;
 $$;
 
+-- How long past its end a gate, or a head floor in a cursor, still holds for this session (seconds): ten times
+-- the time since the session's previous claim of the queue (the third item of its fair_hint), at most twice
+-- pgjobs.fair_count_every; `first` for a session that has not claimed the queue yet. A worker claiming every
+-- 10 ms gets 100 ms, a probe claiming every 200 ms 2 s: when a gate opens the session that claims most reads
+-- first, and a floor that ran out is probed from the front by it (the safety net, "Head floors"). Until the
+-- late night of 2026-12-06 twice that time, at most pgjobs.fair_count_every, and no grace for floors: in the
+-- ten-minute fair soak's hold the soak's probe still paid the count when a gate opened (4 times: 190-550 ms)
+-- and a group's probe from the front when its floor ran out (5 times: 75-100 ms).
+CREATE OR REPLACE FUNCTION pgjobs._fair_grace(v_q text, first numeric)
+RETURNS numeric
+LANGUAGE plpgsql
+STABLE
+SET search_path = pg_catalog, pgjobs, pg_temp
+AS $$
+BEGIN
+    RETURN least(2 * _fair_count_every(),
+                 coalesce(10 * (extract(epoch FROM clock_timestamp())
+                                - (nullif(current_setting('pgjobs.fair_hint', true), '')::jsonb -> v_q ->> 2)::numeric),
+                          first));
+END;
+$$;
+
 -- A kept read ('a ', 'u ', 's ', 'f ' or 'd ' and the queue) while still good: [kept at, gate written, what was
 -- read...]; else NULL. Good: kept less than pgjobs.fair_count_every seconds ago; or, while the read's gate
 -- is closed (see above), a look or a sweep whatever its age (kept by nobody in this session: '[]'), and a
 -- count less than 30 times that old: this session's, else the newest in fair_counts (read only then: read
 -- whenever the session's own was over a second old, the fair queue's clean throughput was 0.967x, eight
 -- runs each, against 0.997x so; a clean run counts dear too, as autovacuum falls behind). To a session the
--- gate stays closed past its end for twice the time since the session's previous claim of the queue (at
--- most pgjobs.fair_count_every; that much for a first claim): a worker claiming every 10 ms reads 20 ms
--- after the end, a probe claiming every 200 ms only if no one has 400 ms later (the session that claims
--- most pays, as the shared gates intend; the time of the previous claim is in the session's fair_hint).
+-- gate stays closed past its end for a while (_fair_grace; pgjobs.fair_count_every for a first claim): a
+-- worker claiming every 10 ms reads 100 ms after the end, a probe claiming every 200 ms only if no one has
+-- 2 s later (the session that claims most pays, as the shared gates intend).
 CREATE OR REPLACE FUNCTION pgjobs._fair_kept(v_key text)
 RETURNS jsonb
 LANGUAGE plpgsql
@@ -617,10 +638,8 @@ BEGIN
                            ORDER BY c.counted_at DESC
                            LIMIT 1)
                END
-          FROM (SELECT x.e, x.every, x.now,
-                       least(x.every, coalesce(2 * (x.now - (x.hint -> substr(v_key, 3) ->> 2)::numeric), x.every)) AS grace
+          FROM (SELECT x.e, x.every, x.now, _fair_grace(substr(v_key, 3), x.every) AS grace
                   FROM (SELECT nullif(current_setting('pgjobs.fair_kept', true), '')::jsonb -> v_key AS e,
-                               nullif(current_setting('pgjobs.fair_hint', true), '')::jsonb AS hint,
                                _fair_count_every() AS every, extract(epoch FROM clock_timestamp()) AS now) AS x) AS k
     );
 END;
@@ -997,6 +1016,8 @@ LANGUAGE plpgsql
 SET search_path = pg_catalog, pgjobs, pg_temp
 AS $$
 #variable_conflict use_column
+DECLARE
+    v_fnow timestamptz := now() - make_interval(secs => _fair_grace(v_q, 0));   -- floors hold past this
 BEGIN
     WITH lk AS (
         SELECT x.o, x.group_key, x.served_seq, x.seq, c.tid, c.floor_priority, c.floor_run_at, c.floor_id,
@@ -1021,7 +1042,7 @@ BEGIN
           -- (still good, and no job more urgent than it pending); 2, from the front, while this session
           -- keeps floors (a held snapshot: the floor is set then); 3, from the front, as without one.
          CROSS JOIN LATERAL (
-                SELECT CASE WHEN lk.floor_epoch = v_epoch AND lk.floor_until > now()
+                SELECT CASE WHEN lk.floor_epoch = v_epoch AND lk.floor_until > v_fnow
                                  AND NOT EXISTS (SELECT 1 FROM jobs AS u
                                                   WHERE u.state = 'pending' AND u.queue = v_q
                                                     AND u.group_key = lk.group_key
@@ -1142,6 +1163,7 @@ DECLARE
     v_fl      boolean := false; n_fl boolean;   -- a floor that holds among the cursors read
     v_n       int;
     v_birth   timestamptz;       -- until when the floors set by probes from the front hold
+    v_fnow    timestamptz := now() - make_interval(secs => _fair_grace(v_q, 0));   -- floors hold past this
     p_n       int;
     p_end     bigint;
     p_last    bigint;
@@ -1175,7 +1197,8 @@ BEGIN
             SELECT array_agg(ring.group_key), array_agg(ring.tid), array_agg(ring.served_seq),
                    array_agg(coalesce(a_cnt[array_position(a_key, ring.group_key)], 0)), coalesce(bool_or(ring.fl), false)
               INTO n_key, n_ctid, n_seq, n_act, n_fl
-              FROM (SELECT c.group_key, c.served_seq, c.ctid AS tid, c.floor_epoch = v_epoch AND c.floor_until > now() AS fl
+              FROM (SELECT c.group_key, c.served_seq, c.ctid AS tid,
+                           c.floor_epoch = v_epoch AND c.floor_until > v_fnow AS fl
                       FROM group_cursors AS c
                      WHERE c.queue = v_q AND c.served_seq + 0 > 0
                        AND (c.served_seq, c.group_key) > (coalesce(r_seq[cardinality(r_seq)], v_ring_from - 1),
@@ -1367,6 +1390,7 @@ DECLARE
     f_seqs  bigint[];
     v_v     bigint := _fair_index_visits('jobs_group_idx');
     v_t0    timestamptz := clock_timestamp();
+    v_fnow  timestamptz := now() - make_interval(secs => _fair_grace(v_q, 0));   -- floors hold past this
 BEGIN
     -- Its reads pass the dead entries of every group's claimed jobs that a held snapshot keeps (a head probe
     -- passes one group's): once they proved dear, the session leaves its claims to the fast path and the walk
@@ -1394,7 +1418,7 @@ BEGIN
               FROM (SELECT c.group_key, false AS fl FROM group_cursors AS c
                      WHERE v_unserved AND c.queue = v_q AND c.served_seq = 0
                     UNION ALL
-                    (SELECT c.group_key, coalesce(c.floor_epoch = v_epoch AND c.floor_until > now(), false)
+                    (SELECT c.group_key, coalesce(c.floor_epoch = v_epoch AND c.floor_until > v_fnow, false)
                        FROM group_cursors AS c
                       WHERE c.queue = v_q AND c.served_seq + 0 > 0 AND (c.served_seq, c.group_key) > (v_ring_from - 1, '')
                       ORDER BY c.served_seq, c.group_key
@@ -1943,6 +1967,7 @@ DECLARE
     l_lkind   text[];
     l_tid     tid[];
     v_epoch   bigint := coalesce(pg_sequence_last_value(to_regclass('pgjobs.claim_floor_epoch')), 0);
+    v_fnow    timestamptz := now() - make_interval(secs => _fair_grace(v_q, 0));   -- floors hold past this
 BEGIN
     IF v_id IS NULL THEN   -- (OUT: always, but the block keeps the statement's layout)
         v_per := greatest(1, ceil(v_left::numeric / greatest(1, v_rest))::int);
@@ -1973,7 +1998,7 @@ BEGIN
                          FROM group_cursors AS c
                         WHERE NOT coalesce(h_floor ? x.k, false)
                           AND c.ctid = _fair_cursor(v_q, x.k) AND c.queue = v_q AND c.group_key = x.k
-                          AND c.floor_epoch = v_epoch AND c.floor_until > now()
+                          AND c.floor_epoch = v_epoch AND c.floor_until > v_fnow
                        OFFSET 0) AS f0 ON true   -- (a fence: the check below then probes by its priority)
                  LEFT JOIN LATERAL (
                        SELECT f0.p, f0.r, f0.i

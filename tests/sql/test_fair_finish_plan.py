@@ -100,11 +100,21 @@ def test_a_take_again_probes_a_group_from_its_cursors_floor(conn: Conn, connect:
         assert work(conn, 400, 10) == 4000  # ~200 claimed jobs of every group before its head
         held = conn.execute(_SET_FLOOR, ["1 minute", "g1", "g1"]).fetchone()[0]  # type: ignore[index]
         conn.execute(_SET_FLOOR, ["-1 second", "g2", "g2"])  # a floor past its end: from the front
+        conn.execute(_SET_FLOOR, ["-1 second", "g3", "g3"])  # the same, to a session that claims now and then
         other = connect()  # (under _claim_controlled's planner settings, as the walk calls it)
         other.execute("SET plan_cache_mode = force_generic_plan; SET enable_seqscan = off; SET enable_bitmapscan = off")
         visits = "SELECT pg_stat_get_xact_tuples_returned('pgjobs.jobs_group_idx'::regclass)"
         seen: dict[str, tuple[int, int]] = {}
-        for group in ("g1", "g2"):
+        for group in ("g1", "g2", "g3"):
+            # g3: its previous claim of the queue a second ago (its hint): the floor holds for it two seconds
+            # past its end (_fair_grace), the safety net left to a session that claims more
+            ago = 1 if group == "g3" else None
+            other.execute(
+                "SELECT set_config('pgjobs.fair_hint', CASE WHEN %s::numeric IS NULL THEN '{}' ELSE"
+                " jsonb_build_object('q', jsonb_build_array(0, 0, extract(epoch FROM clock_timestamp()) - %s))::text"
+                " END, false)",
+                [ago, ago],
+            )
             with other.transaction(force_rollback=True):
                 before = other.execute(visits).fetchone()[0]  # type: ignore[index]
                 got = other.execute(_TAKE_AGAIN, [group]).fetchone()[0]  # type: ignore[index]
@@ -112,6 +122,7 @@ def test_a_take_again_probes_a_group_from_its_cursors_floor(conn: Conn, connect:
     assert seen["g1"][0] == held
     assert seen["g1"][1] <= 10, seen  # from the floor (before: from the front, as g2 below)
     assert seen["g2"][1] >= 150, seen
+    assert seen["g3"][1] <= 10, seen  # (before the grace: from the front, as g2)
 
 
 def test_the_long_sweep_of_a_claim_that_came_up_short_waits_for_the_gate(conn: Conn, connect: ConnectFactory) -> None:

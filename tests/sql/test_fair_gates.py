@@ -186,9 +186,10 @@ def test_a_gate_holds_only_for_its_read_and_queue_and_for_ten_minutes_at_most(co
 
 
 def test_when_a_gate_ends_the_session_that_claims_most_reads_first(conn: Conn) -> None:
-    """Past its end a gate stays closed to a session for twice the time since its previous claim of the queue
-    (at most pgjobs.fair_count_every, and that much for a session that has not claimed it yet): a worker that
-    claims every few ms reads at once, a probe that claimed a while ago leaves the read to it."""
+    """Past its end a gate stays closed to a session for ten times the time since its previous claim of the
+    queue (at most twice pgjobs.fair_count_every; pgjobs.fair_count_every for a session that has not claimed
+    it yet): a worker that claims every few ms reads at once, a probe that claimed a while ago leaves the read
+    to it."""
 
     def kept_after_claiming(seconds_ago: float | None) -> Any:
         if seconds_ago is None:
@@ -203,11 +204,15 @@ def test_when_a_gate_ends_the_session_that_claims_most_reads_first(conn: Conn) -
 
     conn.execute("SELECT pgjobs._fair_gate_close('u', 'q', 0.05)")
     time.sleep(0.1)  # ended 50 ms ago
-    assert kept_after_claiming(2.0) == []  # (skipped: closed to it for another second)
-    assert kept_after_claiming(None) == []
+    assert kept_after_claiming(2.0) == []  # (skipped: closed to it for two seconds more)
+    assert kept_after_claiming(None) == []  # (for one)
     assert kept_after_claiming(0.001) is None  # read
     time.sleep(1.0)
-    assert kept_after_claiming(2.0) is None  # a second past the end: open to every session
+    assert kept_after_claiming(None) is None  # a second past the end
+    assert kept_after_claiming(0.05) is None  # (half a second of grace)
+    assert kept_after_claiming(2.0) == []
+    time.sleep(1.0)
+    assert kept_after_claiming(2.0) is None  # two seconds past the end: open to every session
 
 
 def _new_key_entries(conn: Conn) -> tuple[int, list[dict[str, Any]]]:

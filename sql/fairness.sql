@@ -813,7 +813,7 @@ $$;
 -- the heap: ~200 per group and claim after 20,000 jobs over 100 groups, the fair soak's collapse with
 -- the cursor stamps (migrations/deploy/fair_cursor_stamps.sql). A session whose head probes proved dear
 -- (jobs_group_idx entries visited > 4 x room + 500) keeps, per group, where it last took a head:
--- the queue's key in pgjobs.fair_floors, [kept at, claim epoch, {group_key: [priority, run_at, id]}], and its
+-- 'h <queue>' in pgjobs.fair_kept, [kept at, claim epoch, {group_key: [priority, run_at, id]}], and its
 -- probes start there ((priority, run_at, id) >= the floor: a bound of the index scan, not a filter).
 -- As claim.sql's scan floors, a floor is right about everything but work that appears below it, and
 -- what appears there is announced by the claim epoch (claim_floor_epoch: an enqueue, release, retry or
@@ -823,10 +823,7 @@ $$;
 -- dear claims since then took when that is longer (the probes from the front that follow a reset cost a
 -- twentieth of the session's time at most, however long the snapshot is held: as claim.sql's safety
 -- net), after which a claim probes from the front again (and keeps new floors if that proved dear).
--- The entry is then [kept at, claim epoch, floors, seconds the dear claims took]. (A setting of their own since
--- the late night of 2026-12-06, not 'h <queue>' in pgjobs.fair_kept: about a hundred floors there were parsed
--- again by every read of a kept count, look or gate, several a claim: jsonb_in 5.5-6.5 % of the worker's
--- claimer under the fair soak's hold.) A job more urgent than
+-- 'h <queue>' is then [kept at, claim epoch, floors, seconds the dear claims took]. A job more urgent than
 -- the floor (a lower priority: a release or a new job of that level) is looked for first, one probe of the
 -- range below the floor's level, and when there is one the group is probed from the front. What that
 -- second can miss: a claim rolled back after this one passed its locked rows, a producer committing over
@@ -859,7 +856,7 @@ $$;
 
 -- Before the picks: the claim epoch now, this session's kept floors of the queue, and the floors this claim
 -- may use (NULL: none): not past their time, not with the epoch moved, not after promoting due jobs.
-CREATE OR REPLACE FUNCTION pgjobs._fair_floors(v_q text, v_promoted boolean,
+CREATE OR REPLACE FUNCTION pgjobs._fair_floors(v_q text, v_any_kept boolean, v_promoted boolean,
                                                OUT v_epoch bigint, OUT h_kept jsonb, OUT h_floor jsonb)
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pgjobs, pg_temp
@@ -873,7 +870,9 @@ BEGIN
                 THEN k.h -> 2 END
       INTO v_epoch, h_kept, h_floor
       FROM (SELECT coalesce(pg_sequence_last_value(to_regclass('pgjobs.claim_floor_epoch')), 0) AS v) AS e,
-           (SELECT nullif(current_setting('pgjobs.fair_floors', true), '')::jsonb -> v_q AS h) AS k;
+           (SELECT CASE WHEN v_any_kept
+                        THEN nullif(current_setting('pgjobs.fair_kept', true), '')::jsonb -> ('h ' || v_q)
+                   END AS h) AS k;
 END;
 $$;
 
@@ -890,10 +889,7 @@ DECLARE
     v_new jsonb;
 BEGIN
     IF (h_floor IS NULL AND NOT dear) OR (h_floor IS NOT NULL AND NOT filled) OR _fair_count_every() = 0 THEN
-        IF h_kept IS NOT NULL THEN
-            PERFORM set_config('pgjobs.fair_floors',
-                               (nullif(current_setting('pgjobs.fair_floors', true), '')::jsonb - v_q)::text, false);
-        END IF;
+        PERFORM _fair_keep('h ' || v_q, false, NULL);
         RETURN;
     END IF;
     -- the picked heads' keys, the first per group (by ctid: the rows are locked, not yet leased)
@@ -908,9 +904,9 @@ BEGIN
               FROM jobs_live AS j
              WHERE j.ctid = ANY (tids) AND j.group_key IS NOT NULL
              ORDER BY j.group_key, j.priority, j.run_at, j.id) AS h;
-    PERFORM set_config('pgjobs.fair_floors',
-                       (coalesce(nullif(current_setting('pgjobs.fair_floors', true), '')::jsonb, '{}')
-                        || jsonb_build_object(v_q,
+    PERFORM set_config('pgjobs.fair_kept',
+                       (coalesce(nullif(current_setting('pgjobs.fair_kept', true), '')::jsonb, '{}')
+                        || jsonb_build_object('h ' || v_q,
                                CASE WHEN h_floor IS NOT NULL
                                     THEN jsonb_build_array(h_kept -> 0, h_kept -> 1, h_floor || coalesce(v_new, '{}'),
                                                            (h_kept ->> 3)::numeric
@@ -2721,7 +2717,7 @@ BEGIN
     -- and _fair_fast have the why.
     v_k := (SELECT min(q) FROM unnest(v_quota) AS q);   -- (NULL: no kind quota)
     -- Head floors (see "Head floors"): kept by a session whose head probes proved dear.
-    SELECT * INTO v_epoch, h_kept, h_floor FROM _fair_floors(v_q, v_promoted);
+    SELECT * INTO v_epoch, h_kept, h_floor FROM _fair_floors(v_q, v_any_kept, v_promoted);
     r_epoch := CASE WHEN _fair_count_every() > 0 AND NOT v_promoted THEN v_epoch END;
     v_v2 := _fair_index_visits('jobs_group_idx'); v_t0 := clock_timestamp();
     -- Places in the ring are drawn from here on (see _fair_ring_raise); the drain and the fast path can be

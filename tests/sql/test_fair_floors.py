@@ -57,8 +57,8 @@ def _setup(conn: Conn, jobs: int = 8000) -> None:
 
 
 def _floors(conn: Conn) -> dict[str, Any]:
-    kept = json.loads(conn.execute("SELECT current_setting('pgjobs.fair_floors', true)").fetchone()[0] or "{}")  # type: ignore[index]
-    return kept.get("q", [None, None, {}])[2]  # type: ignore[no-any-return]
+    kept = json.loads(conn.execute("SELECT current_setting('pgjobs.fair_kept', true)").fetchone()[0] or "{}")  # type: ignore[index]
+    return kept.get("h q", [None, None, {}])[2]  # type: ignore[no-any-return]
 
 
 @pytest.mark.smoke  # (PostgreSQL 18 plans the ring read differently: sql/fairness.sql, _fair_fast)

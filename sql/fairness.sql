@@ -526,9 +526,9 @@ $$;
 -- set more than 10 minutes ahead is ignored all the same. Two fair queues dear at once overwrite each
 -- other's gate (one sequence per read, one queue's hash in it): each then pays as before, no worse.
 -- Who reads when a gate opens: the session that claims most. To each session the gate stays closed past its
--- end for twice the time since that session's previous claim of the queue (at most
--- pgjobs.fair_count_every), so a worker claiming every 10 ms reads 20 ms after the end, and a probe claiming
--- every 200 ms reads only when nobody has 400 ms later; the claim that reads closes the gate before it
+-- end for ten times the time since that session's previous claim of the queue (at most twice
+-- pgjobs.fair_count_every: _fair_grace), so a worker claiming every 10 ms reads 100 ms after the end, and a
+-- probe claiming every 200 ms reads only when nobody has 2 s later; the claim that reads closes the gate before it
 -- reads (for pgjobs.fair_count_every seconds, when this session's last such read was dear), so that the
 -- claims starting while it reads skip it, and sets its end after. Until 2026-12-06 the gate opened first
 -- to the session that had closed it, the others a second later: once a probe had read in that second (the

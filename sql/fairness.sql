@@ -1967,7 +1967,6 @@ DECLARE
     l_lkind   text[];
     l_tid     tid[];
     v_epoch   bigint := coalesce(pg_sequence_last_value(to_regclass('pgjobs.claim_floor_epoch')), 0);
-    v_fnow    timestamptz := now() - make_interval(secs => _fair_grace(v_q, 0));   -- floors hold past this
 BEGIN
     IF v_id IS NULL THEN   -- (OUT: always, but the block keeps the statement's layout)
         v_per := greatest(1, ceil(v_left::numeric / greatest(1, v_rest))::int);
@@ -1998,7 +1997,9 @@ BEGIN
                          FROM group_cursors AS c
                         WHERE NOT coalesce(h_floor ? x.k, false)
                           AND c.ctid = _fair_cursor(v_q, x.k) AND c.queue = v_q AND c.group_key = x.k
-                          AND c.floor_epoch = v_epoch AND c.floor_until > v_fnow
+                          AND c.floor_epoch = v_epoch
+                          -- (called once per pick: the grace only for a cursor with a floor of this epoch)
+                          AND c.floor_until > now() - make_interval(secs => _fair_grace(v_q, 0))
                        OFFSET 0) AS f0 ON true   -- (a fence: the check below then probes by its priority)
                  LEFT JOIN LATERAL (
                        SELECT f0.p, f0.r, f0.i

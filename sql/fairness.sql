@@ -408,10 +408,11 @@ DECLARE
     v_v0 bigint;
     v_t0 timestamptz := clock_timestamp();
 BEGIN
-    -- (first, and in a statement of its own: in the DELETE below the checks, which refer to no column of the
-    -- cursor, are a one-time filter run before its row is read, so a kept served cursor paid them all the same:
-    -- 35-70 ms a call ten minutes into the fair soak's hold, 5-12 % of the worker's claimer)
-    -- (never served: one entry per time the group came back, not _fair_cursor's walk past its old stamps)
+    -- A kept served cursor returns here, in a statement of its own: in the DELETE below the checks, which refer
+    -- to no column of the cursor, are a one-time filter run before its row is read, so it paid them all the
+    -- same (35-70 ms a call ten minutes into the fair soak's hold, 5-12 % of the worker's claimer). Never
+    -- served is read by served_seq = 0: one entry per time the group came back, not _fair_cursor's walk past
+    -- the group's old stamps.
     IF v_keep AND NOT EXISTS (SELECT 1 FROM pgjobs.group_cursors AS c
                                WHERE c.queue = _forget_group.queue AND c.group_key = _forget_group.group_key
                                  AND c.served_seq = 0) THEN
@@ -592,8 +593,8 @@ $$;
 -- 10 ms gets 100 ms, a probe claiming every 200 ms 2 s: when a gate opens the session that claims most reads
 -- first, and a floor that ran out is probed from the front by it (the safety net, "Head floors"). Until the
 -- late night of 2026-12-06 twice that time, at most pgjobs.fair_count_every, and no grace for floors: in the
--- ten-minute fair soak's hold the soak's probe still paid the count when a gate opened (4 times: 190-550 ms)
--- and a group's probe from the front when its floor ran out (5 times: 75-100 ms).
+-- ten-minute fair soak's hold the soak's probe still paid the count when a gate opened (7 times: 250-820 ms)
+-- and a group's probe from the front when its floor ran out (5 times: 75-140 ms).
 CREATE OR REPLACE FUNCTION pgjobs._fair_grace(v_q text, first numeric)
 RETURNS numeric
 LANGUAGE plpgsql
@@ -710,9 +711,10 @@ BEGIN
             v_gate := _fair_gate_close(left(v_key, 1), substr(v_key, 3),
                                        CASE left(v_key, 2)
                                             WHEN 'f ' THEN 60
+                                            WHEN 'u ' THEN greatest(_fair_count_every(),
+                                                                    100 * extract(epoch FROM clock_timestamp() - since))
                                             ELSE greatest(_fair_count_every(),
-                                                          CASE WHEN left(v_key, 2) = 'u ' THEN 100 ELSE 20 END
-                                                          * extract(epoch FROM clock_timestamp() - since)) END);
+                                                          20 * extract(epoch FROM clock_timestamp() - since)) END);
         END IF;
         IF left(v_key, 2) = 'a ' THEN
             DELETE FROM fair_counts AS c
@@ -1001,12 +1003,12 @@ $$;
 
 -- One pass of the fast path where head floors are in play (a cursor of the ring read has one that holds, or
 -- this session keeps floors: "Head floors"): how each head is probed (1, 2, 3: below), from where, and the
--- new floors for the stamp. Apart from the pass without floors (_fair_fast), which is the usual claim: its
+-- new floors for the stamp (v_fnow: a cursor's floor holds past this, _fair_fast's _fair_grace, once a claim). Apart from the pass without floors (_fair_fast), which is the usual claim: its
 -- extra steps per group (the mode, the first pending job, the take by ctid) cost the fair queue's clean
 -- throughput 0.87x when every pass ran them (150,000 jobs, 1 process at concurrency 50, 4 runs each).
 CREATE OR REPLACE FUNCTION pgjobs._fair_fast_floors(v_q text, v_open text[], h_kept jsonb, v_epoch bigint, v_need int,
                                                     v_at bigint, r_key text[], r_seq bigint[], r_ctid tid[],
-                                                    a_key text[], a_cnt int[],
+                                                    a_key text[], a_cnt int[], v_fnow timestamptz,
                                                     OUT p_ids bigint[], OUT p_tids tid[], OUT p_ctids tid[],
                                                     OUT p_seqs bigint[], OUT p_last bigint, OUT p_fm int[],
                                                     OUT p_fp smallint[], OUT p_fr timestamptz[], OUT p_fi bigint[],
@@ -1016,8 +1018,6 @@ LANGUAGE plpgsql
 SET search_path = pg_catalog, pgjobs, pg_temp
 AS $$
 #variable_conflict use_column
-DECLARE
-    v_fnow timestamptz := now() - make_interval(secs => _fair_grace(v_q, 0));   -- floors hold past this
 BEGIN
     WITH lk AS (
         SELECT x.o, x.group_key, x.served_seq, x.seq, c.tid, c.floor_priority, c.floor_run_at, c.floor_id,
@@ -1213,7 +1213,8 @@ BEGIN
         IF h_kept IS NOT NULL OR v_fl THEN
             SELECT * INTO p_ids, p_tids, p_ctids, p_seqs, p_last, p_fm, p_fp, p_fr, p_fi, p_fu, p_n, p_end, p_locked,
                           p_dry, p_floors
-              FROM _fair_fast_floors(v_q, v_open, h_kept, v_epoch, v_need, v_at, r_key, r_seq, r_ctid, a_key, a_cnt);
+              FROM _fair_fast_floors(v_q, v_open, h_kept, v_epoch, v_need, v_at, r_key, r_seq, r_ctid, a_key, a_cnt,
+                                     v_fnow);
         ELSE
             -- No floor in play (the usual claim): one probe of each head from the front, no floor kept.
             WITH lk AS (
@@ -1390,7 +1391,7 @@ DECLARE
     f_seqs  bigint[];
     v_v     bigint := _fair_index_visits('jobs_group_idx');
     v_t0    timestamptz := clock_timestamp();
-    v_fnow  timestamptz := now() - make_interval(secs => _fair_grace(v_q, 0));   -- floors hold past this
+    v_fnow  timestamptz;             -- floors hold past this (_fair_grace)
 BEGIN
     -- Its reads pass the dead entries of every group's claimed jobs that a held snapshot keeps (a head probe
     -- passes one group's): once they proved dear, the session leaves its claims to the fast path and the walk
@@ -1400,6 +1401,7 @@ BEGIN
                                  AND _fair_kept('d ' || v_q) IS NOT NULL) THEN
         RETURN;
     END IF;
+    v_fnow := now() - make_interval(secs => _fair_grace(v_q, 0));
     IF rounds THEN
         SELECT * INTO ids, tids, f_ctids, f_seqs
           FROM _fair_rounds(v_q, room, v_open, v_ring_from, v_max, a_key, a_cnt, v_total, v_noisy_min, v_noisy_share);

@@ -89,6 +89,12 @@ UPDATE pgjobs.group_cursors AS c
 RETURNING h.id
 """
 
+_NO_HINT = "SELECT set_config('pgjobs.fair_hint', '{}', false)"
+_CLAIMED_A_SECOND_AGO = (
+    "SELECT set_config('pgjobs.fair_hint',"
+    " jsonb_build_object('q', jsonb_build_array(0, 0, extract(epoch FROM clock_timestamp()) - 1))::text, false)"
+)
+
 
 def test_a_take_again_probes_a_group_from_its_cursors_floor(conn: Conn, connect: ConnectFactory) -> None:
     """The walk's take-again (a group picked again, a session without a floor of its own for it) probes the
@@ -108,13 +114,7 @@ def test_a_take_again_probes_a_group_from_its_cursors_floor(conn: Conn, connect:
         for group in ("g1", "g2", "g3"):
             # g3: its previous claim of the queue a second ago (its hint): the floor holds for it two seconds
             # past its end (_fair_grace), the safety net left to a session that claims more
-            ago = 1 if group == "g3" else None
-            other.execute(
-                "SELECT set_config('pgjobs.fair_hint', CASE WHEN %s::numeric IS NULL THEN '{}' ELSE"
-                " jsonb_build_object('q', jsonb_build_array(0, 0, extract(epoch FROM clock_timestamp()) - %s))::text"
-                " END, false)",
-                [ago, ago],
-            )
+            other.execute(_CLAIMED_A_SECOND_AGO if group == "g3" else _NO_HINT)
             with other.transaction(force_rollback=True):
                 before = other.execute(visits).fetchone()[0]  # type: ignore[index]
                 got = other.execute(_TAKE_AGAIN, [group]).fetchone()[0]  # type: ignore[index]

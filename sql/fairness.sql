@@ -1777,6 +1777,7 @@ DECLARE
     l_at      timestamptz[];
     l_tid     tid[];
     l_seq     bigint[];
+    v_epoch   bigint := coalesce(pg_sequence_last_value(to_regclass('pgjobs.claim_floor_epoch')), 0);
 BEGIN
     v_k := cardinality(l1_key);
     WITH r AS (
@@ -1787,19 +1788,30 @@ BEGIN
          CROSS JOIN LATERAL (
                 -- by the ctid read with the ring: a cursor rewritten since (another
                 -- claim served the group meanwhile) is not found, and counts as held
-                SELECT c.last_served_at AS at, c.ctid AS tid
+                SELECT c.last_served_at AS at, c.ctid AS tid, c.floor_priority, c.floor_run_at, c.floor_id,
+                       c.floor_epoch, c.floor_until
                   FROM group_cursors AS c
                  WHERE c.ctid = x.ctid AND c.queue = v_q AND c.group_key = x.k
                    FOR UPDATE SKIP LOCKED) AS c
-          -- the session's head floor for the group, unless a job more urgent than it is pending
-          -- (one probe of the range below it; none while no floor is kept: see _fair_floors)
+          -- the group's head floor: the session's, else its cursor's while that holds (as _fair_take_again's;
+          -- a walk whose session dropped its floors probed every group from the front past every job claimed
+          -- since the snapshot: 6-8.5 s a claim ten minutes into the fair soak's hold)
           LEFT JOIN LATERAL (
                 SELECT (h_floor -> x.k ->> 0)::smallint AS p, (h_floor -> x.k ->> 1)::timestamptz AS r,
                        (h_floor -> x.k ->> 2)::bigint AS i
                  WHERE h_floor ? x.k
-                   AND NOT EXISTS (SELECT 1 FROM jobs AS u
+                UNION ALL
+                SELECT c.floor_priority, c.floor_run_at, c.floor_id
+                 WHERE NOT coalesce(h_floor ? x.k, false) AND c.floor_epoch = v_epoch
+                   -- (the grace only for a cursor with a floor of this epoch: none on a clean queue)
+                   AND c.floor_until > now() - make_interval(secs => _fair_grace(v_q, 0))
+                OFFSET 0) AS f0 ON true   -- (a fence: the check below then probes by its priority)
+          -- unless a job more urgent than it is pending (one probe of the range below it)
+          LEFT JOIN LATERAL (
+                SELECT f0.p, f0.r, f0.i
+                 WHERE NOT EXISTS (SELECT 1 FROM jobs AS u
                                     WHERE u.state = 'pending' AND u.queue = v_q AND u.group_key = x.k
-                                      AND u.priority < (h_floor -> x.k ->> 0)::smallint)) AS hf ON true
+                                      AND u.priority < f0.p)) AS hf ON f0.p IS NOT NULL
           LEFT JOIN LATERAL (
                 SELECT j.id, j.kind, j.ctid AS jtid
                   FROM jobs AS j

@@ -457,3 +457,23 @@ def test_a_claim_after_a_burst_reads_the_new_ids_on_the_primary_key(conn: Conn) 
     assert known == (150,)
     assert read["jobs_pending_idx"] == 0, read
     assert read["jobs_pkey"] >= 1500, read  # the burst, read on the primary key
+
+
+def test_a_claim_of_a_drained_queue_reads_only_the_ids_since_the_last_under_a_held_snapshot(
+    conn: Conn, connect: ConnectFactory
+) -> None:
+    """Whether jobs came since the previous claim (the highest live id) was max(id) over every partition of jobs:
+    on a queue drained under a held snapshot it read jobs_live's primary key from its end past every job claimed
+    and done since (1.29 M entries and 265 ms 200 s into the fair soak's hold, the worker's and the probe's
+    claims alike). Now from the highest id the session's previous claim saw, or fair_queues' for a new session
+    (entries of jobs_live's primary key one claim was handed)."""
+    _setup(conn)
+    with held_snapshot(connect):
+        _work(conn, 600)  # the queue drained: every job done under the snapshot
+        fresh = connect()
+        (seen,), got = claim_entries(conn, "jobs_pkey")
+        (seen_fresh,), _ = claim_entries(fresh, "jobs_pkey")
+    assert got == []
+    # before: 9,600 each (every job's pending and active versions)
+    assert seen <= 20, seen
+    assert seen_fresh <= 200, seen_fresh

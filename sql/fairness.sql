@@ -1035,7 +1035,8 @@ CREATE OR REPLACE FUNCTION pgjobs._fair_fast_floors(v_q text, v_open text[], h_k
                                                     OUT p_seqs bigint[], OUT p_last bigint, OUT p_fm int[],
                                                     OUT p_fp smallint[], OUT p_fr timestamptz[], OUT p_fi bigint[],
                                                     OUT p_fu timestamptz[], OUT p_n int, OUT p_end bigint,
-                                                    OUT p_locked text[], OUT p_dry text[], OUT p_floors boolean)
+                                                    OUT p_locked text[], OUT p_dry text[], OUT p_floors boolean,
+                                                    OUT p_eo int[], OUT p_ectid tid[], OUT p_efp smallint[])
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pgjobs, pg_temp
 AS $$
@@ -1058,7 +1059,7 @@ BEGIN
          LIMIT v_need
     ), r AS (
         SELECT lk.o, lk.served_seq, lk.seq, lk.tid, h.id, h.jtid, m.m, fa.priority AS fp, fa.run_at AS fr,
-               fa.id AS fi, lk.floor_until AS fu
+               fa.id AS fi, lk.floor_until AS fu, lk.floor_priority AS ofp
           FROM lk
           -- How this group's head is probed (see "Head floors"): 1, from the group's floor in its cursor
           -- (still good, and no job more urgent than it pending); 2, from the front, while this session
@@ -1116,9 +1117,13 @@ BEGIN
            -- 4 minutes into the fair soak's hold; the walk deletes it when it meets it)
            (SELECT array_agg(lk.group_key) FROM r JOIN lk ON lk.o = r.o
              WHERE r.id IS NULL AND r.m = 3 AND coalesce(a_cnt[array_position(a_key, lk.group_key)], 0) = 0),
-           (SELECT bool_or(r.m < 3) FROM r)
+           (SELECT bool_or(r.m < 3) FROM r),
+           -- (probed from the front under a held snapshot, no pending job at all: _fair_floor_empty)
+           (SELECT array_agg(r.o ORDER BY r.o) FROM r WHERE r.m = 2 AND r.fi IS NULL),
+           (SELECT array_agg(r.tid ORDER BY r.o) FROM r WHERE r.m = 2 AND r.fi IS NULL),
+           (SELECT array_agg(coalesce(r.ofp, 0::smallint) ORDER BY r.o) FROM r WHERE r.m = 2 AND r.fi IS NULL)
       INTO p_ids, p_tids, p_ctids, p_seqs, p_last, p_fm, p_fp, p_fr, p_fi, p_fu, p_n, p_end,
-           p_locked, p_dry, p_floors
+           p_locked, p_dry, p_floors, p_eo, p_ectid, p_efp
       -- (the new floors: the first pending job's key, or (its priority, now() - 300 ms, 0) when that is
       -- lower, for producers whose transaction began before this claim and commits after it)
       FROM (SELECT array_agg(r.id ORDER BY r.o) AS ids, array_agg(r.jtid ORDER BY r.o) AS tids,
@@ -1181,6 +1186,8 @@ DECLARE
     f_fm int[] := '{}'; f_fp smallint[] := '{}'; f_fr timestamptz[] := '{}'; f_fi bigint[] := '{}';
     f_fu timestamptz[] := '{}';  -- per pick: how its head was probed, the group's new floor, the old one's end
     p_fm int[]; p_fp smallint[]; p_fr timestamptz[]; p_fi bigint[]; p_fu timestamptz[]; p_floors boolean;
+    p_eo int[]; p_ectid tid[]; p_efp smallint[];
+    f_eo int[] := '{}'; f_ectid tid[] := '{}'; f_efp smallint[] := '{}';   -- groups found empty from the front
     v_took    numeric;
     v_fl      boolean := false; n_fl boolean;   -- a floor that holds among the cursors read
     v_n       int;
@@ -1234,9 +1241,11 @@ BEGIN
         END IF;
         IF h_kept IS NOT NULL OR v_fl THEN
             SELECT * INTO p_ids, p_tids, p_ctids, p_seqs, p_last, p_fm, p_fp, p_fr, p_fi, p_fu, p_n, p_end, p_locked,
-                          p_dry, p_floors
+                          p_dry, p_floors, p_eo, p_ectid, p_efp
               FROM _fair_fast_floors(v_q, v_open, h_kept, v_epoch, v_need, v_at, r_key, r_seq, r_ctid, a_key, a_cnt,
                                      v_fnow);
+            f_eo := f_eo || coalesce(p_eo, '{}'); f_ectid := f_ectid || coalesce(p_ectid, '{}');
+            f_efp := f_efp || coalesce(p_efp, '{}');
         ELSE
             -- No floor in play (the usual claim): one probe of each head from the front, no floor kept.
             WITH lk AS (
@@ -1295,6 +1304,20 @@ BEGIN
         f_last := greatest(f_last, p_last);
         v_at := CASE WHEN p_n = 0 THEN cardinality(r_key) ELSE p_end END;
     END LOOP;
+    IF 2 = ANY (f_fm) OR cardinality(f_eo) > 0 THEN
+        -- as long as this session's floors hold, with this claim's time counted in (_fair_floors_save
+        -- adds it when dear): the probes from the front of all groups cost a twentieth of the time at
+        -- most, as the session's own floors do; a floor set by one group's probe alone would hold for
+        -- 20 times that probe, and a probe of each group in a claim of its own cost them all that often
+        v_took := extract(epoch FROM clock_timestamp() - v_t0);
+        v_birth := CASE WHEN h_floor IS NOT NULL
+                        THEN to_timestamp((h_kept ->> 0)::numeric
+                                          + greatest(_fair_count_every(), 20 * ((h_kept ->> 3)::numeric + v_took)))
+                        ELSE now() + greatest(_fair_count_every(), 20 * v_took) * interval '1 s' END;
+    END IF;
+    IF cardinality(f_eo) > 0 THEN   -- (whether or not the fast path fills the claim: the walk's ring follows)
+        r_ctid := _fair_floor_empty(v_q, v_epoch, v_birth, f_eo, f_ectid, f_efp, r_ctid);
+    END IF;
     IF cardinality(f_ids) = room AND (u_out OR u_seq > f_last) THEN
         -- (a group passed over with no active job either: its cursor goes, as when the walk meets it, so
         -- that it comes back never served; the walk does it when it takes over. Not under a held snapshot
@@ -1302,17 +1325,6 @@ BEGIN
         -- active jobs, 250-350 ms a group in the fair soak, and a claim that met dozens took over 30 s;
         -- the cursor stays, and the fast path passes over it from its floor)
         PERFORM _forget_group(v_q, d.k) FROM unnest(f_dry) AS d(k);
-        IF 2 = ANY (f_fm) THEN
-            -- as long as this session's floors hold, with this claim's time counted in (_fair_floors_save
-            -- adds it when dear): the probes from the front of all groups cost a twentieth of the time at
-            -- most, as the session's own floors do; a floor set by one group's probe alone would hold for
-            -- 20 times that probe, and a probe of each group in a claim of its own cost them all that often
-            v_took := extract(epoch FROM clock_timestamp() - v_t0);
-            v_birth := CASE WHEN h_floor IS NOT NULL
-                            THEN to_timestamp((h_kept ->> 0)::numeric
-                                              + greatest(_fair_count_every(), 20 * ((h_kept ->> 3)::numeric + v_took)))
-                            ELSE now() + greatest(_fair_count_every(), 20 * v_took) * interval '1 s' END;
-        END IF;
         IF NOT f_fm && ARRAY[1, 2] THEN   -- no floor used: the stamp leaves the cursors' floors as they are
             f_fm := NULL; f_fp := NULL; f_fr := NULL; f_fi := NULL; f_fu := NULL;
         END IF;
@@ -1322,6 +1334,42 @@ BEGIN
         ids := f_ids;
         tids := f_tids;
     END IF;
+END;
+$$;
+
+-- A floor for each group the fast path probed from the front under a held snapshot (mode 2: _fair_fast_floors)
+-- and found with no pending job at all: (its old floor's priority, else 0; now() - 300 ms; 0), of this claim
+-- epoch, until v_until, as a picked group's floor. Why: floors came only from picked heads, so a group with
+-- nothing pending kept none, and every claim probed it from the front past every job of it claimed since the
+-- snapshot. On a queue drained under a held snapshot (at 60 % load, every few seconds) that was every group at
+-- every claim: the fair soak's worker stalled for 5-10 s at a time, 6-9 minutes into its hold (90-670 jobs/s in
+-- a window, a backlog of 187,000). What such a floor hides: a job of a lower priority is probed for first, as
+-- for every floor; a job filed below it with an older run_at moves the claim epoch; a late commit (a producer
+-- whose transaction began over 300 ms before) waits for the floor's end, as with every floor. The cursors are
+-- rewritten: r_ctid (the ring as read, which the walk takes over) gets their new places (by ring position).
+CREATE OR REPLACE FUNCTION pgjobs._fair_floor_empty(v_q text, v_epoch bigint, v_until timestamptz, e_o int[],
+                                                    e_ctid tid[], e_fp smallint[], r_ctid tid[])
+RETURNS tid[]
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pgjobs, pg_temp
+AS $$
+BEGIN
+    IF v_epoch IS NULL OR v_until IS NULL THEN   -- (no floors in this claim: a promotion moved the epoch)
+        RETURN r_ctid;
+    END IF;
+    WITH w AS (
+        UPDATE group_cursors AS c
+           SET floor_priority = e.fp, floor_run_at = now() - interval '300 ms', floor_id = 0,
+               floor_epoch = v_epoch, floor_until = v_until
+          FROM unnest(e_o, e_ctid, e_fp) AS e(o, tid, fp)
+         WHERE c.ctid = e.tid AND c.queue = v_q
+        RETURNING e.o, c.ctid AS tid
+    )
+    SELECT array_agg(coalesce(w.tid, r.tid) ORDER BY r.o)
+      INTO r_ctid
+      FROM unnest(r_ctid) WITH ORDINALITY AS r(tid, o)
+      LEFT JOIN w ON w.o = r.o;
+    RETURN r_ctid;
 END;
 $$;
 

@@ -17,7 +17,7 @@ import psycopg
 import pytest
 from conftest import ConnectFactory
 
-from tests.helpers.fair import claim_and_complete
+from tests.helpers.fair import claim_and_complete, claim_entries
 from tests.helpers.foundation import call, held_snapshot, vacuum_clean
 
 Conn = psycopg.Connection[Any]
@@ -226,3 +226,39 @@ def test_a_job_committed_late_below_a_cursors_floor_is_claimed_once_the_floor_ru
 
 
 _GX_FLOOR = "SELECT floor_until > now() FROM pgjobs.group_cursors WHERE group_key = 'gx'"
+
+
+_KEEP_FLOORS = (
+    "SELECT set_config('pgjobs.fair_kept', jsonb_build_object('h q', jsonb_build_array("
+    " extract(epoch FROM clock_timestamp()), coalesce(pg_sequence_last_value('pgjobs.claim_floor_epoch'), 0),"
+    " '{}'::jsonb, 0))::text, false)"
+)
+_FLOORED = "SELECT count(*) FILTER (WHERE floor_until > now()) FROM pgjobs.group_cursors WHERE queue = 'q'"
+
+
+def test_a_group_found_empty_from_the_front_gets_a_floor_too(conn: Conn, connect: ConnectFactory) -> None:
+    """Floors came only from picked heads: a group with nothing pending kept none, and every claim probed it from
+    the front past every job of it claimed under the held snapshot (a queue drained at 60 % load: every group, at
+    every claim, the fair soak's worker stalled for seconds). A claim of a session that keeps floors now leaves a
+    floor in the cursor of each group it found empty from the front, and the next claim of another session
+    starts there (jobs_group_idx entries it was handed). The floor hides no job that comes after, nor one more
+    urgent."""
+    _setup(conn, jobs=4000)
+    with held_snapshot(connect):
+        while claim_and_complete(conn, 50):
+            pass  # the queue drained under the snapshot: ~200 dead entries before every group's end
+        conn.execute("UPDATE pgjobs.group_cursors SET floor_until = now() - interval '1 minute' WHERE queue = 'q'")
+        cursors = conn.execute("SELECT count(*) FROM pgjobs.group_cursors WHERE queue = 'q'").fetchone()[0]  # type: ignore[index]
+        conn.execute(_KEEP_FLOORS)  # a session whose floors hold: it probes groups without one from the front
+        assert claim_and_complete(conn, cursors) == []  # (the fast path's pass: as many groups as the claim's room)
+        assert conn.execute(_FLOORED).fetchone()[0] == cursors >= GROUPS - 2  # type: ignore[index]
+        other = connect()
+        other.execute("SET plan_cache_mode = force_generic_plan; SET enable_seqscan = off; SET enable_bitmapscan = off")
+        (visits,), got = claim_entries(other, "jobs_group_idx")
+        assert got == []
+        later = call(conn, "enqueue", kind="k", queue="q", group_key="g03")[0]["id"]
+        urgent = call(conn, "enqueue", kind="k", queue="q", group_key="g04", priority=-1)[0]["id"]
+        assert {r["id"] for r in claim_and_complete(other, 5)} == {later, urgent}
+    # before: 8,885 (every group from the front); now ~200: the group whose cursor went when it ran dry (g00) is
+    # looked for by the discovery sweep, past its ~200 claimed jobs (the 's' gate's, not a floor's)
+    assert visits <= 300, visits

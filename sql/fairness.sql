@@ -609,8 +609,8 @@ BEGIN
 END;
 $$;
 
--- A kept read ('a ', 'u ', 's ', 'f ' or 'd ' and the queue) while still good: [kept at, gate written, what was
--- read...]; else NULL. Good: kept less than pgjobs.fair_count_every seconds ago; or, while the read's gate
+-- A kept read ('a ', 'u ', 's ' or 'f ' and the queue; _fair_drain reads its 'd ' itself) while still good:
+-- [kept at, gate written, what was read...]; else NULL. Good: kept less than pgjobs.fair_count_every seconds ago; or, while the read's gate
 -- is closed (see above), a look or a sweep whatever its age (kept by nobody in this session: '[]'), and a
 -- count less than 30 times that old: this session's, else the newest in fair_counts (read only then: read
 -- whenever the session's own was over a second old, the fair queue's clean throughput was 0.967x, eight
@@ -1025,8 +1025,9 @@ $$;
 
 -- One pass of the fast path where head floors are in play (a cursor of the ring read has one that holds, or
 -- this session keeps floors: "Head floors"): how each head is probed (1, 2, 3: below), from where, and the
--- new floors for the stamp (v_fnow: a cursor's floor holds past this, _fair_fast's _fair_grace, once a claim). Apart from the pass without floors (_fair_fast), which is the usual claim: its
--- extra steps per group (the mode, the first pending job, the take by ctid) cost the fair queue's clean
+-- new floors for the stamp (v_fnow: a cursor's floor holds past this, _fair_fast's _fair_grace, once a claim);
+-- and the groups found with no pending job from the front (_fair_floor_empty). Apart from the pass without
+-- floors (_fair_fast), which is the usual claim: its extra steps per group (the mode, the first pending job, the take by ctid) cost the fair queue's clean
 -- throughput 0.87x when every pass ran them (150,000 jobs, 1 process at concurrency 50, 4 runs each).
 CREATE OR REPLACE FUNCTION pgjobs._fair_fast_floors(v_q text, v_open text[], h_kept jsonb, v_epoch bigint, v_need int,
                                                     v_at bigint, r_key text[], r_seq bigint[], r_ctid tid[],
@@ -1360,7 +1361,8 @@ BEGIN
     WITH w AS (
         UPDATE group_cursors AS c
            SET floor_priority = e.fp, floor_run_at = now() - interval '300 ms', floor_id = 0,
-               floor_epoch = v_epoch, floor_until = v_until
+               floor_epoch = v_epoch,
+               floor_until = now() + (v_until - now()) * (0.75 + 0.25 * random())   -- (spread: _fair_stamp)
           FROM unnest(e_o, e_ctid, e_fp) AS e(o, tid, fp)
          WHERE c.ctid = e.tid AND c.queue = v_q
         RETURNING e.o, c.ctid AS tid
@@ -1400,7 +1402,13 @@ BEGIN
                floor_priority = CASE WHEN s.m < 3 THEN s.fp ELSE c.floor_priority END,
                floor_run_at = CASE WHEN s.m < 3 THEN s.fr ELSE c.floor_run_at END,
                floor_id = CASE WHEN s.m < 3 THEN s.fi ELSE c.floor_id END,
-               floor_until = CASE s.m WHEN 1 THEN s.fu WHEN 2 THEN v_birth ELSE c.floor_until END,
+               -- (a new floor ends at a time of its own in the last quarter of the floors' life: floors set
+               -- together ended together, and the claim after found every group without one, probed them all
+               -- from the front and then ran the rounds, which probe every group from the front again: 2-4 s
+               -- seven minutes into the fair soak's hold. Spread, a claim meets a few at a time.)
+               floor_until = CASE s.m WHEN 1 THEN s.fu
+                                      WHEN 2 THEN now() + (v_birth - now()) * (0.75 + 0.25 * random())
+                                      ELSE c.floor_until END,
                floor_epoch = CASE WHEN s.m < 3 THEN v_epoch ELSE c.floor_epoch END
           FROM unnest(f_ctids, f_seqs, f_fm, f_fp, f_fr, f_fi, f_fu) AS s(tid, seq, m, fp, fr, fi, fu)
          WHERE c.ctid = s.tid AND c.ctid = ANY (f_ctids)
@@ -1465,17 +1473,25 @@ DECLARE
 BEGIN
     -- Its reads pass the dead entries of every group's claimed jobs that a held snapshot keeps (a head probe
     -- passes one group's): once they proved dear, the session leaves its claims to the fast path and the walk
-    -- for pgjobs.fair_count_every seconds (_fair_keep). Rounds only for claims of 8 or more: a smaller one
-    -- that came up short is the walk's, which stops at the first heads it finds.
+    -- for pgjobs.fair_count_every seconds or 20 times what they took, when that is longer (kept as 'd <queue>':
+    -- [kept at, NULL, seconds]; a twentieth of the session's time at most, as the shared gates. For a second
+    -- only, the rounds after a fast path without floors ran every 20 s in the fair soak's hold, 4-6 s each
+    -- 7-9 minutes into it). Rounds only for claims of 8 or more: a smaller one that came up short is the
+    -- walk's, which stops at the first heads it finds.
     IF (rounds AND room < 8) OR (coalesce(current_setting('pgjobs.fair_kept', true), '') NOT IN ('', '{}')
-                                 AND _fair_kept('d ' || v_q) IS NOT NULL) THEN
+                                 AND (SELECT (d.k ->> 0)::numeric
+                                             + greatest(_fair_count_every(), 20 * coalesce((d.k ->> 2)::numeric, 0))
+                                             > extract(epoch FROM clock_timestamp())
+                                        FROM (SELECT current_setting('pgjobs.fair_kept', true)::jsonb
+                                                     -> ('d ' || v_q) AS k) AS d)) THEN
         RETURN;
     END IF;
     v_fnow := now() - make_interval(secs => _fair_grace(v_q, 0));
     IF rounds THEN
         SELECT * INTO ids, tids, f_ctids, f_seqs
           FROM _fair_rounds(v_q, room, v_open, v_ring_from, v_max, a_key, a_cnt, v_total, v_noisy_min, v_noisy_share);
-        PERFORM _fair_keep('d ' || v_q, _fair_index_visits('jobs_group_idx') - v_v > 4 * room + 500, v_t0);
+        PERFORM _fair_keep('d ' || v_q, _fair_index_visits('jobs_group_idx') - v_v > 4 * room + 500, v_t0,
+                           jsonb_build_array(extract(epoch FROM clock_timestamp() - v_t0)));
         IF ids IS NOT NULL THEN
             PERFORM _fair_stamp(v_q, f_ctids, f_seqs, v_pos, v_found, v_productive, u_empty, v_maxid, v_quiet,
                                 v_quiet_claims);
@@ -1504,7 +1520,8 @@ BEGIN
     IF v_fl THEN
         RETURN;
     END IF;
-    PERFORM _fair_keep('d ' || v_q, _fair_index_visits('jobs_group_idx') - v_v > 4 * room + 500, v_t0);
+    PERFORM _fair_keep('d ' || v_q, _fair_index_visits('jobs_group_idx') - v_v > 4 * room + 500, v_t0,
+                       jsonb_build_array(extract(epoch FROM clock_timestamp() - v_t0)));
     IF v_n = 0 OR v_n > room THEN
         RETURN;
     END IF;

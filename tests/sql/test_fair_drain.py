@@ -185,3 +185,38 @@ def test_a_group_that_runs_dry_keeps_its_cursor_and_its_place(conn: Conn) -> Non
     _put(conn, "q", [("c", 0), ("b", 0), ("a", 0), ("a", 0)])
     got = claim(conn, "w", queues=["q"], max_jobs=2)
     assert [r["group_key"] for r in got] == ["a", "b"]
+
+
+_DRAIN = (
+    "SELECT d.ids FROM pgjobs._fair_drain('q', 50, NULL, 0, false, '{}', '{}', 0, 1000, 1, NULL, false, false,"
+    " true, NULL, false, 0, false, NULL) AS d"
+)
+_KEEP_DRAIN = (
+    "SELECT set_config('pgjobs.fair_kept', jsonb_build_object('d q', jsonb_build_array("
+    " extract(epoch FROM clock_timestamp()) - %s, NULL, %s))::text, false)"
+)
+
+
+@pytest.mark.parametrize(
+    ("age", "took", "skipped"),
+    [(5.0, 1.0, True), (25.0, 1.0, False), (0.5, 0.01, True), (1.5, 0.01, False)],
+    ids=["within-20x", "past-20x", "within-a-second", "past-a-second"],
+)
+def test_a_dear_drain_is_left_alone_for_twenty_times_what_it_took(
+    conn: Conn, age: float, took: float, skipped: bool
+) -> None:
+    """A drain (or rounds) whose reads proved dear, as under a held snapshot, is left to the fast path and the walk
+    for pgjobs.fair_count_every seconds or 20 times what it took, when that is longer: for a second only, the
+    rounds after a fast path without floors ran every 20 s in the fair soak's hold, 4-6 s each. The drain kept
+    `age` seconds ago after `took` seconds reads nothing (jobs_group_idx entries the call was handed), or reads."""
+    _fair(conn, "q")
+    _put(conn, "q", [(f"g{i}", 0) for i in range(5)])
+    _complete(conn, call(conn, "claim", worker="w", queues=["q"], max_jobs=1))  # the groups' cursors
+    conn.execute("SET pgjobs.fair_count_every = 1")
+    conn.execute(_KEEP_DRAIN, [age, took])
+    visits = "SELECT pg_stat_get_xact_tuples_returned('pgjobs.jobs_group_idx'::regclass)"
+    with conn.transaction(force_rollback=True):
+        before = conn.execute(visits).fetchone()[0]  # type: ignore[index]
+        got = conn.execute(_DRAIN).fetchone()[0]  # type: ignore[index]
+        read = conn.execute(visits).fetchone()[0] - before  # type: ignore[index]
+    assert (read == 0 and got is None) == skipped, (read, got)

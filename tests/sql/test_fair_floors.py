@@ -234,6 +234,10 @@ _KEEP_FLOORS = (
     " '{}'::jsonb, 0))::text, false)"
 )
 _FLOORED = "SELECT count(*) FILTER (WHERE floor_until > now()) FROM pgjobs.group_cursors WHERE queue = 'q'"
+_ENDS = (
+    "SELECT count(DISTINCT floor_until), extract(epoch FROM min(floor_until) - now()),"
+    " extract(epoch FROM max(floor_until) - now()) FROM pgjobs.group_cursors WHERE queue = 'q'"
+)
 
 
 def test_a_group_found_empty_from_the_front_gets_a_floor_too(conn: Conn, connect: ConnectFactory) -> None:
@@ -252,6 +256,10 @@ def test_a_group_found_empty_from_the_front_gets_a_floor_too(conn: Conn, connect
         conn.execute(_KEEP_FLOORS)  # a session whose floors hold: it probes groups without one from the front
         assert claim_and_complete(conn, cursors) == []  # (the fast path's pass: as many groups as the claim's room)
         assert conn.execute(_FLOORED).fetchone()[0] == cursors >= GROUPS - 2  # type: ignore[index]
+        # each ends at a time of its own in the last quarter of the floors' life (here the session's: an hour),
+        # so that a claim meets a few ended at a time, not all at once
+        ends = conn.execute(_ENDS).fetchone()
+        assert ends is not None and ends[0] >= cursors - 1 and 2690 <= ends[1] <= ends[2] <= 3601, ends
         other = connect()
         other.execute("SET plan_cache_mode = force_generic_plan; SET enable_seqscan = off; SET enable_bitmapscan = off")
         (visits,), got = claim_entries(other, "jobs_group_idx")

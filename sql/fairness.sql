@@ -870,7 +870,10 @@ $$;
 -- one that probes from the front while its session keeps floors (the sign of a held snapshot) sets one,
 -- holding as long as the session's own floors do, this claim's time counted in (_fair_fast). Without a held
 -- snapshot no session keeps floors, no cursor gets one, and the fast path probes as before. The drain and
--- the rounds, which probe every group from the front, leave a ring with floors to the fast path.
+-- the rounds, which probe every group from the front, leave a ring with floors to the fast path. A group found
+-- with nothing pending from the front gets a floor as well (_fair_floor_empty: a drained queue is every group),
+-- and each new floor ends at a time of its own (_fair_stamp), so that the probes from the front that follow
+-- the floors' end come a few groups at a time, not all in one claim.
 -- Also under a held snapshot: a dry group passed over from a floor keeps its cursor in the fast path
 -- (_forget_group's checks pass every dead entry of the group and of the queue's active jobs, 250-350 ms a
 -- group 4 minutes into the fair soak's hold; since those checks have a shared gate, the walk keeps it too
@@ -1482,7 +1485,7 @@ BEGIN
                                  AND (SELECT (d.k ->> 0)::numeric
                                              + greatest(_fair_count_every(), 20 * coalesce((d.k ->> 2)::numeric, 0))
                                              > extract(epoch FROM clock_timestamp())
-                                        FROM (SELECT current_setting('pgjobs.fair_kept', true)::jsonb
+                                        FROM (SELECT nullif(current_setting('pgjobs.fair_kept', true), '')::jsonb
                                                      -> ('d ' || v_q) AS k) AS d)) THEN
         RETURN;
     END IF;
@@ -2839,7 +2842,8 @@ BEGIN
                           v_found, v_productive, u_empty, v_maxid, v_quiet, v_fq.quiet_claims);
         ids := v_f.ids; tids := v_f.tids;
         l_key := v_f.r_key; l_ctid := v_f.r_ctid; l_seq := v_f.r_seq; l_act := v_f.r_act; l_dead := v_f.r_locked;
-        IF ids IS NULL AND u_out AND h_floor IS NULL AND NOT v_f.r_floors THEN   -- came up short: rounds (_fair_rounds)
+        IF ids IS NULL AND u_out AND h_floor IS NULL AND NOT v_f.r_floors   -- came up short: rounds (_fair_rounds),
+           AND _fair_index_visits('jobs_group_idx') - v_v2 <= 4 * room + 500 THEN   -- unless its probes were dear
             v_f := _fair_drain(v_q, room, v_open, v_fq.ring_from, false, a_key, a_cnt, v_total, v_cfg.noisy_min_active,
                                v_cfg.noisy_share, v_pos, v_found, v_productive, u_empty, v_maxid, v_quiet, v_fq.quiet_claims, true, r_epoch);
             ids := v_f.ids; tids := v_f.tids;

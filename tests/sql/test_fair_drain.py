@@ -6,6 +6,7 @@ never runs when more is pending than the claim takes. (Concurrent claimers: test
 
 from __future__ import annotations
 
+import contextlib
 import random
 from typing import Any
 
@@ -14,7 +15,7 @@ import pytest
 from conftest import ConnectFactory
 
 from tests.helpers.fair import shortcut_and_walk
-from tests.helpers.foundation import call, claim
+from tests.helpers.foundation import call, claim, held_snapshot, vacuum_clean
 
 Conn = psycopg.Connection[Any]
 
@@ -220,3 +221,31 @@ def test_a_dear_drain_is_left_alone_for_twenty_times_what_it_took(
         got = conn.execute(_DRAIN).fetchone()[0]  # type: ignore[index]
         read = conn.execute(visits).fetchone()[0] - before  # type: ignore[index]
     assert (read == 0 and got is None) == skipped, (read, got)
+
+
+@pytest.mark.parametrize("held", [True, False], ids=["held-snapshot", "clean"])
+def test_no_rounds_after_a_fast_path_whose_probes_proved_dear(conn: Conn, connect: ConnectFactory, held: bool) -> None:
+    """The rounds probe every group from the front. After a fast path that came up short and whose own probes from
+    the front proved dear (a held snapshot keeps the dead entry of every job each group had claimed since), they
+    would pay it all again (6.5 s ten minutes into the fair soak's hold): the walk takes the claim instead. Without
+    dead entries to pass, the same claim tries the rounds (calls of _fair_rounds)."""
+    _fair(conn, "q")
+    conn.execute("SET track_functions = 'pl'")
+    conn.execute("SET pgjobs.fair_count_every = 0")  # (nothing kept: no floors, no gates; every claim reads)
+    later = [{"kind": "k", "queue": "q", "group_key": f"g{i:02}", "run_at": "2999-01-01T00:00:00Z"} for i in range(20)]
+    call(conn, "enqueue_many", jobs=later)  # (every group keeps its cursor when it runs dry)
+    _put(conn, "q", [(f"g{i:02}", 0) for i in range(20)] * 50)
+    with held_snapshot(connect) if held else contextlib.nullcontext():
+        while len(rows := claim(conn, "w", queues=["q"], max_jobs=50)) == 50:
+            _complete(conn, rows)  # ~50 claimed jobs of every group before its end
+        _complete(conn, rows)
+        if not held:
+            vacuum_clean(conn, "jobs")  # (the claimed jobs' dead versions gone: the probes pass none)
+        _put(conn, "q", [(f"g{i:02}", 0) for i in range(0, 20, 4)] * 3)  # 15 jobs in 5 of the 20 groups
+        rounds = "SELECT coalesce(sum(calls), 0) FROM pg_stat_xact_user_functions WHERE funcname = '_fair_rounds'"
+        with conn.transaction():
+            before = conn.execute(rounds).fetchone()[0]  # type: ignore[index]
+            got = claim(conn, "w", queues=["q"], max_jobs=10)
+            ran = conn.execute(rounds).fetchone()[0] - before  # type: ignore[index]
+    assert len(got) == 10
+    assert ran == (0 if held else 1), ran

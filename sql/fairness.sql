@@ -1367,7 +1367,9 @@ BEGIN
                floor_epoch = v_epoch,
                floor_until = now() + (v_until - now()) * (0.75 + 0.25 * random())   -- (spread: _fair_stamp)
           FROM unnest(e_o, e_ctid, e_fp) AS e(o, tid, fp)
-         WHERE c.ctid = e.tid AND c.queue = v_q
+         -- (= ANY as well, as _fair_stamp: a TID scan whatever the generic plan makes of the join; one call took
+         -- 7 s near the end of a ten-minute fair hold, a cause not established)
+         WHERE c.ctid = e.tid AND c.ctid = ANY (e_ctid) AND c.queue = v_q
         RETURNING e.o, c.ctid AS tid
     )
     SELECT array_agg(coalesce(w.tid, r.tid) ORDER BY r.o)
@@ -2842,8 +2844,8 @@ BEGIN
                           v_found, v_productive, u_empty, v_maxid, v_quiet, v_fq.quiet_claims);
         ids := v_f.ids; tids := v_f.tids;
         l_key := v_f.r_key; l_ctid := v_f.r_ctid; l_seq := v_f.r_seq; l_act := v_f.r_act; l_dead := v_f.r_locked;
-        IF ids IS NULL AND u_out AND h_floor IS NULL AND NOT v_f.r_floors   -- came up short: rounds (_fair_rounds),
-           AND _fair_index_visits('jobs_group_idx') - v_v2 <= 4 * room + 500 THEN   -- unless its probes were dear
+        IF ids IS NULL AND u_out AND h_floor IS NULL AND NOT v_f.r_floors AND NOT v_any_kept   -- came up short: rounds
+           AND _fair_index_visits('jobs_group_idx') - v_v2 <= 4 * room + 500 THEN   -- unless reads are dear (a held snapshot)
             v_f := _fair_drain(v_q, room, v_open, v_fq.ring_from, false, a_key, a_cnt, v_total, v_cfg.noisy_min_active,
                                v_cfg.noisy_share, v_pos, v_found, v_productive, u_empty, v_maxid, v_quiet, v_fq.quiet_claims, true, r_epoch);
             ids := v_f.ids; tids := v_f.tids;

@@ -2674,7 +2674,7 @@ BEGIN
     -- entries a held snapshot keeps): then those out of attempts are settled, the others' jobs become
     -- pending (_promote_due), and the active jobs are counted again. A count this session kept (see
     -- _fair_keep: under a held snapshot) saves the pass over the active jobs on a queue without caps.
-    -- this session's own state of the queue, newer than the row's (see _fair_save_hint)
+    -- (this session's own state of the queue, newer than the row's: _fair_save_hint; _fair_max_id starts there)
     v_hint := nullif(current_setting('pgjobs.fair_hint', true), '')::jsonb -> v_q;
     v_any_kept := coalesce(current_setting('pgjobs.fair_kept', true), '') NOT IN ('', '{}');
     v_kept := CASE WHEN v_any_kept THEN _fair_kept_or_gate('a ' || v_q) END;

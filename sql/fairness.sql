@@ -70,7 +70,8 @@
 --     walk's order, and keeps the cursors of groups with nothing pending (_fair_drain): the usual
 --     claim of a worker that keeps up, where the fast path came up short and the walk took over; and
 --     one that does not fit but finds fewer groups with a job than its size takes them in rounds, also
---     in the walk's order (_fair_rounds), before the walk is tried.
+--     in the walk's order (_fair_rounds), before the walk is tried (not when reads prove dear, as under a
+--     held snapshot: the rounds probe every group from the front; the walk starts from the floors).
 -- Cursors of groups without live work are deleted when the walk meets them (they drift to the
 -- front of the ring as live groups are served), so the table stays the size of the live groups;
 -- under a held snapshot, while the checks before a delete are gated, served ones stay (_forget_group).
@@ -610,8 +611,9 @@ END;
 $$;
 
 -- A kept read ('a ', 'u ', 's ' or 'f ' and the queue; _fair_drain reads its 'd ' itself) while still good:
--- [kept at, gate written, what was read...]; else NULL. Good: kept less than pgjobs.fair_count_every seconds ago; or, while the read's gate
--- is closed (see above), a look or a sweep whatever its age (kept by nobody in this session: '[]'), and a
+-- [kept at, gate written, what was read...]; else NULL. Good: kept less than pgjobs.fair_count_every seconds
+-- ago; or, while the read's gate is closed (see above), a look or a sweep whatever its age (kept by nobody in
+-- this session: '[]'), and a
 -- count less than 30 times that old: this session's, else the newest in fair_counts (read only then: read
 -- whenever the session's own was over a second old, the fair queue's clean throughput was 0.967x, eight
 -- runs each, against 0.997x so; a clean run counts dear too, as autovacuum falls behind). To a session the
@@ -1030,8 +1032,9 @@ $$;
 -- this session keeps floors: "Head floors"): how each head is probed (1, 2, 3: below), from where, and the
 -- new floors for the stamp (v_fnow: a cursor's floor holds past this, _fair_fast's _fair_grace, once a claim);
 -- and the groups found with no pending job from the front (_fair_floor_empty). Apart from the pass without
--- floors (_fair_fast), which is the usual claim: its extra steps per group (the mode, the first pending job, the take by ctid) cost the fair queue's clean
--- throughput 0.87x when every pass ran them (150,000 jobs, 1 process at concurrency 50, 4 runs each).
+-- floors (_fair_fast), which is the usual claim: its extra steps per group (the mode, the first pending job,
+-- the take by ctid) cost the fair queue's clean throughput 0.87x when every pass ran them (150,000 jobs, 1
+-- process at concurrency 50, 4 runs each).
 CREATE OR REPLACE FUNCTION pgjobs._fair_fast_floors(v_q text, v_open text[], h_kept jsonb, v_epoch bigint, v_need int,
                                                     v_at bigint, r_key text[], r_seq bigint[], r_ctid tid[],
                                                     a_key text[], a_cnt int[], v_fnow timestamptz,
@@ -1121,11 +1124,7 @@ BEGIN
            -- 4 minutes into the fair soak's hold; the walk deletes it when it meets it)
            (SELECT array_agg(lk.group_key) FROM r JOIN lk ON lk.o = r.o
              WHERE r.id IS NULL AND r.m = 3 AND coalesce(a_cnt[array_position(a_key, lk.group_key)], 0) = 0),
-           (SELECT bool_or(r.m < 3) FROM r),
-           -- (probed from the front under a held snapshot, no pending job at all: _fair_floor_empty)
-           (SELECT array_agg(r.o ORDER BY r.o) FROM r WHERE r.m = 2 AND r.fi IS NULL),
-           (SELECT array_agg(r.tid ORDER BY r.o) FROM r WHERE r.m = 2 AND r.fi IS NULL),
-           (SELECT array_agg(coalesce(r.ofp, 0::smallint) ORDER BY r.o) FROM r WHERE r.m = 2 AND r.fi IS NULL)
+           (SELECT bool_or(r.m < 3) FROM r), e.o, e.tid, e.fp
       INTO p_ids, p_tids, p_ctids, p_seqs, p_last, p_fm, p_fp, p_fr, p_fi, p_fu, p_n, p_end,
            p_locked, p_dry, p_floors, p_eo, p_ectid, p_efp
       -- (the new floors: the first pending job's key, or (its priority, now() - 300 ms, 0) when that is
@@ -1137,7 +1136,11 @@ BEGIN
                    array_agg(least(r.fr, now() - interval '300 ms') ORDER BY r.o) AS fr,
                    array_agg(CASE WHEN r.fr < now() - interval '300 ms' THEN r.fi ELSE 0 END ORDER BY r.o) AS fi,
                    array_agg(r.fu ORDER BY r.o) AS fu
-              FROM r WHERE r.id IS NOT NULL) AS p;
+              FROM r WHERE r.id IS NOT NULL) AS p,
+           -- (probed from the front under a held snapshot, no pending job at all: _fair_floor_empty)
+           (SELECT array_agg(r.o ORDER BY r.o) AS o, array_agg(r.tid ORDER BY r.o) AS tid,
+                   array_agg(coalesce(r.ofp, 0::smallint) ORDER BY r.o) AS fp
+              FROM r WHERE r.m = 2 AND r.fi IS NULL) AS e;
 END;
 $$;
 
@@ -1341,6 +1344,22 @@ BEGIN
 END;
 $$;
 
+-- When a new head floor in a cursor ends, given the end of the floors it is set with (v_birth: _fair_fast):
+-- a time of its own in the last quarter of their life. Floors set together ended together, and the claim
+-- after found every group without one, probed them all from the front and then ran the rounds, which probe
+-- every group from the front again (2-4 s seven minutes into the fair soak's hold); spread, a claim meets a
+-- few at a time. (_fair_stamp for picked heads, _fair_floor_empty for groups found empty.)
+CREATE OR REPLACE FUNCTION pgjobs._fair_floor_end(v_birth timestamptz)
+RETURNS timestamptz
+LANGUAGE plpgsql
+VOLATILE
+SET search_path = pg_catalog, pgjobs, pg_temp
+AS $$
+BEGIN
+    RETURN now() + (v_birth - now()) * (0.75 + 0.25 * random());
+END;
+$$;
+
 -- A floor for each group the fast path probed from the front under a held snapshot (mode 2: _fair_fast_floors)
 -- and found with no pending job at all: (its old floor's priority, else 0; now() - 300 ms; 0), of this claim
 -- epoch, until v_until, as a picked group's floor. Why: floors came only from picked heads, so a group with
@@ -1364,8 +1383,7 @@ BEGIN
     WITH w AS (
         UPDATE group_cursors AS c
            SET floor_priority = e.fp, floor_run_at = now() - interval '300 ms', floor_id = 0,
-               floor_epoch = v_epoch,
-               floor_until = now() + (v_until - now()) * (0.75 + 0.25 * random())   -- (spread: _fair_stamp)
+               floor_epoch = v_epoch, floor_until = _fair_floor_end(v_until)
           FROM unnest(e_o, e_ctid, e_fp) AS e(o, tid, fp)
          -- (= ANY as well, as _fair_stamp: a TID scan whatever the generic plan makes of the join; one call took
          -- 7 s near the end of a ten-minute fair hold, a cause not established)
@@ -1407,13 +1425,7 @@ BEGIN
                floor_priority = CASE WHEN s.m < 3 THEN s.fp ELSE c.floor_priority END,
                floor_run_at = CASE WHEN s.m < 3 THEN s.fr ELSE c.floor_run_at END,
                floor_id = CASE WHEN s.m < 3 THEN s.fi ELSE c.floor_id END,
-               -- (a new floor ends at a time of its own in the last quarter of the floors' life: floors set
-               -- together ended together, and the claim after found every group without one, probed them all
-               -- from the front and then ran the rounds, which probe every group from the front again: 2-4 s
-               -- seven minutes into the fair soak's hold. Spread, a claim meets a few at a time.)
-               floor_until = CASE s.m WHEN 1 THEN s.fu
-                                      WHEN 2 THEN now() + (v_birth - now()) * (0.75 + 0.25 * random())
-                                      ELSE c.floor_until END,
+               floor_until = CASE s.m WHEN 1 THEN s.fu WHEN 2 THEN _fair_floor_end(v_birth) ELSE c.floor_until END,
                floor_epoch = CASE WHEN s.m < 3 THEN v_epoch ELSE c.floor_epoch END
           FROM unnest(f_ctids, f_seqs, f_fm, f_fp, f_fr, f_fi, f_fu) AS s(tid, seq, m, fp, fr, fi, fu)
          WHERE c.ctid = s.tid AND c.ctid = ANY (f_ctids)
@@ -1475,6 +1487,7 @@ DECLARE
     v_v     bigint := _fair_index_visits('jobs_group_idx');
     v_t0    timestamptz := clock_timestamp();
     v_fnow  timestamptz;             -- floors hold past this (_fair_grace)
+    v_kd    jsonb;                   -- this session's last dear drain or rounds: [kept at, NULL, seconds]
 BEGIN
     -- Its reads pass the dead entries of every group's claimed jobs that a held snapshot keeps (a head probe
     -- passes one group's): once they proved dear, the session leaves its claims to the fast path and the walk
@@ -1483,12 +1496,9 @@ BEGIN
     -- only, the rounds after a fast path without floors ran every 20 s in the fair soak's hold, 4-6 s each
     -- 7-9 minutes into it). Rounds only for claims of 8 or more: a smaller one that came up short is the
     -- walk's, which stops at the first heads it finds.
-    IF (rounds AND room < 8) OR (coalesce(current_setting('pgjobs.fair_kept', true), '') NOT IN ('', '{}')
-                                 AND (SELECT (d.k ->> 0)::numeric
-                                             + greatest(_fair_count_every(), 20 * coalesce((d.k ->> 2)::numeric, 0))
-                                             > extract(epoch FROM clock_timestamp())
-                                        FROM (SELECT nullif(current_setting('pgjobs.fair_kept', true), '')::jsonb
-                                                     -> ('d ' || v_q) AS k) AS d)) THEN
+    v_kd := nullif(current_setting('pgjobs.fair_kept', true), '')::jsonb -> ('d ' || v_q);
+    IF (rounds AND room < 8) OR (v_kd ->> 0)::numeric + greatest(_fair_count_every(), 20 * (v_kd ->> 2)::numeric)
+                                > extract(epoch FROM clock_timestamp()) THEN
         RETURN;
     END IF;
     v_fnow := now() - make_interval(secs => _fair_grace(v_q, 0));

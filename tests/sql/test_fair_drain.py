@@ -223,12 +223,17 @@ def test_a_dear_drain_is_left_alone_for_twenty_times_what_it_took(
     assert (read == 0 and got is None) == skipped, (read, got)
 
 
-@pytest.mark.parametrize("held", [True, False], ids=["held-snapshot", "clean"])
-def test_no_rounds_after_a_fast_path_whose_probes_proved_dear(conn: Conn, connect: ConnectFactory, held: bool) -> None:
+@pytest.mark.parametrize(
+    ("held", "keeps"), [(True, False), (False, False), (False, True)], ids=["held-snapshot", "clean", "keeps-reads"]
+)
+def test_no_rounds_after_a_fast_path_whose_probes_proved_dear(
+    conn: Conn, connect: ConnectFactory, held: bool, keeps: bool
+) -> None:
     """The rounds probe every group from the front. After a fast path that came up short and whose own probes from
     the front proved dear (a held snapshot keeps the dead entry of every job each group had claimed since), they
-    would pay it all again (6.5 s ten minutes into the fair soak's hold): the walk takes the claim instead. Without
-    dead entries to pass, the same claim tries the rounds (calls of _fair_rounds)."""
+    would pay it all again (6.5 s ten minutes into the fair soak's hold): the walk takes the claim instead; so too
+    for a session that keeps a dear read (run M's rounds, 6.1 s, followed a fast path that had probed nothing).
+    Without dead entries to pass, the same claim tries the rounds (calls of _fair_rounds)."""
     _fair(conn, "q")
     conn.execute("SET track_functions = 'pl'")
     conn.execute("SET pgjobs.fair_count_every = 0")  # (nothing kept: no floors, no gates; every claim reads)
@@ -242,10 +247,12 @@ def test_no_rounds_after_a_fast_path_whose_probes_proved_dear(conn: Conn, connec
         if not held:
             vacuum_clean(conn, "jobs")  # (the claimed jobs' dead versions gone: the probes pass none)
         _put(conn, "q", [(f"g{i:02}", 0) for i in range(0, 20, 4)] * 3)  # 15 jobs in 5 of the 20 groups
+        if keeps:  # (a look for ungrouped work that proved dear, kept: the session keeps reads)
+            conn.execute("SELECT set_config('pgjobs.fair_kept', '{\"u q\": [0, null]}', false)")
         rounds = "SELECT coalesce(sum(calls), 0) FROM pg_stat_xact_user_functions WHERE funcname = '_fair_rounds'"
         with conn.transaction():
             before = conn.execute(rounds).fetchone()[0]  # type: ignore[index]
             got = claim(conn, "w", queues=["q"], max_jobs=10)
             ran = conn.execute(rounds).fetchone()[0] - before  # type: ignore[index]
     assert len(got) == 10
-    assert ran == (0 if held else 1), ran
+    assert ran == (0 if held or keeps else 1), ran

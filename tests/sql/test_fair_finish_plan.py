@@ -32,6 +32,17 @@ _FINISH = (
 )
 
 
+# (the planner settings _claim_controlled runs the walk under)
+_WALK_PLANS = "SET plan_cache_mode = force_generic_plan; SET enable_seqscan = off; SET enable_bitmapscan = off"
+
+
+def _fill(conn: Conn) -> None:
+    """A fair queue q with 9,000 jobs over GROUPS groups; 400 claims of 10 under a held snapshot then leave ~200
+    claimed jobs before every group's head and ~200 versions of every cursor."""
+    call(conn, "configure_queue", queue="q", fair=True)
+    call(conn, "enqueue_many", jobs=[{"kind": "k", "queue": "q", "group_key": f"g{i % GROUPS}"} for i in range(9000)])
+
+
 def _finish_visits(conn: Conn, group: str, back: bool) -> int:
     """Entries of group_cursors' indexes one _fair_finish call was handed: `back`, a cursor this transaction
     stamped and did not pick (its old place given back); else a picked group whose cursor was not stamped."""
@@ -60,8 +71,7 @@ def _finish_visits(conn: Conn, group: str, back: bool) -> int:
 def test_the_end_of_a_walked_claim_finds_each_cursor_from_its_group(
     conn: Conn, connect: ConnectFactory, back: bool
 ) -> None:
-    call(conn, "configure_queue", queue="q", fair=True)
-    call(conn, "enqueue_many", jobs=[{"kind": "k", "queue": "q", "group_key": f"g{i % GROUPS}"} for i in range(9000)])
+    _fill(conn)
     with held_snapshot(connect):
         assert work(conn, 400, 10) == 4000  # ~200 versions of every cursor, all kept
         conn.execute("UPDATE pg_class SET reltuples = 0 WHERE oid = 'pgjobs.group_cursors'::regclass")
@@ -107,15 +117,14 @@ def test_the_walk_probes_a_group_from_its_cursors_floor(conn: Conn, connect: Con
     a floor of its own for the group, probe the group's head from the floor in its cursor while that holds, not
     from the front past every job of the group claimed under the held snapshot (jobs_group_idx entries the call
     was handed). Before, the head locks did: 6-8.5 s a walk ten minutes into the fair soak's hold."""
-    call(conn, "configure_queue", queue="q", fair=True)
-    call(conn, "enqueue_many", jobs=[{"kind": "k", "queue": "q", "group_key": f"g{i % GROUPS}"} for i in range(9000)])
+    _fill(conn)
     with held_snapshot(connect):
         assert work(conn, 400, 10) == 4000  # ~200 claimed jobs of every group before its head
         held = conn.execute(_SET_FLOOR, ["1 minute", "g1", "g1"]).fetchone()[0]  # type: ignore[index]
         conn.execute(_SET_FLOOR, ["-1 second", "g2", "g2"])  # a floor past its end: from the front
         conn.execute(_SET_FLOOR, ["-1 second", "g3", "g3"])  # the same, to a session that claims now and then
         other = connect()  # (under _claim_controlled's planner settings, as the walk calls it)
-        other.execute("SET plan_cache_mode = force_generic_plan; SET enable_seqscan = off; SET enable_bitmapscan = off")
+        other.execute(_WALK_PLANS)
         visits = "SELECT pg_stat_get_xact_tuples_returned('pgjobs.jobs_group_idx'::regclass)"
         seen: dict[str, tuple[int, int]] = {}
         for group in ("g1", "g2", "g3"):
@@ -137,8 +146,7 @@ def test_the_long_sweep_of_a_claim_that_came_up_short_waits_for_the_gate(conn: C
     cursor had claimed under a held snapshot (groups that ran dry lost theirs, and their work came back without a
     new job); once one proved dear, the next wait for the 's' gate, in this session and in another that keeps
     reads (jobs_group_idx entries each call was handed; the cursors are dropped again before each call)."""
-    call(conn, "configure_queue", queue="q", fair=True)
-    call(conn, "enqueue_many", jobs=[{"kind": "k", "queue": "q", "group_key": f"g{i % GROUPS}"} for i in range(9000)])
+    _fill(conn)
     other = connect()
     with held_snapshot(connect):
         assert work(conn, 400, 10) == 4000
@@ -163,13 +171,12 @@ def test_the_end_of_a_walk_passes_over_a_cursor_another_claim_holds(conn: Conn, 
     """A picked group whose cursor another claim holds is left to it, and finding that out reads the newest
     version only: a lock skipped within the scan by group went on through every older version (index entries
     of group_cursors the call was handed; the cursor's stamp stays as it was)."""
-    call(conn, "configure_queue", queue="q", fair=True)
-    call(conn, "enqueue_many", jobs=[{"kind": "k", "queue": "q", "group_key": f"g{i % GROUPS}"} for i in range(9000)])
+    _fill(conn)
     stamp = "SELECT served_seq FROM pgjobs.group_cursors WHERE queue = 'q' AND group_key = 'g1'"
     with held_snapshot(connect):
         assert work(conn, 400, 10) == 4000  # ~200 versions of every cursor, all kept
         holder, other = connect(), connect()
-        other.execute("SET plan_cache_mode = force_generic_plan; SET enable_seqscan = off; SET enable_bitmapscan = off")
+        other.execute(_WALK_PLANS)
         old = conn.execute(stamp).fetchone()[0]  # type: ignore[index]
         with holder.transaction():
             holder.execute(stamp + " FOR UPDATE")
@@ -195,8 +202,7 @@ def test_the_ungrouped_turn_waits_for_the_look_gate(conn: Conn, connect: Connect
     """U's turn in the walk (an all-grouped queue: the last look found no ungrouped job) reads the queue's claim
     order from its front, past every job claimed under a held snapshot; while the look is gated, a session
     that keeps reads takes U out instead (jobs_pending_idx entries the call was handed)."""
-    call(conn, "configure_queue", queue="q", fair=True)
-    call(conn, "enqueue_many", jobs=[{"kind": "k", "queue": "q", "group_key": f"g{i % GROUPS}"} for i in range(9000)])
+    _fill(conn)
     with held_snapshot(connect):
         assert work(conn, 400, 10) == 4000
         assert conn.execute("SELECT ungrouped_empty FROM pgjobs.fair_queues WHERE queue = 'q'").fetchone()[0] is True
@@ -227,13 +233,12 @@ def test_the_floors_of_groups_found_empty_are_written_by_ctid(conn: Conn, connec
     it locked them at: no index entry and no sequential scan of group_cursors, whatever number of dead versions a
     held snapshot keeps (a guard, planned generic on a table whose statistics say it is empty: one call took 7 s
     near the end of a ten-minute fair hold, run M, and this plan is not shown to be why)."""
-    call(conn, "configure_queue", queue="q", fair=True)
-    call(conn, "enqueue_many", jobs=[{"kind": "k", "queue": "q", "group_key": f"g{i % GROUPS}"} for i in range(9000)])
+    _fill(conn)
     with held_snapshot(connect):
         assert work(conn, 400, 10) == 4000  # ~200 versions of every cursor, all kept
         conn.execute("UPDATE pg_class SET reltuples = 0 WHERE oid = 'pgjobs.group_cursors'::regclass")
         other = connect()
-        other.execute("SET plan_cache_mode = force_generic_plan; SET enable_seqscan = off; SET enable_bitmapscan = off")
+        other.execute(_WALK_PLANS)
         with other.transaction(force_rollback=True):
             tids = other.execute(
                 "SELECT array_agg(ctid::text ORDER BY group_key) FROM pgjobs.group_cursors WHERE queue = 'q'"

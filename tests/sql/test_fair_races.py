@@ -5,14 +5,16 @@ register the same new groups do not deadlock."""
 
 from __future__ import annotations
 
+import contextlib
 import random
 import threading
 from typing import Any
 
 import psycopg
+import pytest
 from conftest import ConnectFactory
 
-from tests.helpers.foundation import call, claim, run_threads
+from tests.helpers.foundation import call, claim, held_snapshot, run_threads
 
 Conn = psycopg.Connection[Any]
 
@@ -28,10 +30,14 @@ def _complete(conn: Conn, rows: list[dict[str, Any]]) -> None:
         call(conn, "complete_many", ids=[r["id"] for r in rows], lease_tokens=[r["lease_token"] for r in rows])
 
 
-def test_concurrent_claimers_never_share_a_job_and_leave_none_behind(connect: ConnectFactory) -> None:
+@pytest.mark.parametrize("held", [False, True], ids=["clean", "held-snapshot"])
+def test_concurrent_claimers_never_share_a_job_and_leave_none_behind(connect: ConnectFactory, held: bool) -> None:
     """A producer puts a few jobs at a time into 20 groups while four sessions claim up to 10 each and finish
     what they took: every job is taken once, and all of them are taken. (Before 2026-12-06 about half the runs
-    left jobs pending for good, or failed with a deadlock between two claims registering groups.)"""
+    left jobs pending for good, or failed with a deadlock between two claims registering groups.) Also under a
+    held snapshot, where the claimers' probes prove dear and the head floors engage: floors kept per session,
+    floors in the cursors carried on and spread, floors of groups found empty (_fair_floor_empty) rewriting
+    cursors a claim holds while the walk takes over its ring."""
     setup = connect()
     call(setup, "configure_queue", queue="q", fair=True)
     total = 1200
@@ -59,8 +65,11 @@ def test_concurrent_claimers_never_share_a_job_and_leave_none_behind(connect: Co
             idle = idle + 1 if not rows and done.is_set() else 0
         return mine
 
-    taken = [i for ids in run_threads(4, consume, timeout=120) for i in ids]
-    producer.join(10)
+    with held_snapshot(connect) if held else contextlib.nullcontext():
+        taken = [i for ids in run_threads(4, consume, timeout=120) for i in ids]
+        producer.join(10)
+        floored = setup.execute("SELECT count(*) FROM pgjobs.group_cursors WHERE floor_epoch IS NOT NULL").fetchone()
+    assert floored is not None and (floored[0] > 0) == held  # (the floors did engage, and only under the snapshot)
     assert len(taken) == len(set(taken))
     assert sorted(taken) == sorted(made)
 

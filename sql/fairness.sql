@@ -1496,7 +1496,8 @@ BEGIN
     -- only, the rounds after a fast path without floors ran every 20 s in the fair soak's hold, 4-6 s each
     -- 7-9 minutes into it). Rounds only for claims of 8 or more: a smaller one that came up short is the
     -- walk's, which stops at the first heads it finds.
-    v_kd := nullif(current_setting('pgjobs.fair_kept', true), '')::jsonb -> ('d ' || v_q);
+    v_kd := CASE WHEN coalesce(current_setting('pgjobs.fair_kept', true), '') NOT IN ('', '{}')   -- (no parse: clean)
+                 THEN current_setting('pgjobs.fair_kept', true)::jsonb -> ('d ' || v_q) END;
     IF (rounds AND room < 8) OR (v_kd ->> 0)::numeric + greatest(_fair_count_every(), 20 * (v_kd ->> 2)::numeric)
                                 > extract(epoch FROM clock_timestamp()) THEN
         RETURN;

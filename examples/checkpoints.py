@@ -14,7 +14,7 @@ app = pgjobs.App()
 ran: list[tuple[int, int]] = []  # (attempt, chunk)
 
 
-@app.job("report", max_attempts=3, retry=[0.1])
+@app.job("chunked_report", max_attempts=3, retry=[0.1])
 async def report(payload: dict, ctx: pgjobs.JobContext) -> dict:
     start = (ctx.checkpoint or {}).get("done", 0)  # saved by a previous attempt, if any
     for chunk in range(start, payload["chunks"]):
@@ -30,7 +30,7 @@ async def main() -> None:
     worker = pgjobs.Worker(app, DSN, poll_interval=0.1)
     async with anyio.create_task_group() as tg, pgjobs.AsyncClient(DSN) as client:
         tg.start_soon(worker.run)
-        job = await client.enqueue("report", {"chunks": 6})
+        job = await client.enqueue("chunked_report", {"chunks": 6})
         async for _ in client.subscribe(job_ids=[job.id]):
             pass
         worker.stop()

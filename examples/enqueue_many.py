@@ -12,11 +12,11 @@ DSN = os.environ.get("PGJOBS_DSN", "postgresql://localhost/app")
 with pgjobs.Client(DSN) as client:
     rows = client.enqueue_many(
         [
-            {"kind": "fetch", "ref": "a", "payload": {"url": "https://example.com/a"}},
-            {"kind": "fetch", "ref": "b", "payload": {"url": "https://example.com/b"}, "queue": "slow"},
-            {"kind": "merge", "ref": "m", "depends_on": [{"ref": "a"}, {"ref": "b"}]},  # waits for both
-            {"kind": "alert", "ref": "x", "depends_on": [{"ref": "m", "on": "failure"}]},
-            {"kind": "report", "ref": "r", "unique_key": "daily-report", "priority": 5},
+            {"kind": "fetch_page", "ref": "a", "payload": {"url": "https://example.com/a"}},
+            {"kind": "fetch_page", "ref": "b", "payload": {"url": "https://example.com/b"}, "queue": "slow"},
+            {"kind": "merge_pages", "ref": "m", "depends_on": [{"ref": "a"}, {"ref": "b"}]},  # waits for both
+            {"kind": "page_oncall", "ref": "x", "depends_on": [{"ref": "m", "on": "failure"}]},
+            {"kind": "daily_report", "ref": "r", "unique_key": "daily-report", "priority": 5},
         ]
     )
     for row in rows:

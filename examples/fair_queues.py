@@ -14,7 +14,7 @@ app = pgjobs.App()
 served: list[str] = []
 
 
-@app.job("render", queue="reports")
+@app.job("tenant_report", queue="reports")
 async def render(payload: dict, ctx: pgjobs.JobContext) -> None:
     served.append(payload["tenant"])
 
@@ -22,8 +22,8 @@ async def render(payload: dict, ctx: pgjobs.JobContext) -> None:
 def enqueue() -> None:
     with pgjobs.Client(DSN, app=app) as client:
         client.configure_queue("reports", fair=True, max_active_per_group=5, max_active=50)
-        jobs = [{"kind": "render", "group_key": "A", "payload": {"tenant": "A"}} for _ in range(30)]
-        jobs += [{"kind": "render", "group_key": t, "payload": {"tenant": t}} for t in "BCD" for _ in range(2)]
+        jobs = [{"kind": "tenant_report", "group_key": "A", "payload": {"tenant": "A"}} for _ in range(30)]
+        jobs += [{"kind": "tenant_report", "group_key": t, "payload": {"tenant": t}} for t in "BCD" for _ in range(2)]
         client.enqueue_many(jobs)  # tenant A queued 30 jobs first, B, C and D two each
 
 

@@ -28,8 +28,8 @@ async def send_email(payload: dict, ctx: pgjobs.JobContext) -> dict:
     return {"delivered": True}  # stored as the job's result
 
 
-@app.job("resize")  # plain functions run in worker threads
-def resize(payload: dict, ctx: pgjobs.SyncJobContext) -> None:
+@app.job("render_frames")  # plain functions run in worker threads
+def render_frames(payload: dict, ctx: pgjobs.SyncJobContext) -> None:
     done = (ctx.checkpoint or {}).get("done", 0)  # resume where the last attempt stopped
     for i in range(done, payload["frames"]):
         ctx.save_checkpoint({"done": i + 1})
@@ -44,7 +44,7 @@ async def main() -> None:
         pgjobs.AsyncClient(DSN, app=app) as client,
     ):
         email = await client.enqueue("send_email", {"to": "ada@example.com", "subject": "Welcome"})
-        frames = await client.enqueue("resize", {"frames": 3})
+        frames = await client.enqueue("render_frames", {"frames": 3})
         async for _ in client.subscribe(job_ids=[email.id, frames.id]):
             pass  # ends once both jobs are terminal
         for job_id in (email.id, frames.id):

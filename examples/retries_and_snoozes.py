@@ -20,7 +20,7 @@ def smtp_is_busy() -> bool:
     return calls["smtp"] == 1  # busy on the first try only
 
 
-@app.job("email", max_attempts=3)
+@app.job("reminder_email", max_attempts=3)
 def email(payload: dict, ctx: pgjobs.SyncJobContext) -> str:
     if smtp_is_busy():
         raise pgjobs.Retry(after=0.2)  # run again in 0.2 s (spends the attempt)
@@ -39,7 +39,7 @@ async def main() -> None:
     worker = pgjobs.Worker(app, DSN, poll_interval=0.1)
     async with anyio.create_task_group() as tg, pgjobs.AsyncClient(DSN, app=app) as client:
         tg.start_soon(worker.run)
-        a = await client.enqueue("email", {"to": "ada@example.com"})
+        a = await client.enqueue("reminder_email", {"to": "ada@example.com"})
         b = await client.enqueue("flaky")
         async for _ in client.subscribe(job_ids=[a.id, b.id]):
             pass

@@ -19,13 +19,13 @@ async def heartbeat(payload: dict, ctx: pgjobs.JobContext) -> None:
     runs.append(ctx.meta["scheduled_for"])
 
 
-@app.job("send_report")
+@app.job("send_ops_report")
 async def send_report(payload: dict, ctx: pgjobs.JobContext) -> None: ...
 
 
 async def main() -> None:
     with pgjobs.Client(DSN) as client:  # dynamic schedules, at run time
-        client.add_schedule("nightly-report", "send_report", "0 3 * * *", timezone="America/New_York",
+        client.add_schedule("nightly-report", "send_ops_report", "0 3 * * *", timezone="America/New_York",
                             payload={"to": "ops"}, missed="skip")  # fmt: skip
         client.pause_schedule("nightly-report")
         client.resume_schedule("nightly-report")  # restarts at the next future run

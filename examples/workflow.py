@@ -1,4 +1,4 @@
-"""Fan out 10 image resizes, fan in to one zip that reads their results, page someone if anything failed.
+"""Fan out 10 photo resizes, fan in to one zip that reads their results, page someone if anything failed.
 
 PGJOBS_DSN=postgresql://localhost/app python examples/workflow.py
 """
@@ -13,29 +13,29 @@ DSN = os.environ.get("PGJOBS_DSN", "postgresql://localhost/app")
 app = pgjobs.App()
 
 
-@app.job("resize")
-async def resize(payload: dict, ctx: pgjobs.JobContext) -> dict:
+@app.job("resize_photo")
+async def resize_photo(payload: dict, ctx: pgjobs.JobContext) -> dict:
     return {"thumb": f"thumbs/{payload['image']}"}
 
 
-@app.job("zip", parent_results=True)  # ctx.parent_results: {parent job id: its result}
+@app.job("zip_album", parent_results=True)  # ctx.parent_results: {parent job id: its result}
 async def zip_album(payload: dict, ctx: pgjobs.JobContext) -> dict:
     assert ctx.parent_results is not None
     files = sorted(r["thumb"] for r in ctx.parent_results.values())
     return {"zip": payload["name"], "files": files}
 
 
-@app.job("alert")
-async def alert(payload: dict, ctx: pgjobs.JobContext) -> None:
+@app.job("alert_owner")
+async def alert_owner(payload: dict, ctx: pgjobs.JobContext) -> None:
     print("paging someone about", payload["album"])
 
 
 def submit() -> tuple[int, int]:
     with pgjobs.Client(DSN) as client:
         with client.batch() as b:  # one enqueue_many, one transaction
-            resized = [b.enqueue("resize", {"image": f"{i}.png"}) for i in range(10)]
-            zipped = b.enqueue("zip", {"name": "album.zip"}, after=resized)
-            b.then("alert", {"album": "album.zip"}, on="failure")  # after the batch settles, if it failed
+            resized = [b.enqueue("resize_photo", {"image": f"{i}.png"}) for i in range(10)]
+            zipped = b.enqueue("zip_album", {"name": "album.zip"}, after=resized)
+            b.then("alert_owner", {"album": "album.zip"}, on="failure")  # after the batch settles, if it failed
         assert b.batch_id is not None and zipped.id is not None
         return b.batch_id, zipped.id
 

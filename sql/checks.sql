@@ -1,4 +1,4 @@
--- Argument limits (issue 11): one helper per kind of check, each raising PJ002 with a message that
+-- Argument limits: one helper per kind of check, each raising PJ002 with a message that
 -- names the argument and echoes its value (cut to 100 characters, so an 8,000-byte name does not make
 -- an 8,000-byte error). The limits keep every value inside what PostgreSQL can store, index and notify
 -- (btree rows of about 2,700 bytes, NOTIFY payloads under 8,000 bytes, timestamps up to year 294276):

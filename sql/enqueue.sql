@@ -11,52 +11,16 @@
 -- into those first restores the planner's default choice for the rest of the function
 -- (set_config(..., true) inside a function with a SET clause ends with the function).
 
--- PRODUCER COSTS (issue 14; measured on the shared 2-core bench machine, PostgreSQL 15, load 3-6: backend
--- CPU per call read from /proc inside transactions that were rolled back, so no commit wait counts; the
--- ratios hold, the absolute figures are 2-3x a quiet machine's).
--- * enqueue (kind, payload, queue), ~310 us: the statement's own round trip (a prepared SELECT 1) 47;
---   the PL/pgSQL call and its one-row return 43 (SET search_path 13 of it; SET jit, RETURN NEXT against
---   RETURN QUERY or a non-set OUT-parameter function: no difference); argument checks and the queue's
---   settings 30; the insert into jobs_live 110 (the same row into the parent: the same; the six partial
---   indexes a pending job does not enter cost 15 of it in predicate checks, all eight 35 against none);
---   pg_notify and the floor check 17; the status event 80 (_append_events: its call and follower probe
---   25, its event_inbox row 55; stream.sql). A bare one-row INSERT is 95, with pg_notify 105. Folding
---   the settings read, the insert and the NOTIFY into one statement saved nothing (243 against 223 us).
--- * enqueue_many, 1,000 plain specs, ~24 ms against 12.7 for the bare INSERT from the same JSON and
---   15-17 for the same rows into pgjobs.jobs (parent or leaf alike): the status events 5.5 ms (the
---   event_inbox row 3.3 ms, 2.2 of it pglz compressing its arrays (the same row with STORAGE EXTERNAL
---   arrays: 4.5 against 6.75 ms; stream.sql's table), the four sorts that fed them 1.25 ms, now one
---   sort), the spec checks, materialised specs and returned rows 4.5 ms. enqueue_staged (COPY, 1,000):
---   22.5 ms, of which the insert 14.5, the events 2.8, the decision pass 0.6.
--- * What changed here, same run and same database, the previous and the present function taking turns
---   call by call: _insert_plain_specs of 1,000 18.8 -> 18.3 ms and 24.0 -> 22.5 ms (two runs; one sort
---   for the events, the insert into the leaf). enqueue without a key is unchanged (two fresh databases,
---   alternating: 1.01-1.05x, noise). The client's share of a 1,000-spec enqueue_many fell more (its rows
---   read by name: 6.0 -> 1.9 ms per 1,000; README, Benchmarks).
--- * Per committed call, server only (2026-12-02, a quiet machine, load 0.4: pgbench, one client, prepared
---   statements, one call per transaction, so the commit's WAL flush counts; latency per transaction, three
---   rounds): a bare one-row INSERT 175-185 us (286 bytes of WAL); the same row into pgjobs.jobs 200-220 (374
---   bytes; into the leaf with nextval() the same); that INSERT inside a PL/pgSQL function 240-265, with
---   pg_notify 240-250 (no listener: the NOTIFY itself is cheap); enqueue on a queue with status_events =
---   'none' 295-345 (376 bytes); enqueue 385-400 (708 bytes: the event_inbox row is 55-80 us of it, inlined
---   into enqueue or not). So one by one is 2.2x the bare INSERT at the server, and a client adds the same
---   ~200 us of psycopg and asyncio to both: 0.61-0.65x the bare INSERT and 0.90-0.94x pgqueuer through
---   AsyncClient (bench peers). What the contract asks of every enqueue (a status event, pgjobs_wake, the
---   checks) is the difference; the client's own share is ~50 us (cProfile: 16 us in pgjobs' frames).
--- * enqueue_many of 1,000, server only, the same way: 9.5-10.2 ms (bare INSERT from the JSON 3.0-4.0; the
---   rows alone into jobs_live 5.4-6.3; on a queue without events 6.5). pglz compressing the inbox row's
---   arrays was 7 % of it (perf): the event_lz4 migration gives those columns lz4, 7.8-8.5 ms.
--- * enqueue_arrays (2026-12-06, quiet machine, PostgreSQL 15), 1,000 plain jobs, first version: server only
---   (pgbench, prepared, three alternating rounds) 5.4-6.5 ms against 3.0-3.6 for the bare INSERT; its events
---   are a few tenths of that (a queue with status_events = 'none': 5.6-6.2 ms), drawing ids through the
---   parent's identity instead of nextval() into the leaf saved nothing (5.4-5.9 ms). Through AsyncClient
---   (six alternating rounds of 60 calls): 9.2 ms a call against 10.9 through JSON and 4.5 for the bare
---   INSERT. The client's own share: the routing test 0.4 ms, the ids read into EnqueuedSpec 0.55 ms (the
---   frozen dataclass's __init__), the two lists 0.3 ms in binary (0.6 as text: psycopg tests every text
---   element for quoting). Reading the events from the specs instead of the INSERT's RETURNING rows: 5.35 ->
---   4.98 ms (pgbench, four alternating rounds); no payload sent as NULL instead of an array of {}: 5.3 -> 5.1.
---   bench peers, base and new taking turns (README, "pgjobs beside other queues"): bulk 0.51-0.58x the bare
---   1,000-row INSERT before, 0.67-0.73x after; 1.48-1.90x pgqueuer before, 1.84-2.15x after (its cell is noisy).
+-- PRODUCER COSTS (server CPU; same-run comparisons with bench/core_enqueue.py, pgbench and bench peers).
+-- * enqueue, per committed call, is about twice a bare one-row INSERT at the server. The difference is
+--   what the contract asks of every enqueue: the status event (one event_inbox row, _append_events),
+--   pgjobs_wake, the argument checks and the queue's settings. A queue with status_events = 'none' saves
+--   the event. Folding the settings read, the insert and the NOTIFY into one statement saves nothing.
+-- * enqueue_many of 1,000 plain specs is about 2.5x the bare INSERT from the same JSON: the rows, the
+--   status events (their inbox row's arrays compressed with lz4, migration event_lz4: pglz was a tenth
+--   of the call) and the spec checks, in one pass.
+-- * enqueue_arrays of 1,000 plain jobs is 1.5-1.8x the bare INSERT: its events are read from the specs
+--   rather than from the INSERT's RETURNING rows, and a NULL payloads array stands for {} everywhere.
 --
 -- Inserts: those whose ids are drawn first (nextval: enqueue with a unique key, _insert_plain_specs,
 -- _insert_specs, enqueue_arrays) name the leaf pgjobs.jobs_live, not the partitioned parent: a new job is

@@ -336,9 +336,9 @@ BEGIN
                        AND NOT (j.id = ANY (coalesce(x_ids, '{}')))
                      ORDER BY j.id
                        FOR NO KEY UPDATE)
-                -- (No HAVING: a SELECT INTO that finds no row sets x_ids to NULL, and the edges of step 8 then
-                -- read every existing parent as unknown: a `complete` edge on a live parent was satisfied at
-                -- once, an edge on a finished parent was left unsettled forever. Issue 11.)
+                -- (No HAVING: a SELECT INTO that finds no row sets x_ids to NULL, and the edges of step 8 would
+                -- then read every existing parent as unknown: a `complete` edge on a live parent satisfied at
+                -- once, an edge on a finished parent left unsettled forever.)
                 SELECT coalesce(x_ids, '{}') || coalesce(array_agg(h.id), '{}'),
                        coalesce(x_states, '{}') || coalesce(array_agg(h.state::text), '{}')
                   INTO x_ids, x_states

@@ -1,7 +1,7 @@
 -- Job history: live jobs apart from finished ones, finished jobs in time slices (the storage is made by
 -- ../migrations/deploy/job_history.sql, whose header shows the partition tree).
 --
--- THE PROBLEM (issue 10). Every job is one INSERT and two in-place UPDATEs of pgjobs.jobs, and finished
+-- THE PROBLEM. Every job is one INSERT and two in-place UPDATEs of pgjobs.jobs, and finished
 -- rows stayed in that hot table until purge, a row-by-row DELETE (more dead tuples, O(rows)): in 2-minute
 -- cells at 3.2k-6.9k jobs/s n_dead_tup peaked at ~2 per completed job, the table reached 243-459 MB and
 -- jobs_pkey's leaf density fell from 86 % to 61 %.

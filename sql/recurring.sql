@@ -109,8 +109,8 @@ DECLARE
     v_row   schedules;
 BEGIN
     PERFORM _check_schedule_name(upsert_schedule.name);
-    -- Everything a run of this schedule will insert is checked now (issue 11: a schedule whose run
-    -- could never be inserted used to fail every materialize_schedules batch it was part of).
+    -- Everything a run of this schedule will insert is checked now: a schedule whose run could never
+    -- be inserted would otherwise fail every materialize_schedules batch it is part of.
     PERFORM _check_job_args(upsert_schedule.kind, upsert_schedule.queue, upsert_schedule.payload,
                             upsert_schedule.max_attempts, format('schedule %L', upsert_schedule.name));
     PERFORM _check_cron(upsert_schedule.name, upsert_schedule.cron);
@@ -567,7 +567,7 @@ BEGIN
                              ARRAY(SELECT v_runs[i] FROM generate_subscripts(v_names, 1) AS i WHERE NOT v_skips[i]),
                              ARRAY(SELECT v_ids[i] FROM generate_subscripts(v_names, 1) AS i WHERE NOT v_skips[i])) AS e;
     EXCEPTION WHEN OTHERS THEN
-        -- One run that cannot be inserted must not stop every schedule (issue 11). A full queue
+        -- One run that cannot be inserted must not stop every schedule. A full queue
         -- (PJ001) and serialization failures / deadlocks (class 40) still fail the call: the runs stay
         -- due and the scheduler retries them (one at a time for a full queue). Any other error: the
         -- runs are inserted one at a time, each in a subtransaction (the one place a loop is needed:

@@ -1,4 +1,4 @@
--- pgjobs: the role matrix (issue 11). Applied by the migrator LAST, after every other file of sql/, in
+-- pgjobs: the role matrix. Applied by the migrator LAST, after every other file of sql/, in
 -- the same transaction that (re)created the functions: no function is ever visible with PUBLIC's EXECUTE.
 --
 -- Four NOLOGIN group roles, cluster-wide (roles are shared by every database of a server):

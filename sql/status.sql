@@ -96,7 +96,7 @@ END;
 $$;
 
 -- Every configured queue's settings (the rows configure_queue wrote), by name: the queue list of the
--- CLI and the dashboard, for roles that have no privilege on the table (issue 11).
+-- CLI and the dashboard, for roles that have no privilege on the table.
 CREATE OR REPLACE FUNCTION pgjobs.list_queues()
 RETURNS SETOF pgjobs.queues
 LANGUAGE sql

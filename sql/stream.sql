@@ -115,64 +115,28 @@
 -- read_events at least every few seconds). pgjobs_wake is not affected.
 --
 -- DELIVERY TIME (commit -> a follower's receipt). A busy follower reads back to back, so an event
--- waits for the read in progress, then a whole read: about 1.5 reads. A read ticks, and until
--- 2026-12-01 every read that ticked waited for its commit's WAL flush before it returned (6 ms of a
--- 13 ms p50 under load, the largest part): now subscribe()'s connection says synchronous_commit =
--- off and only the tick that reserves a block of ids waits for it (IDS AND CRASHES). The tick also
--- scanned the whole current inbox partition (no statistics: see _tick_events), a CPU cost per read
--- that grew with the write rate. `at` is the writer's now(), its transaction's start: receipt - at
--- also counts the writer's statement and commit (3-6 ms for the worker's claims and completions),
--- so bench/stream.py measures from a probe enqueue's commit. Split before this change
--- (bench/stream.py with BENCH_STREAM_TRACE=1, worker at full speed, machine at a load of ~6): p50
--- 3.5 ms waiting for the read in progress, 4 ms the read_events statement (the tick ~1 ms of it), 6 ms
--- its commit's flush, under 0.5 ms of Python. What is left on a loaded 2-core machine is mostly CPU:
--- each round trip waits for the follower's process and its backend to be scheduled. (That is the p50;
--- the p99 was a GIN pending-list merge in the tick, not CPU: THE P99 below.)
-
--- MEASURED (this 2-core machine, shared with other work, so same-run ratios; bench/worker.py,
--- bench/soak.py). Worker, concurrency 50, 30,000 no-op jobs, no subscriber: 1 process 15.9-17.3k
--- jobs/s against 13.2-14.4k for the NOTIFY payloads this replaces (x1.2), 2 processes 22.2k
--- against 18.1k: no NOTIFY, so no commit serialised through the cluster-wide lock. With one
--- subscriber following the queue (a separate process on the same cores): a hint per writer
--- commit (the first design) gave 0.4-0.5x; with the armed mark 0.94-1.03x of no subscriber, every
--- event delivered, delivery (transition -> subscriber) p50 18-21 ms, p99 38-68 ms. Reading back to
--- back (nine same-run A/B runs against the 5 ms sleep, load 4-8 from parallel work): delivery from
--- commit p50 13 ms against 25, p99 534 ms against 647 (a follower starved of CPU falls behind;
--- 39-45 against 82-91 ms in two single traced runs at a load of 2-3), throughput 0.80x against
--- 0.84x of no subscriber (noise of the same size), the follower's backend 0.76 s of CPU per
--- 100,000 events against 0.60. One append
--- costs ~15 us (a plain INSERT 7 us, the follower probe 3 us). Soak at 1,000 jobs/s with a
--- snapshot held 60 s: event_inbox stays under 2 MB (truncated every pass), event_ticks flat,
--- event_log grows ~120 kB/s until its retention, and none of them has a dead tuple, snapshot or not.
--- Ids from reserved blocks (asynchronous ticks) and the tick's index scan, against main, same run
--- (bench/stream.py, BENCH_STREAM_ROUNDS=1, 50,000 jobs a run, three alternating A/B pairs, 2026-12-01,
--- machine at a load of 4-6 from parallel work): delivery from commit p50 13.2/17.6/16.0 ms against
--- 29.6/23.9/34.6 (0.54x of the median); p99 0.3-2.0 s against 0.5-1.3 s (a follower starved of CPU
--- falls behind either way, and catches up page by page); an idle follower p50 6.7-9.0 ms against
--- 9.3-11.1. Throughput with the subscriber 0.64/0.90/0.65x of none against 0.62/0.76/0.94x: noise
--- larger than any difference; the follower, reading more often, used 25-40% more CPU per run (2.6-3.2 s
--- in its process, 3.0-4.4 s in its backend per 100,000 events). A tick's backend CPU per read of 90
--- events (30 inbox rows, a 12,000-row inbox partition): 2.6-3.0 ms by the index against 4.9-5.9 ms.
--- THE P99 (2026-12-02). On a quiet machine (load 0.4) p50 was 4.3-4.5 ms and p99 216-285 ms. Probes
--- timed by commit showed the cause: once every few seconds, for ~250 ms, no event arrived, and then all
--- of them arrived at once. The follower's read was on CPU the whole time, in its tick's INSERT into
--- event_log: 412,000 buffer hits (auto_explain). A GIN index keeps new entries in a pending list, and the
--- insert that takes the list past gin_pending_list_limit (4 MB by default) merges all of it into the
--- index. The maintenance pass hit the same merge (209 ms). Autovacuum would empty the lists, but it never
--- runs on an insert-only table, and it is off on some servers. The migration event_log_gin sets a
--- 128 kB list on every log partition's GIN index, so a merge is 1/32 of that.
--- Two alternating pairs of bench/stream.py: p99 12.4-12.5 ms against 256-272, p50 unchanged at 4.4-4.5,
--- throughput with the follower 0.82-0.83x against 0.77-0.82x. tests/sql/test_events.py holds the list
--- to its limit (17 pages at most, against 120 without).
--- ONE PARTITION NEAR THE HEAD (2026-12-03). A follower's read set up a scan of every log partition
--- three times (stream_bounds' oldest id, the tick's newest tick, the read itself), and the executor
--- start-up of those merges was a third of its backend time (perf). Now the read takes only the current
--- partition when the cursor is in it, the tick looks for the newest tick there first, and the
--- subscriber asks stream_head() (the newest id alone). pgbench, one client, a ring of 16 filled
--- partitions, three alternating rounds: an empty read (the follower at the head) 0.46-0.50 -> 0.35-0.39
--- ms, a read of 100 events 0.69-0.74 -> 0.59-0.61 ms. bench/stream.py (a fresh log: one or two
--- partitions, so less to spare) could not tell the two apart: throughput with the follower 0.87/0.81x
--- against 0.81/0.97x of none, the follower's backend 0.92-0.95 s per run against 0.91-1.39.
+-- waits for the read in progress, then a whole read: about 1.5 reads. A read ticks; subscribe()'s
+-- connection says synchronous_commit = off, so only the tick that reserves a block of ids waits for
+-- its WAL flush (IDS AND CRASHES), and the tick finds its inbox rows by index instead of scanning the
+-- current inbox partition. `at` is the writer's now(), its transaction's start: receipt - at also
+-- counts the writer's statement and commit, so bench/stream.py measures from a probe enqueue's commit.
+-- What is left on a loaded machine is mostly CPU: each round trip waits for the follower's process and
+-- its backend to be scheduled.
+-- COST. One append is one INSERT and one index probe for a waiting follower; with no follower, or a
+-- busy one, a writer sends no NOTIFY, so no commit is serialised through NOTIFY's cluster-wide lock.
+-- A held snapshot leaves event_inbox, event_ticks and event_log without dead tuples: they are
+-- insert-only and given back by TRUNCATE.
+-- THE P99: GIN PENDING LISTS. A GIN index keeps new entries in a pending list, and the insert that
+-- takes the list past gin_pending_list_limit (4 MB by default) merges all of it into the index: a
+-- tick's INSERT into event_log would stall a read for hundreds of milliseconds, with every event
+-- committed meanwhile arriving together behind it. Autovacuum would empty the lists, but it never runs
+-- on an insert-only table and is off on some servers. The migration event_log_gin sets a 128 kB list on
+-- every log partition's GIN index, so a merge is small; tests/sql/test_events.py holds the list to
+-- its limit.
+-- ONE PARTITION NEAR THE HEAD. Setting up a scan of every log partition is a large part of a short
+-- read's cost, so the read takes only the current partition when the cursor is in it, the tick looks
+-- for the newest tick there first, and a subscriber asks stream_head() (the newest id alone) rather
+-- than stream_bounds().
 
 -- The advisory lock of the ticker and of maintenance ("pgjobs" + 1).
 CREATE OR REPLACE FUNCTION pgjobs._stream_lock()

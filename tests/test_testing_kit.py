@@ -191,11 +191,11 @@ def test_the_pytest_plugin_gives_a_migrated_database_per_test(tmp_path: Path, pg
     assert left == (0,)  # template and per-test databases dropped
 
 
-def test_the_readme_testing_examples_pass_with_the_plugin(tmp_path: Path, pg_server_dsn: str) -> None:
+def test_the_manual_testing_examples_pass_with_the_plugin(tmp_path: Path, pg_server_dsn: str) -> None:
     import re
 
-    text = (REPO / "README.md").read_text()
-    section = text[text.index("## Testing your jobs") : text.index("## More documentation")]
+    text = (REPO / "docs" / "testing.md").read_text()
+    section = text[text.index("## Testing your jobs") : text.index("## Testing pgjobs itself")]
     blocks = re.findall(r"```python\n(.*?)```", section, flags=re.DOTALL)
     assert len(blocks) == 2
     for i, block in enumerate(blocks):

@@ -120,13 +120,20 @@ def yoyo_uri(dsn: str) -> str:
     return f"postgresql+psycopg:///{dbname}?{urlencode(params)}"
 
 
+COMMENTS_FILE = "api_comments.sql"
 ROLES_FILE = "roles.sql"
+# Run after every function file, in this order: the comments name functions by name alone (so every
+# function must exist, stale overloads dropped), then the grants of what the others created.
+_LAST_FILES = (COMMENTS_FILE, ROLES_FILE)
 
 
 def sql_files() -> list[Path]:
-    """The function files in install order: by name, then ``roles.sql`` last (it grants what the others
-    created, in the same transaction)."""
-    return sorted(SQL_DIR.glob("*.sql"), key=lambda f: (f.name == ROLES_FILE, f.name))
+    """The function files in install order: by name, then ``api_comments.sql`` (the reference text of the
+    public functions) and ``roles.sql`` last (it grants what the others created, in the same transaction)."""
+    return sorted(
+        SQL_DIR.glob("*.sql"),
+        key=lambda f: (_LAST_FILES.index(f.name) if f.name in _LAST_FILES else -1, f.name),
+    )
 
 
 def sql_digest() -> str:
@@ -218,16 +225,19 @@ def install_functions(conn: psycopg.Connection[Any], force: bool = False) -> boo
         # routines the files no longer define (a changed signature leaves its old overload) are dropped.
         # A change CREATE OR REPLACE refuses (result type, parameter names, defaults: 42P13) takes the old
         # way: everything dropped, then created. Either way one transaction, invisible until commit.
-        # (roles.sql, last, rewrites every routine's row with its grants: the stale ones are found before it)
-        *functions, roles = sql_files()
+        # (roles.sql, last, rewrites every routine's row with its grants: the stale ones are found before it;
+        # the comments come after the stale ones are gone, so a name they give is never ambiguous)
+        files = sql_files()
+        functions = [f for f in files if f.name not in _LAST_FILES]
+        last = [f for f in files if f.name in _LAST_FILES]
         try:
             with conn.transaction():
                 _run_sql_files(conn, functions)
                 _drop_routines(conn, stale_only=True)
-                _run_sql_files(conn, [roles])
+                _run_sql_files(conn, last)
         except psycopg.errors.InvalidFunctionDefinition:
             _drop_routines(conn, stale_only=False)
-            _run_sql_files(conn, [*functions, roles])
+            _run_sql_files(conn, [*functions, *last])
         _validate_routines(conn)
         conn.execute(
             "INSERT INTO pgjobs.sql_revision (digest) VALUES (%s) "

@@ -499,7 +499,7 @@ def test_python_graph_builder(dsn: str) -> None:
 
 @pytest.mark.parametrize("broken", [False, True])
 def test_readme_example_fan_out_fan_in_with_a_failure_handler(dsn: str, broken: bool) -> None:
-    """The README's worked example, run by a real Worker."""
+    """The worked example of docs/workflows.md, run by a real Worker."""
     import anyio
 
     from pgjobs import App, AsyncClient, Worker

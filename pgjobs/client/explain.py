@@ -114,7 +114,8 @@ def _scheduled(d: dict[str, Any]) -> str:
 def _no_worker(d: dict[str, Any]) -> str:
     if d.get("queue_workers"):
         text = f"no live worker handles kind {d.get('kind')!r} on queue {d.get('queue')!r}"
-        text += f" ({_plural(int(d['queue_workers']), 'live worker')} serve the queue)"
+        n = int(d["queue_workers"])
+        text += f" ({_plural(n, 'live worker')} {'serves' if n == 1 else 'serve'} the queue)"
     else:
         text = f"no live worker serves queue {d.get('queue')!r}"
     return text + (f"; the last one was seen at {_at(d['last_seen'])}" if d.get("last_seen") else "")

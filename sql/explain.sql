@@ -256,7 +256,9 @@ $$;
 -- Past every gate: how many claimable jobs a claim of the queue takes before this one, counted up to
 -- 1,000. Plain order (priority, run_at, id) over the queue's pending jobs, less those of groups at their
 -- cap (the claim passes them over); on a fair queue groups take turns, so what is ahead is the job's own
--- group's work (the ungrouped jobs are one group).
+-- group's work (the ungrouped jobs are one group). A grouped job's count on a fair queue is a range of
+-- jobs_group_idx, the others a range of jobs_pending_idx; the jobs passed over on the way (of groups at
+-- their cap; of other groups, for an ungrouped job on a fair queue) are read as the capped claim reads them.
 CREATE OR REPLACE FUNCTION pgjobs._explain_order(j pgjobs.jobs, q pgjobs.queues)
 RETURNS jsonb
 LANGUAGE plpgsql
@@ -274,13 +276,21 @@ BEGIN
                  WHERE x.state = 'active' AND x.queue = j.queue AND x.group_key IS NOT NULL
                  GROUP BY x.group_key HAVING count(*) >= q.max_active_per_group) AS a;
     END IF;
-    SELECT count(*) INTO v_ahead
-      FROM (SELECT 1 FROM jobs AS x
-             WHERE x.state = 'pending' AND x.queue = j.queue
-               AND (x.priority, x.run_at, x.id) < (j.priority, j.run_at, j.id)
-               AND (NOT v_fair OR x.group_key IS NOT DISTINCT FROM j.group_key)
-               AND (x.group_key IS NULL OR x.group_key <> ALL (v_blocked))
-             LIMIT 1001) AS a;
+    IF v_fair AND j.group_key IS NOT NULL THEN
+        SELECT count(*) INTO v_ahead
+          FROM (SELECT 1 FROM jobs AS x
+                 WHERE x.state = 'pending' AND x.queue = j.queue AND x.group_key = j.group_key
+                   AND (x.priority, x.run_at, x.id) < (j.priority, j.run_at, j.id)
+                 LIMIT 1001) AS a;
+    ELSE
+        SELECT count(*) INTO v_ahead
+          FROM (SELECT 1 FROM jobs AS x
+                 WHERE x.state = 'pending' AND x.queue = j.queue
+                   AND (x.priority, x.run_at, x.id) < (j.priority, j.run_at, j.id)
+                   AND CASE WHEN v_fair THEN x.group_key IS NULL
+                            ELSE x.group_key IS NULL OR x.group_key <> ALL (v_blocked) END
+                 LIMIT 1001) AS a;
+    END IF;
     IF v_ahead = 0 THEN
         RETURN jsonb_build_object('reason', 'claimable', 'queue', j.queue);
     END IF;

@@ -184,8 +184,8 @@ AS $$
                    THEN jsonb_build_object('last_error', _explain_error(j.last_error)) ELSE '{}' END;
 $$;
 
--- max_active: the claim counts every active job of the queue (lapsed leases too, until a claim takes them
--- over), so this does.
+-- max_active: the claim counts the queue's active jobs whose lease holds (a lapsed one is made pending, or
+-- settled on its last attempt, before the count: _promote_due, _settle_expired), so this does.
 CREATE OR REPLACE FUNCTION pgjobs._explain_queue_cap(j pgjobs.jobs, q pgjobs.queues)
 RETURNS jsonb
 LANGUAGE sql
@@ -193,7 +193,8 @@ STABLE
 SET search_path = pg_catalog, pgjobs, pg_temp
 AS $$
     SELECT jsonb_build_object('reason', 'queue_cap', 'queue', j.queue, 'active', a.n, 'max_active', q.max_active)
-      FROM (SELECT count(*) AS n FROM jobs AS x WHERE x.state = 'active' AND x.queue = j.queue) AS a
+      FROM (SELECT count(*) AS n FROM jobs AS x
+             WHERE x.state = 'active' AND x.queue = j.queue AND x.lease_expires_at >= now()) AS a
      WHERE q.max_active IS NOT NULL AND a.n >= q.max_active;
 $$;
 
@@ -206,7 +207,8 @@ AS $$
     SELECT jsonb_build_object('reason', 'group_cap', 'queue', j.queue, 'group_key', j.group_key, 'active', a.n,
                               'max_active_per_group', q.max_active_per_group)
       FROM (SELECT count(*) AS n FROM jobs AS x
-             WHERE x.state = 'active' AND x.queue = j.queue AND x.group_key = j.group_key) AS a
+             WHERE x.state = 'active' AND x.queue = j.queue AND x.group_key = j.group_key
+               AND x.lease_expires_at >= now()) AS a
      WHERE q.max_active_per_group IS NOT NULL AND j.group_key IS NOT NULL AND a.n >= q.max_active_per_group;
 $$;
 
@@ -254,11 +256,12 @@ AS $$
 $$;
 
 -- Past every gate: how many claimable jobs a claim of the queue takes before this one, counted up to
--- 1,000. Plain order (priority, run_at, id) over the queue's pending jobs, less those of groups at their
--- cap (the claim passes them over); on a fair queue groups take turns, so what is ahead is the job's own
--- group's work (the ungrouped jobs are one group). A grouped job's count on a fair queue is a range of
--- jobs_group_idx, the others a range of jobs_pending_idx; the jobs passed over on the way (of groups at
--- their cap; of other groups, for an ungrouped job on a fair queue) are read as the capped claim reads them.
+-- 1,000. Claim order (priority, run_at, id) over what the claim takes: the queue's pending jobs, its due
+-- scheduled ones and its lapsed leases with attempts left, less the jobs of groups at their cap (the claim
+-- passes them over); on a fair queue groups take turns, so what is ahead is the job's own group's work (the
+-- ungrouped jobs are one group). A grouped job's pending work on a fair queue is a range of jobs_group_idx,
+-- the others' a range of jobs_pending_idx; the jobs passed over on the way (of groups at their cap; of other
+-- groups, for an ungrouped job on a fair queue) are read as the capped claim reads them.
 CREATE OR REPLACE FUNCTION pgjobs._explain_order(j pgjobs.jobs, q pgjobs.queues)
 RETURNS jsonb
 LANGUAGE plpgsql
@@ -269,11 +272,13 @@ DECLARE
     v_fair    boolean := coalesce(q.fair, false);
     v_blocked text[] := '{}';
     v_ahead   bigint;
+    v_due     bigint;
 BEGIN
     IF q.max_active_per_group IS NOT NULL AND NOT v_fair THEN
         SELECT coalesce(array_agg(a.g), '{}') INTO v_blocked
           FROM (SELECT x.group_key AS g FROM jobs AS x
                  WHERE x.state = 'active' AND x.queue = j.queue AND x.group_key IS NOT NULL
+                   AND x.lease_expires_at >= now()
                  GROUP BY x.group_key HAVING count(*) >= q.max_active_per_group) AS a;
     END IF;
     IF v_fair AND j.group_key IS NOT NULL THEN
@@ -291,6 +296,17 @@ BEGIN
                             ELSE x.group_key IS NULL OR x.group_key <> ALL (v_blocked) END
                  LIMIT 1001) AS a;
     END IF;
+    -- Due scheduled jobs and lapsed leases: few, and made pending (or taken over) by the next claim.
+    SELECT count(*) INTO v_due
+      FROM (SELECT 1 FROM jobs AS x
+             WHERE ((x.state = 'scheduled' AND x.queue = j.queue AND x.run_at <= now())
+                    OR (x.state = 'active' AND x.queue = j.queue AND x.lease_expires_at < now()
+                        AND x.attempt < x.max_attempts AND NOT x.cancel_requested))
+               AND (x.priority, x.run_at, x.id) < (j.priority, j.run_at, j.id)
+               AND CASE WHEN v_fair THEN x.group_key IS NOT DISTINCT FROM j.group_key
+                        ELSE x.group_key IS NULL OR x.group_key <> ALL (v_blocked) END
+             LIMIT 1001) AS a;
+    v_ahead := v_ahead + v_due;
     IF v_ahead = 0 THEN
         RETURN jsonb_build_object('reason', 'claimable', 'queue', j.queue);
     END IF;

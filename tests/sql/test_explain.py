@@ -136,6 +136,21 @@ def test_queue_cap_says_n_of_m_active(conn: Conn) -> None:
     assert explain(conn, ids[3])["reason"] == "claimable"
 
 
+def test_a_lapsed_lease_does_not_count_against_the_cap(conn: Conn) -> None:
+    """The claim makes a lapsed job pending before it counts the active ones: the job is not its own blocker."""
+    heartbeat(conn)
+    call(conn, "configure_queue", queue="default", max_active=1)
+    first, second = enqueue(conn)["id"], enqueue(conn)["id"]
+    assert claim_one(conn, "gone")["id"] == first
+    assert explain(conn, second)["reason"] == "queue_cap"
+    expire(conn, first)
+    why = explain(conn, first)
+    assert why["reason"] == "claimable" and why["last_worker"] == "gone"
+    assert explain(conn, second)["ahead"] == 1
+    assert claim_one(conn, "w")["id"] == first
+    assert explain(conn, second) == {"reason": "queue_cap", "queue": "default", "active": 1, "max_active": 1}
+
+
 def test_group_cap_names_the_group_and_the_claim_passes_over_it(conn: Conn) -> None:
     heartbeat(conn, queues={"q": 4})
     call(conn, "configure_queue", queue="q", max_active_per_group=1)

@@ -54,8 +54,12 @@ BEGIN
         v_out := _explain_order(j, q);
     END IF;
     IF j.state = 'active' THEN
-        -- a lapsed lease: the next claim takes the job over (or settles it, on its last attempt)
-        v_out := v_out || jsonb_build_object('lease_lapsed_at', j.lease_expires_at, 'last_worker', j.leased_by);
+        -- A lapsed lease: the next claim takes the job over, or ends it (settles_as) when its cancellation
+        -- was requested or it has no attempt left (_settle_expired, claim.sql).
+        v_out := v_out || jsonb_build_object('lease_lapsed_at', j.lease_expires_at, 'last_worker', j.leased_by)
+                 || CASE WHEN j.cancel_requested THEN '{"settles_as": "cancelled"}'::jsonb
+                         WHEN j.attempt >= j.max_attempts THEN '{"settles_as": "failed"}'::jsonb
+                         ELSE '{}' END;
     END IF;
     IF cardinality(v_gate) > 0 THEN
         v_out := v_out || jsonb_build_object('also', (SELECT jsonb_agg(g ->> 'reason') FROM unnest(v_gate) AS g));

@@ -59,6 +59,8 @@ class Explanation:
             text += f" (also: {', '.join(r.value for r in self.also)})"
         if self.details.get("lease_lapsed_at"):
             text += f"; the lease of {self.details.get('last_worker')} lapsed at {_at(self.details['lease_lapsed_at'])}"
+            if self.details.get("settles_as"):
+                text += f": the next claim ends it as {self.details['settles_as']}"
         return text
 
 

@@ -73,6 +73,12 @@ def test_explain_returns_a_typed_record_with_a_sentence(dsn: str) -> None:
             "retry scheduled for 2999-01-01 00:00:00+0000 after attempt 2 of 5: ValueError: boom",
         ),
         (
+            {"reason": "claimable", "queue": "q", "lease_lapsed_at": "2026-01-02T03:04:05+00:00", "last_worker": "w1",
+             "settles_as": "failed"},
+            "claimable: nothing holds it back; a worker with a free slot takes it next; the lease of w1 lapsed at"
+            " 2026-01-02 03:04:05+0000: the next claim ends it as failed",
+        ),
+        (
             {"reason": "terminal", "state": "failed", "completed_at": "2026-01-02T03:04:05+00:00", "attempt": 3,
              "max_attempts": 3, "last_error": "ValueError: boom"},
             "failed at 2026-01-02 03:04:05+0000 (attempt 3 of 3): ValueError: boom",

@@ -61,7 +61,18 @@ def test_a_lapsed_lease_is_claimable_again_and_says_whose_it_was(conn: Conn) -> 
     expire(conn, jid)
     why = explain(conn, jid)
     assert why["reason"] == "claimable" and why["last_worker"] == "gone" and "lease_lapsed_at" in why
+    assert "settles_as" not in why
     assert claim_one(conn, "w")["id"] == jid
+
+
+def test_a_lapsed_lease_on_the_last_attempt_is_ended_by_the_next_claim(conn: Conn) -> None:
+    heartbeat(conn)
+    jid = enqueue(conn, max_attempts=1)["id"]
+    claim_one(conn, "gone")
+    expire(conn, jid)
+    assert explain(conn, jid)["settles_as"] == "failed"
+    assert claim(conn) == []
+    assert explain(conn, jid)["state"] == "failed"
 
 
 def test_waiting_names_each_open_parent_job_and_batch(conn: Conn) -> None:

@@ -45,6 +45,7 @@ DECLARE
         "job_status": ["pgjobs_producer", "pgjobs_reader"],
         "batch_status": ["pgjobs_producer", "pgjobs_reader"],
         "status_snapshot": ["pgjobs_producer", "pgjobs_reader"],
+        "explain": ["pgjobs_producer", "pgjobs_reader"],
 
         "claim": ["pgjobs_worker"],
         "renew_lease": ["pgjobs_worker"],

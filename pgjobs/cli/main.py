@@ -148,12 +148,13 @@ def build_parser() -> argparse.ArgumentParser:
 def _plugins() -> list[Callable[[Any], None]]:
     """``register(subparsers)`` of the command groups that live beside their layer (imported when the parser
     is built: the schedules and web modules pull in the scheduler and the dashboard)."""
+    from pgjobs.cli import explain as cli_explain
     from pgjobs.cli import maintain as cli_maintain
     from pgjobs.cli import queue as cli_queue
     from pgjobs.cli import schedules as cli_schedules
     from pgjobs.web import server as web
 
-    return [cli_queue.register, cli_schedules.register, web.register, cli_maintain.register]
+    return [cli_queue.register, cli_schedules.register, web.register, cli_maintain.register, cli_explain.register]
 
 
 def _global_split(argv: Sequence[str]) -> tuple[list[str], str | None, list[str]]:

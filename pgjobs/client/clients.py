@@ -16,6 +16,7 @@ from pgjobs.client.admin import AdminOps, AsyncAdminOps
 from pgjobs.client.claim import AsyncClaimOps, ClaimOps
 from pgjobs.client.defaults import EnqueueDefaults
 from pgjobs.client.enqueue import AsyncEnqueueOps, EnqueueOps
+from pgjobs.client.explain import AsyncExplainOps, ExplainOps
 from pgjobs.client.graph import AsyncGraphOps, GraphOps
 from pgjobs.client.lifecycle import AsyncLifecycleOps, LifecycleOps
 from pgjobs.client.recurring import AsyncRecurringOps, RecurringOps
@@ -31,7 +32,8 @@ def _conn_kwargs(prepare: bool) -> dict[str, Any]:
     return {"autocommit": True} if prepare else {"autocommit": True, "prepare_threshold": None}
 
 
-class Client(EnqueueOps, ClaimOps, LifecycleOps, AdminOps, StatusOps, WorkerOps, RecurringOps, GraphOps, SyncStreamOps):
+class Client(EnqueueOps, ClaimOps, LifecycleOps, AdminOps, StatusOps, WorkerOps, RecurringOps, GraphOps, SyncStreamOps,
+             ExplainOps):  # fmt: skip
     """Synchronous client. ``Client(dsn)`` opens its own pool; ``Client(pool=...)`` shares yours.
 
     ``app=``: a :class:`pgjobs.App` (or any :class:`~pgjobs.client.defaults.EnqueueDefaults`) whose declared
@@ -86,6 +88,7 @@ class AsyncClient(
     AsyncLifecycleOps,
     AsyncAdminOps,
     AsyncStatusOps,
+    AsyncExplainOps,
     AsyncWorkerOps,
     AsyncRecurringOps,
     AsyncGraphOps,

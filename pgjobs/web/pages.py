@@ -190,6 +190,7 @@ async def job_page(request: Request) -> Response:
     job = await b.client.job_status(job_id)
     if job is None:
         raise NotFound(f"job {job_id} not found")
+    why = None if job.state.terminal else await b.client.explain(job_id)  # "why not running" (docs/explain.md)
     events = None
     if request.app.state.hub.mode == "log" or await b.dash.has_event_log():
         events = await b.dash.read_events(after_id=0, max_rows=1000, job_ids=[job_id])
@@ -203,6 +204,7 @@ async def job_page(request: Request) -> Response:
             "live": urlencode({"job": job_id}),
             "refresh": True,
             "job_id": job_id,
+            "why": why,
         },
     )
 

@@ -124,6 +124,7 @@ CONTRACT = [
         },
     ),
     Fn("job_status", [("id", "bigint")], {}, "SETOF pgjobs.job_status"),
+    Fn("explain", [("id", "bigint")], {}, "jsonb"),
     Fn("stats", [], {}, f"TABLE(queue text, state {STATE}, jobs bigint)"),
     Fn(
         "list_jobs",

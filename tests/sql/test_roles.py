@@ -29,6 +29,7 @@ PRODUCER = {
     "job_status",
     "batch_status",
     "status_snapshot",
+    "explain",
 }
 WORKER = {
     "claim", "renew_lease", "renew_leases", "checkpoint", "progress", "complete", "complete_many", "fail",
@@ -40,7 +41,7 @@ WORKER = {
     "next_schedule_at",
 }  # fmt: skip
 READER = {
-    "job_status", "batch_status", "status_snapshot", "batch_graph", "stats", "list_jobs", "list_workers",
+    "job_status", "batch_status", "status_snapshot", "explain", "batch_graph", "stats", "list_jobs", "list_workers",
     "list_queues", "count_jobs", "list_schedules", "get_schedule", "read_events", "stream_bounds", "stream_head",
     # the dashboard's reads (sql/dashboard.sql)
     "dashboard_jobs", "dashboard_count_jobs", "dashboard_queues", "dashboard_throughput", "dashboard_groups",

@@ -129,3 +129,25 @@ def test_delete_a_finished_job_through_its_confirm_step(browser: Any, web: Runni
         assert page.inner_text(".notice") == f"job {seeded.failed_id} deleted"
         assert c.job_status(seeded.failed_id) is None
     page.close()
+
+
+def test_frame_progress_moves_live_and_cancel_says_requested(browser: Any, web: RunningWeb, dsn: str) -> None:
+    with pgjobs.Client(dsn) as c:
+        job = c.enqueue("render", {"scene": "intro"})
+        [r] = c.claim("w", lease=300)
+        c.progress(r.id, r.lease_token, {"frame": 1, "of": 300})
+        page = _login(browser, web)
+        page.goto(f"{web.url}/jobs/{job.id}")
+        page.wait_for_selector("#live-status.on")
+        assert page.inner_text("#job-progress-text") == "frame 1/300"
+        assert page.inner_text("#run-time").startswith("running for ")
+        page.evaluate("window.__marker = 42")
+        c.progress(r.id, r.lease_token, {"frame": 150, "of": 300})  # drawn by app.js, no reload
+        page.wait_for_selector('#job-progress[value="150"][max="300"]')
+        assert page.inner_text("#job-progress-text") == "frame 150/300"
+        assert page.evaluate("window.__marker") == 42
+        page.click("button:text-is('Request cancellation')")
+        page.wait_for_selector(".notice")
+        assert "cancellation requested" in page.inner_text(".notice")
+        assert page.get_attribute("#job-state", "data-state") == "active"
+    page.close()

@@ -240,13 +240,15 @@ async def batch_page(request: Request) -> Response:
     if status is None or graph is None:
         raise NotFound(f"batch {batch_id} not found")
     kind = request.query_params.get("kind") or None  # a grouped node's link: the members of its kind
+    svg = batch_graph_svg(graph)
     shown = [n for n in graph.get("nodes", []) if kind is None or n.get("kind") == kind]
     return render(
         request,
         "batch.html",
         {
             "batch": status,
-            "graph": batch_graph_svg(graph),
+            "graph": svg,
+            "grouped": 'class="node group"' in svg,
             "kind": kind,
             "members": [n for n in shown if n.get("member")],
             "outside": [n for n in shown if not n.get("member")],

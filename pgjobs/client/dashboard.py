@@ -162,6 +162,15 @@ def state_counts_call(flt: JobFilter) -> Call[dict[str, int]]:
     )
 
 
+def job_states_call(ids: Sequence[int]) -> Call[dict[int, JobState]]:
+    """The current state of each of these jobs (those that exist)."""
+    return Call(
+        "SELECT id, state::text AS state FROM pgjobs.status_snapshot(job_ids => %(ids)s::bigint[])",
+        {"ids": list(ids)},
+        lambda rows: {int(r["id"]): JobState(r["state"]) for r in rows},
+    )
+
+
 def queues_call() -> Call[list[QueueOverview]]:
     return Call("SELECT * FROM pgjobs.dashboard_queues()", {}, lambda rows: [QueueOverview.from_row(r) for r in rows])
 
@@ -247,6 +256,9 @@ class AsyncDashboard(AsyncRunner):
 
     async def state_counts(self, flt: JobFilter) -> dict[str, int]:
         return await self._run(state_counts_call(flt))
+
+    async def job_states(self, ids: Sequence[int]) -> dict[int, JobState]:
+        return await self._run(job_states_call(ids))
 
     async def queues(self) -> list[QueueOverview]:
         return await self._run(queues_call())

@@ -16,6 +16,7 @@ from starlette.responses import JSONResponse, RedirectResponse, Response
 
 from pgjobs.client import AsyncClient
 from pgjobs.client.dashboard import AsyncDashboard, JobFilter
+from pgjobs.records import JobState
 from pgjobs.web.config import WebConfig
 from pgjobs.web.security import SESSION_COOKIE, check_csrf, same_origin
 from pgjobs.web.views import BadParam, NotFound, param_state, path_id, render
@@ -141,10 +142,20 @@ async def bulk(request: Request, form: FormData, client: AsyncClient, dash: Asyn
         outcome = await dash.bulk(what, None, flt, MAX_BULK)
     else:
         raise BadParam(f"scope must be selected or filter, got {scope!r}")
-    done = sum(1 for o in outcome if o.done)
+    done = [o.id for o in outcome if o.done]
     refused = [o for o in outcome if o.error]
-    verb = "cancelled" if what == "cancel" else "queued again"
-    text = f"{done} of {len(outcome)} jobs {verb}"
+    if what == "cancel" and done:
+        # as for one job: a running job only got its cancellation requested (cancel_job)
+        states = await dash.job_states(done)
+        running = sum(1 for i in done if states.get(i) == JobState.ACTIVE)
+        cancelled = sum(1 for i in done if states.get(i, JobState.CANCELLED) == JobState.CANCELLED)
+        text = f"{cancelled} of {len(outcome)} jobs cancelled"
+        if running:
+            text += f", {running} running: cancellation requested (their workers stop them)"
+        if len(done) - cancelled - running:
+            text += f", {len(done) - cancelled - running} ended before the cancellation took effect"
+    else:
+        text = f"{len(done)} of {len(outcome)} jobs {'cancelled' if what == 'cancel' else 'queued again'}"
     if refused:
         text += f"; {len(refused)} refused (first: {refused[0].error})"
     return text

@@ -162,6 +162,18 @@ def test_cancel_says_what_really_happened(dsn: str, web: RunningWeb) -> None:
         assert c.job_status(waiting.id).state == "cancelled"  # type: ignore[union-attr]
         assert "had already ended" in _notice(_post(web, s, f"/jobs/{waiting.id}/cancel"))
         assert r.id == running.id
+        # the same for many at once
+        busy = c.enqueue("slow", {}, queue="bulk")
+        [b] = c.claim("w", ["bulk"])
+        idle = [c.enqueue("later", {}, queue="bulk").id for _ in range(2)]
+        ids = [str(i) for i in (b.id, *idle)]
+        r2 = s.post(
+            "/jobs/bulk",
+            data={"csrf_token": web.csrf(), "action": "cancel", "scope": "selected", "ids": ids},
+            headers={"Origin": web.url},
+        )
+        assert _notice(r2) == "2 of 3 jobs cancelled, 1 running: cancellation requested (their workers stop them)"
+        assert c.job_status(busy.id).state == "active"  # type: ignore[union-attr]
 
 
 def test_delete_a_finished_job_confirm_csrf_and_state(dsn: str, web: RunningWeb) -> None:

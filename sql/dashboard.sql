@@ -61,6 +61,36 @@ BEGIN
 END;
 $$;
 
+-- The job list's state tabs: how many jobs the filter (without a state) matches in each state, one row
+-- per state that has any. One scan for every tab, where dashboard_count_jobs per state would be seven.
+CREATE OR REPLACE FUNCTION pgjobs.dashboard_state_counts(
+    only_queue text DEFAULT NULL,
+    only_kind  text DEFAULT NULL,
+    search     text DEFAULT NULL)
+RETURNS TABLE (state pgjobs.job_state, jobs bigint)
+LANGUAGE plpgsql
+STABLE
+SET search_path = pg_catalog, pgjobs, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_search text := lower(dashboard_state_counts.search);
+BEGIN
+    PERFORM _dashboard_check_filter(only_queue, only_kind, dashboard_state_counts.search);
+    RETURN QUERY
+    SELECT j.state, count(*)
+      FROM jobs AS j
+     WHERE (only_queue IS NULL OR j.queue = only_queue)
+       AND (only_kind IS NULL OR j.kind = only_kind)
+       AND (v_search IS NULL
+            OR strpos(lower(j.kind), v_search) > 0
+            OR strpos(lower(coalesce(j.unique_key, '')), v_search) > 0
+            OR strpos(lower(j.payload::text), v_search) > 0)
+     GROUP BY j.state
+     ORDER BY j.state;
+END;
+$$;
+
 -- A page of the job list, newest first; every row carries the filter's full count (total_rows; no row
 -- at all when the page is past the end: dashboard_count_jobs says how many then). Counting apart and
 -- then taking the page lets the page be a top-N sort (count(*) OVER () would sort every match).

@@ -89,6 +89,7 @@ DECLARE
 
         "dashboard_jobs": ["pgjobs_reader"],
         "dashboard_count_jobs": ["pgjobs_reader"],
+        "dashboard_state_counts": ["pgjobs_reader"],
         "dashboard_queues": ["pgjobs_reader"],
         "dashboard_throughput": ["pgjobs_reader"],
         "dashboard_groups": ["pgjobs_reader"],

@@ -152,6 +152,25 @@ def count_jobs_call(flt: JobFilter) -> Call[int]:
     return Call("SELECT pgjobs.dashboard_count_jobs(" + _FILTER_ARGS + ")", flt.params(), lambda r: int(scalar(r)))
 
 
+def state_counts_call(flt: JobFilter) -> Call[dict[str, int]]:
+    """How many jobs the filter (its state left out) matches per state: the job list's tabs."""
+    return Call(
+        "SELECT state::text AS state, jobs FROM pgjobs.dashboard_state_counts("
+        "only_queue => %(queue)s, only_kind => %(kind)s, search => %(search)s)",
+        {"queue": flt.queue, "kind": flt.kind, "search": flt.search},
+        lambda rows: {str(r["state"]): int(r["jobs"]) for r in rows},
+    )
+
+
+def job_states_call(ids: Sequence[int]) -> Call[dict[int, JobState]]:
+    """The current state of each of these jobs (those that exist)."""
+    return Call(
+        "SELECT id, state::text AS state FROM pgjobs.status_snapshot(job_ids => %(ids)s::bigint[])",
+        {"ids": list(ids)},
+        lambda rows: {int(r["id"]): JobState(r["state"]) for r in rows},
+    )
+
+
 def queues_call() -> Call[list[QueueOverview]]:
     return Call("SELECT * FROM pgjobs.dashboard_queues()", {}, lambda rows: [QueueOverview.from_row(r) for r in rows])
 
@@ -234,6 +253,12 @@ class AsyncDashboard(AsyncRunner):
         if not page.jobs and skip_rows > 0:  # past the end: the rows cannot say how many there are
             return JobPage([], await self._run(count_jobs_call(flt)))
         return page
+
+    async def state_counts(self, flt: JobFilter) -> dict[str, int]:
+        return await self._run(state_counts_call(flt))
+
+    async def job_states(self, ids: Sequence[int]) -> dict[int, JobState]:
+        return await self._run(job_states_call(ids))
 
     async def queues(self) -> list[QueueOverview]:
         return await self._run(queues_call())

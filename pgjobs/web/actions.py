@@ -16,9 +16,10 @@ from starlette.responses import JSONResponse, RedirectResponse, Response
 
 from pgjobs.client import AsyncClient
 from pgjobs.client.dashboard import AsyncDashboard, JobFilter
+from pgjobs.records import JobState
 from pgjobs.web.config import WebConfig
 from pgjobs.web.security import SESSION_COOKIE, check_csrf, same_origin
-from pgjobs.web.views import BadParam, param_state, path_id, render
+from pgjobs.web.views import BadParam, NotFound, param_state, path_id, render
 
 Handler = Callable[[Request, FormData, AsyncClient, AsyncDashboard], Awaitable[str]]
 MAX_BULK = 1000
@@ -68,7 +69,18 @@ def _job_url(request: Request) -> str:
 async def cancel_job(request: Request, form: FormData, client: AsyncClient, dash: AsyncDashboard) -> str:
     job_id = path_id(request)
     done = await client.cancel(job_id)
-    return f"job {job_id}: cancelled" if done else f"job {job_id} had already ended: nothing to cancel"
+    if not done:
+        return f"job {job_id} had already ended: nothing to cancel"
+    # cancel() is true for a running job too, which only gets cancel_requested: its worker ends it (or
+    # does not, if it finishes first). The state read after the call says which of the two happened.
+    job = await client.job_status(job_id)
+    if job is None or job.state.value == "cancelled":
+        return f"job {job_id}: cancelled"
+    if job.state.value == "active":
+        return f"job {job_id}: cancellation requested (still running: its worker stops it)"
+    if job.state.terminal:
+        return f"job {job_id}: cancellation requested, but it ended {job.state.value} first"
+    return f"job {job_id}: cancellation requested (it is {job.state.value} now)"
 
 
 @action(_job_url)
@@ -76,6 +88,25 @@ async def retry_job(request: Request, form: FormData, client: AsyncClient, dash:
     job_id = path_id(request)
     await client.retry(job_id)
     return f"job {job_id}: queued again"
+
+
+async def confirm_delete_job(request: Request) -> Response:
+    """The confirm step before a delete (a page, so that it holds without JavaScript too): what will be
+    gone, and the button that posts the deletion."""
+    if request.app.state.config.read_only:
+        raise PermissionError("this dashboard is read-only (--read-only): actions are disabled")
+    job_id = path_id(request)
+    job = await request.app.state.backend.client.job_status(job_id)
+    if job is None:
+        raise NotFound(f"job {job_id} not found")
+    return render(request, "confirm_delete.html", {"job": job})
+
+
+@action(lambda r: "/jobs")
+async def delete_job(request: Request, form: FormData, client: AsyncClient, dash: AsyncDashboard) -> str:
+    job_id = path_id(request)
+    await client.delete(job_id)  # a job that is not finished: PJ004, shown as a 409 with its reason
+    return f"job {job_id} deleted"
 
 
 def _ids(form: FormData) -> list[int]:
@@ -111,10 +142,20 @@ async def bulk(request: Request, form: FormData, client: AsyncClient, dash: Asyn
         outcome = await dash.bulk(what, None, flt, MAX_BULK)
     else:
         raise BadParam(f"scope must be selected or filter, got {scope!r}")
-    done = sum(1 for o in outcome if o.done)
+    done = [o.id for o in outcome if o.done]
     refused = [o for o in outcome if o.error]
-    verb = "cancelled" if what == "cancel" else "queued again"
-    text = f"{done} of {len(outcome)} jobs {verb}"
+    if what == "cancel" and done:
+        # as for one job: a running job only got its cancellation requested (cancel_job)
+        states = await dash.job_states(done)
+        running = sum(1 for i in done if states.get(i) == JobState.ACTIVE)
+        cancelled = sum(1 for i in done if states.get(i, JobState.CANCELLED) == JobState.CANCELLED)
+        text = f"{cancelled} of {len(outcome)} jobs cancelled"
+        if running:
+            text += f", {running} running: cancellation requested (their workers stop them)"
+        if len(done) - cancelled - running:
+            text += f", {len(done) - cancelled - running} ended before the cancellation took effect"
+    else:
+        text = f"{len(done)} of {len(outcome)} jobs {'cancelled' if what == 'cancel' else 'queued again'}"
     if refused:
         text += f"; {len(refused)} refused (first: {refused[0].error})"
     return text
@@ -234,6 +275,7 @@ def routes_args() -> list[tuple[str, Callable[[Request], Awaitable[Response]]]]:
         ("/jobs/bulk", bulk),
         ("/jobs/{id}/cancel", cancel_job),
         ("/jobs/{id}/retry", retry_job),
+        ("/jobs/{id}/delete", delete_job),
         ("/queues/{queue}/pause", pause_queue),
         ("/queues/{queue}/resume", resume_queue),
         ("/queues/{queue}/configure", configure_queue),

@@ -63,9 +63,11 @@ async def _on_error(request: Request, exc: Exception) -> Response:
 def routes() -> list[Route | Mount]:
     out: list[Route | Mount] = [
         Route("/", pages.overview),
+        Route("/queues", pages.queues_page),
         Route("/queues/{queue}", pages.queue_page),
         Route("/jobs", pages.jobs_page),
         Route("/jobs/{id}", pages.job_page),
+        Route("/jobs/{id}/delete", actions.confirm_delete_job, methods=["GET"]),
         Route("/batches/{id}", pages.batch_page),
         Route("/schedules", pages.schedules_page),
         Route("/workers", pages.workers_page),

@@ -4,6 +4,7 @@ it live); ``X-Partial: 1`` returns just its ``<main>`` content, which is what ap
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import urlencode
@@ -15,7 +16,7 @@ from pgjobs.client.dashboard import Event, JobFilter, QueueOverview, Throughput,
 from pgjobs.records import JobStatus
 from pgjobs.web.backend import Backend
 from pgjobs.web.svg import batch_graph_svg, throughput_chart
-from pgjobs.web.views import NotFound, job_view, param_int, param_state, path_id, render
+from pgjobs.web.views import LIVE_STATES, STATES, NotFound, job_view, param_int, param_state, path_id, render
 
 PER_PAGE = (25, 50, 100, 200)
 
@@ -84,6 +85,14 @@ async def queue_page(request: Request) -> Response:
     )
 
 
+async def queues_page(request: Request) -> Response:
+    b = backend(request)
+    queues = await b.cached("queues", b.dash.queues)
+    # max_length bounds the jobs that are not finished
+    live = {q.queue: sum(q.counts.get(s, 0) for s in LIVE_STATES) for q in queues}
+    return render(request, "queues.html", {"queues": queues, "live_counts": live, "refresh": True})
+
+
 def job_filter(request: Request) -> JobFilter:
     qp = request.query_params
     return JobFilter(
@@ -105,9 +114,13 @@ async def jobs_page(request: Request) -> Response:
     flt = job_filter(request)
     per_page = param_int(request, "per_page", 50, 1, 200)
     page = param_int(request, "page", 1, 1, 10**6)
-    result, queues = await asyncio.gather(
-        b.dash.jobs(flt, per_page, (page - 1) * per_page), b.cached("queues", b.dash.queues)
+    result, queues, counts = await asyncio.gather(
+        b.dash.jobs(flt, per_page, (page - 1) * per_page),
+        b.cached("queues", b.dash.queues),
+        b.dash.state_counts(flt),
     )
+    any_state = replace(flt, state=None)
+    tabs = [("all", None, sum(counts.values()))] + [(s, s, counts.get(s, 0)) for s in STATES]
     first = (page - 1) * per_page + 1 if result.jobs else 0
     last = (page - 1) * per_page + len(result.jobs)
     pages = max(1, -(-result.total // per_page))
@@ -125,6 +138,15 @@ async def jobs_page(request: Request) -> Response:
             "per_page": per_page,
             "per_page_choices": PER_PAGE,
             "queue_names": [q.queue for q in queues],
+            "tabs": [
+                {
+                    "label": label,
+                    "state": st,
+                    "n": n,
+                    "url": "/jobs?" + filter_query(any_state, state=st, per_page=per_page),
+                }
+                for label, st, n in tabs
+            ],
             "prev_url": f"/jobs?{filter_query(flt, page=page - 1, per_page=per_page)}" if page > 1 else None,
             "next_url": f"/jobs?{filter_query(flt, page=page + 1, per_page=per_page)}" if page < pages else None,
             "here": f"/jobs?{filter_query(flt, page=page, per_page=per_page)}",
@@ -194,13 +216,17 @@ async def job_page(request: Request) -> Response:
     events = None
     if request.app.state.hub.mode == "log" or await b.dash.has_event_log():
         events = await b.dash.read_events(after_id=0, max_rows=1000, job_ids=[job_id])
+    steps = timeline(job, events)
+    # the running attempt's start, when the event log has it (first_started_at is the first attempt's)
+    started = next((s["at"] for s in reversed(steps) if s["state"] == "active" and s["attempt"] == job.attempt), None)
     return render(
         request,
         "job.html",
         {
             "job": job,
             "view": job_view(job),
-            "steps": timeline(job, events),
+            "steps": steps,
+            "started": started if job.attempt > 1 else None,
             "live": urlencode({"job": job_id}),
             "refresh": True,
             "job_id": job_id,
@@ -215,15 +241,19 @@ async def batch_page(request: Request) -> Response:
     status, graph = await asyncio.gather(b.client.batch_status(batch_id), b.client.batch_graph(batch_id))
     if status is None or graph is None:
         raise NotFound(f"batch {batch_id} not found")
-    members = [n for n in graph.get("nodes", []) if n.get("member")]
+    kind = request.query_params.get("kind") or None  # a grouped node's link: the members of its kind
+    svg = batch_graph_svg(graph)
+    shown = [n for n in graph.get("nodes", []) if kind is None or n.get("kind") == kind]
     return render(
         request,
         "batch.html",
         {
             "batch": status,
-            "graph": batch_graph_svg(graph),
-            "members": members,
-            "outside": [n for n in graph.get("nodes", []) if not n.get("member")],
+            "graph": svg,
+            "grouped": 'class="node group"' in svg,
+            "kind": kind,
+            "members": [n for n in shown if n.get("member")],
+            "outside": [n for n in shown if not n.get("member")],
             "live": urlencode({"batch": batch_id}),
             "refresh": True,
         },

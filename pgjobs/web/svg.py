@@ -6,14 +6,15 @@ presentation attributes and classes are used, never ``style=``).
 
 from __future__ import annotations
 
-from collections import defaultdict
 from collections.abc import Sequence
 from html import escape
 from typing import Any
+from urllib.parse import quote
 
 from markupsafe import Markup
 
 from pgjobs.client.dashboard import Throughput
+from pgjobs.web.dag import Node, layout
 
 STATE_COLOURS = {
     "waiting": "#8b7fd6",
@@ -64,80 +65,93 @@ def throughput_chart(
     return Markup("".join(out))
 
 
-def _layers(node_ids: list[str], edges: list[tuple[str, str]]) -> dict[str, int]:
-    """Depth of every node: the longest path from a node with no parent (Kahn's order, so cycles, which
-    pgjobs refuses anyway, cannot loop forever)."""
-    parents: dict[str, list[str]] = defaultdict(list)
-    children: dict[str, list[str]] = defaultdict(list)
-    for a, b in edges:
-        parents[b].append(a)
-        children[a].append(b)
-    indegree = {n: len(parents[n]) for n in node_ids}
-    depth = dict.fromkeys(node_ids, 0)
-    ready = [n for n in node_ids if indegree[n] == 0]
-    while ready:
-        n = ready.pop()
-        for c in children[n]:
-            if c not in indegree:
-                continue
-            depth[c] = max(depth[c], depth[n] + 1)
-            indegree[c] -= 1
-            if indegree[c] == 0:
-                ready.append(c)
-    return depth
-
-
 def batch_graph_svg(graph: dict[str, Any]) -> Markup:
     """The batch's jobs as boxes coloured by state, in columns by dependency depth, edges as arrows
     (solid once satisfied); jobs outside the batch are drawn dashed, the batch itself is a node when
-    something depends on it as a whole. Each job links to its page."""
-    nodes: list[dict[str, Any]] = list(graph.get("nodes") or [])
-    raw_edges: list[dict[str, Any]] = list(graph.get("edges") or [])
-    batch = graph.get("batch") or {}
-    if len(nodes) > MAX_GRAPH_NODES:
+    something depends on it as a whole. Each job links to its page. A column too tall to read shows its
+    same-kind siblings as one node with a count and a bar of their states (:mod:`pgjobs.web.dag`), which
+    links to the member list of that kind."""
+    lay = layout(graph)
+    drawn = lay.nodes
+    if len(drawn) > MAX_GRAPH_NODES:
         return Markup(
-            f'<p class="muted">The graph has {len(nodes)} jobs; only graphs of up to {MAX_GRAPH_NODES} are drawn.'
-            " The member list below has them all.</p>"
+            f'<p class="muted">The graph has {lay.jobs} jobs in {len(drawn)} boxes; only graphs of up to'
+            f" {MAX_GRAPH_NODES} boxes are drawn. The member list below has them all.</p>"
         )
-    by_key: dict[str, dict[str, Any]] = {f"j{n['id']}": n for n in nodes}
-    edges: list[tuple[str, str, dict[str, Any]]] = []
-    for e in raw_edges:
-        src = f"j{e['from']}" if e.get("from") is not None else f"b{e.get('from_batch')}"
-        if src.startswith("b") and src not in by_key:
-            by_key[src] = {"batch": e.get("from_batch"), "state": batch.get("state", "executing")}
-        edges.append((src, f"j{e['to']}", e))
-    keys = list(by_key)
-    depth = _layers(keys, [(a, b) for a, b, _ in edges])
-    columns: dict[int, list[str]] = defaultdict(list)
-    for k in keys:
-        columns[depth[k]].append(k)
     box_w, box_h, gap_x, gap_y, pad = 168, 40, 56, 14, 10
     pos: dict[str, tuple[float, float]] = {}
-    for col, members in columns.items():
-        for row, k in enumerate(members):
-            pos[k] = (pad + col * (box_w + gap_x), pad + row * (box_h + gap_y))
-    width = pad * 2 + (max(columns) + 1 if columns else 1) * (box_w + gap_x) - gap_x
-    height = pad * 2 + max([len(m) for m in columns.values()] + [1]) * (box_h + gap_y) - gap_y
+    for col, members in enumerate(lay.columns):
+        for row, n in enumerate(members):
+            pos[n.key] = (pad + col * (box_w + gap_x), pad + 4 + row * (box_h + gap_y))
+    width = pad * 2 + max(len(lay.columns), 1) * (box_w + gap_x) - gap_x
+    height = pad * 2 + 4 + max([len(m) for m in lay.columns] + [1]) * (box_h + gap_y) - gap_y
+    grouped = sum(len(n.ids) for n in drawn if n.group)
+    label = f"dependency graph: {lay.jobs} jobs" + (f", {grouped} of them in groups" if grouped else "")
     out = [
         f'<svg class="dag" id="dag" viewBox="0 0 {width} {height}" width="{width}" height="{height}"'
-        ' xmlns="http://www.w3.org/2000/svg" role="img" aria-label="dependency graph">',
+        f' xmlns="http://www.w3.org/2000/svg" role="img" aria-label="{escape(label)}">',
+        # (in user units: an edge drawn thicker for the many dependencies it stands for keeps a small head)
         '<defs><marker id="arrow" viewBox="0 0 10 10" refX="10" refY="5" markerWidth="7" markerHeight="7"'
-        ' orient="auto-start-reverse"><path d="M0,0 L10,5 L0,10 z" fill="#6b7280"/></marker></defs>',
+        ' markerUnits="userSpaceOnUse" orient="auto-start-reverse"><path d="M0,0 L10,5 L0,10 z" fill="#6b7280"/>'
+        "</marker></defs>",
     ]
-    for a, b, e in edges:
-        (x1, y1), (x2, y2) = pos[a], pos[b]
+    for e in lay.edges:
+        (x1, y1), (x2, y2) = pos[e.src], pos[e.dst]
         sx, sy, tx, ty = x1 + box_w, y1 + box_h / 2, x2, y2 + box_h / 2
         mid = (sx + tx) / 2
-        dash = "" if e.get("satisfied") else ' stroke-dasharray="5 4"'
+        dash = "" if e.satisfied else ' stroke-dasharray="5 4"'
+        on = "/".join(e.on)
+        title = f"on {on}" + (f" ({e.count} dependencies)" if e.count > 1 else "")
+        thick = f' stroke-width="{min(1 + e.count / 50, 4):.1f}"' if e.count > 1 else ""
         out.append(
-            f'<path class="edge edge-{escape(str(e.get("on")))}" d="M{sx:.0f},{sy:.0f} C{mid:.0f},{sy:.0f}'
-            f' {mid:.0f},{ty:.0f} {tx:.0f},{ty:.0f}" fill="none" stroke="#6b7280"{dash}'
-            f' marker-end="url(#arrow)"><title>on {escape(str(e.get("on")))}</title></path>'
+            f'<path class="edge edge-{escape(on)}" d="M{sx:.0f},{sy:.0f} C{mid:.0f},{sy:.0f}'
+            f' {mid:.0f},{ty:.0f} {tx:.0f},{ty:.0f}" fill="none" stroke="#6b7280"{dash}{thick}'
+            f' marker-end="url(#arrow)"><title>{escape(title)}</title></path>'
         )
-    for k in keys:
-        out.append(_node_svg(k, by_key[k], pos[k], box_w, box_h))
+    for n in drawn:
+        if n.group:
+            out.append(_group_svg(n, pos[n.key], box_w, box_h))
+        else:
+            out.append(_node_svg(n.key, n.data, pos[n.key], box_w, box_h))
     out.append("</svg>")
     return Markup("".join(out))
+
+
+def _group_svg(n: Node, at: tuple[float, float], w: int, h: int) -> str:
+    """A group: a stack of boxes, "kind x count", its commonest states, and a bar of every state."""
+    x, y = at
+    kind = n.data.get("kind")
+    label = f"{kind or 'other jobs'} \u00d7{len(n.ids)}"
+    if len(label) > 22:
+        label = label[:21] + "\u2026"
+    order = [s for s in STATE_COLOURS if n.states.get(s)] + sorted(s for s in n.states if s not in STATE_COLOURS)
+    summary = " \u00b7 ".join(f"{n.states[s]} {s}" for s in order)
+    # a count per state, each after a square of its colour (the legend's): the words would not fit
+    shown = "".join(f'<tspan fill="{STATE_COLOURS.get(s, "#6b7280")}">\u25a0</tspan> {n.states[s]} ' for s in order[:4])
+    href = f"/batches/{n.data.get('batch_id')}?kind={quote(str(kind))}#members" if kind else "#members"
+    outside = "" if n.data.get("member", True) else ' stroke-dasharray="4 3"'
+    bar = []
+    bx, bw = x + 1.0, w - 2.0
+    for s in order:
+        seg = bw * n.states[s] / len(n.ids)
+        bar.append(
+            f'<rect class="seg seg-{escape(s)}" x="{bx:.1f}" y="{y + h - 6:.0f}" width="{seg:.1f}" height="5"'
+            f' fill="{STATE_COLOURS.get(s, "#6b7280")}"/>'
+        )
+        bx += seg
+    first, last = min(n.ids), max(n.ids)
+    return (
+        f'<a href="{escape(href)}" class="node group" data-count="{len(n.ids)}" data-kind="{escape(str(kind or ""))}"'
+        f' data-state="{escape(n.state)}">'
+        f'<rect x="{x + 5:.0f}" y="{y - 5:.0f}" width="{w}" height="{h}" rx="6" fill="#e5e7eb" stroke="#9ca3af"/>'
+        f'<rect x="{x + 2.5:.1f}" y="{y - 2.5:.1f}" width="{w}" height="{h}" rx="6" fill="#eef0f3" stroke="#9ca3af"/>'
+        f'<rect x="{x:.0f}" y="{y:.0f}" width="{w}" height="{h}" rx="6" fill="#ffffff" stroke="#1f2937"'
+        f' stroke-width="1"{outside}/>'
+        + "".join(bar)
+        + f'<text x="{x + 8:.0f}" y="{y + 15:.0f}" fill="#111827" class="node-label">{escape(label)}</text>'
+        f'<text x="{x + 8:.0f}" y="{y + 28:.0f}" fill="#374151" class="node-state">{shown}</text>'
+        f"<title>{escape(label)} (jobs {first}\u2013{last}): {escape(summary)}</title></a>"
+    )
 
 
 def _node_svg(key: str, n: dict[str, Any], at: tuple[float, float], w: int, h: int) -> str:

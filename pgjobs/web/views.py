@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 from markupsafe import Markup, escape
 from starlette.requests import Request
@@ -58,26 +58,103 @@ def duration(seconds: float | None) -> str:
     return ago(seconds).removesuffix(" ago")
 
 
+def span(seconds: float) -> str:
+    """A length of time, as precise as it is useful: "340 ms", "2.3 s", "45 s", "3 min 5 s", "2 h 10 min"."""
+    s = max(seconds, 0.0)
+    if s < 1:
+        return f"{s * 1000:.0f} ms"
+    if s < 10:
+        return f"{s:.1f} s"
+    if s < 60:
+        return f"{s:.0f} s"
+    m = int(s // 60)
+    if m < 60:
+        return f"{m} min {int(s % 60)} s" if m < 10 else f"{m} min"
+    h, m = divmod(m, 60)
+    if h < 24:
+        return f"{h} h {m} min" if m else f"{h} h"
+    d, h = divmod(h, 24)
+    return f"{d} d {h} h" if h else f"{d} d"
+
+
+def run_time(job: Any, started: datetime | None = None) -> Markup:
+    """How long a job ran or has been running, or has waited since it became due: "ran 2.3 s",
+    "running for 3 min 5 s" (a ``<time data-since>`` that app.js keeps current), "waiting 12 s". A job that
+    ran more than once is measured from its first start (``started``: the current attempt's start when
+    known, for a running job). Empty for a job that never started and is not due."""
+    state = str(getattr(job.state, "value", job.state))
+    first = job.first_started_at
+    now = datetime.now(UTC)
+    if state == "active" and (started or first) is not None:
+        since = started or first
+        assert since is not None
+        iso = escape(since.isoformat())
+        title = "since this attempt started" if started else "since its first start"
+        return Markup(
+            f'<span class="run-time" title="{title}">running for <time datetime="{iso}" data-since>'
+            f"{escape(span((now - since).total_seconds()))}</time></span>"
+        )
+    if state in ("succeeded", "failed", "cancelled") and first is not None and job.completed_at is not None:
+        text = span((job.completed_at - first).total_seconds())
+        if job.attempt > 1:
+            return Markup(
+                f'<span class="run-time" title="from its first start to its end, retries and their waits'
+                f' included">took {escape(text)} over {job.attempt} attempts</span>'
+            )
+        return Markup(f'<span class="run-time" title="from its start to its end">ran {escape(text)}</span>')
+    if state == "pending" and job.run_at is not None and job.run_at <= now:
+        text = span((now - job.run_at).total_seconds())
+        return Markup(f'<span class="run-time muted" title="due since then, not yet claimed">waiting {text}</span>')
+    return Markup("")
+
+
 def pretty(value: Any) -> str:
     return json.dumps(to_jsonable(value), indent=2, sort_keys=True, ensure_ascii=False)
 
 
-def progress_parts(progress: Any) -> tuple[float, float, str] | None:
-    """(value, max, text) of a reported progress: ``{"done", "total", "message"}``, ``{"percent"}``, or a
-    bare number (a fraction when <= 1, else a percentage). None when it says nothing measurable."""
-    if isinstance(progress, bool) or progress is None:
+def number(value: float) -> str:
+    """12.0 -> "12", 2.5 -> "2.5", 1000000.0 -> "1000000" (never "1e+06")."""
+    return str(int(value)) if float(value).is_integer() else f"{value:.6g}"
+
+
+def _number(value: Any) -> TypeGuard[int | float]:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _count_of(progress: dict[str, Any]) -> tuple[str, float, float] | None:
+    """(name, done, total) of ``{"done"|"current"|<any name>: n, "total"|"of": m}`` with m > 0: the
+    counter is ``done`` or ``current`` when present, else the one other numeric field."""
+    total = progress.get("total", progress.get("of"))
+    if not _number(total) or total <= 0:
         return None
-    if isinstance(progress, int | float):
+    for name in ("done", "current"):
+        if _number(progress.get(name)):
+            return name, float(progress[name]), float(total)
+    others = [k for k, v in progress.items() if k not in ("total", "of", "percent") and _number(v)]
+    if len(others) == 1:
+        return others[0], float(progress[others[0]]), float(total)
+    return None
+
+
+def progress_parts(progress: Any) -> tuple[float, float, str] | None:
+    """(value, max, text) of a reported progress: a count of a total (``{"done", "total"}``,
+    ``{"current", "total"}``, ``{"done", "of"}``, ``{"frame", "of"}``: any one numeric field with ``total``
+    or ``of``; an optional ``message``), ``{"percent"}``, or a bare number (a fraction when <= 1, else a
+    percentage). None when it says nothing measurable."""
+    if _number(progress):
         frac = float(progress) if progress <= 1 else float(progress) / 100
         return max(0.0, min(frac, 1.0)), 1.0, f"{frac:.0%}"
-    if isinstance(progress, dict):
-        done, total = progress.get("done", progress.get("current")), progress.get("total")
-        message = str(progress.get("message") or "")
-        if isinstance(done, int | float) and isinstance(total, int | float) and total > 0:
-            return float(done), float(total), f"{done}/{total} {message}".strip()
-        percent = progress.get("percent")
-        if isinstance(percent, int | float):
-            return float(percent), 100.0, f"{percent:g}% {message}".strip()
+    if not isinstance(progress, dict):
+        return None
+    message = str(progress.get("message") or "")
+    count = _count_of(progress)
+    if count is not None:
+        name, done, total = count
+        label = "" if name in ("done", "current") else f"{name} "
+        return done, total, f"{label}{number(done)}/{number(total)} {message}".strip()
+    percent = progress.get("percent")
+    if _number(percent):
+        return float(percent), 100.0, f"{percent:g}% {message}".strip()
     return None
 
 
@@ -128,7 +205,8 @@ def make_templates() -> Jinja2Templates:
     env.filters["reltime"] = reltime
     env.filters["pretty"] = pretty
     env.filters["duration"] = duration
-    env.filters["num"] = lambda v: f"{v:g}"
+    env.filters["run_time"] = run_time
+    env.filters["num"] = number
     env.globals["STATES"] = STATES
     env.globals["progress_parts"] = progress_parts
     env.globals["LIVE_STATES"] = LIVE_STATES

@@ -87,3 +87,35 @@ def seed(dsn: str) -> Seeded:
         schedule="nightly-report",
         traceback_text=tb,
     )
+
+
+def seed_big_batch(dsn: str, members: int, fan: bool) -> int:
+    """A batch of ``members`` jobs, some of them run (succeeded, failed, one running). ``fan``: one
+    ``fetch``, then ``members - 2`` ``parse`` jobs after it, then one ``merge`` after them all; otherwise
+    independent ``resize`` (70 %) and ``thumbnail`` jobs. Either way a ``notify`` continuation follows the
+    batch. Returns the batch id."""
+    queue = f"big-{members}"
+    with pgjobs.Client(dsn) as c:
+        b = c.batch()
+        if fan:
+            fetch = b.enqueue("fetch", {"url": "https://example.org/archive.zip"}, queue=queue)
+            parts = [
+                b.enqueue("parse", {"part": i}, after=[on_success(fetch)], queue=queue) for i in range(members - 2)
+            ]
+            b.enqueue("merge", {}, after=[on_success(p) for p in parts], queue=queue)
+        else:
+            for i in range(members):
+                b.enqueue("resize" if i % 10 < 7 else "thumbnail", {"image": f"img-{i}.png"}, queue=queue)
+        b.then("notify", {"channel": "#media"}, queue=queue)
+        b.submit()
+        assert b.batch_id is not None
+        done = c.claim("worker-a", [queue], max_jobs=1 if fan else members // 2)
+        for job in done:
+            c.complete(job.id, job.lease_token)
+        ran = c.claim("worker-a", [queue], max_jobs=members // 3)
+        for i, job in enumerate(ran):
+            if i % 7 == 0:
+                c.dead_letter(job.id, job.lease_token, "ValueError: corrupt input")
+            elif i < len(ran) - 1:
+                c.complete(job.id, job.lease_token)
+    return b.batch_id

@@ -41,6 +41,24 @@ def test_job_page_counts_search_and_no_lease_token(dsn: str) -> None:
     assert queues["default"].counts == {"pending": 1}
 
 
+def test_state_counts_count_the_filter_in_every_state(dsn: str) -> None:
+    with pgjobs.Client(dsn) as c:
+        for i in range(4):
+            c.enqueue("mail", {"to": f"u{i}@example.org"}, queue="m")
+        c.enqueue("other", {"note": "Needle"}, queue="m")
+        c.enqueue("mail", {}, queue="elsewhere")
+        [a] = c.claim("w", ["m"])
+        c.complete(a.id, a.lease_token)
+        c.cancel(c.enqueue("mail", {}, queue="m").id)
+    assert _run(dsn, lambda d: d.state_counts(JobFilter(queue="m"))) == {"pending": 4, "succeeded": 1, "cancelled": 1}
+    assert _run(dsn, lambda d: d.state_counts(JobFilter(queue="m", kind="other"))) == {"pending": 1}
+    assert _run(dsn, lambda d: d.state_counts(JobFilter(search="NEEDLE"))) == {"pending": 1}
+    # the filter's state is left out: the tabs count every state
+    both = _run(dsn, lambda d: d.state_counts(JobFilter(state=JobState.SUCCEEDED, kind="mail")))
+    assert both == {"pending": 4, "succeeded": 1, "cancelled": 1}  # 3 in m, 1 elsewhere
+    assert _run(dsn, lambda d: d.state_counts(JobFilter(queue="nowhere"))) == {}
+
+
 def test_throughput_has_one_point_per_minute(dsn: str) -> None:
     with pgjobs.Client(dsn) as c:
         c.enqueue("a", {})
@@ -71,6 +89,7 @@ def test_bulk_reports_each_job_and_refusals_do_not_stop_it(dsn: str) -> None:
         (lambda d: d.jobs(JobFilter(), 10, -1), InvalidArgument, "skip_rows must be >= 0, got -1"),
         (lambda d: d.throughput(0), InvalidArgument, "minutes must be between 1 and 1440, got 0"),
         (lambda d: d.trigger_schedule("nope"), JobNotFound, "schedule 'nope' not found"),
+        (lambda d: d.state_counts(JobFilter(kind="k" * 1001)), InvalidArgument, "only_kind must be at most 1000 bytes"),
     ],
 )  # fmt: skip
 def test_bad_input_is_refused_naming_the_value(dsn: str, call: Any, error: type[Exception], says: str) -> None:

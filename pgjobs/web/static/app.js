@@ -19,14 +19,31 @@
     else text = Math.round(s / 86400) + " d";
     return seconds >= 0 ? text + " ago" : "in " + text;
   }
+  // (the same text as span() in views.py)
+  function span(seconds) {
+    const s = Math.max(seconds, 0);
+    if (s < 1) return Math.round(s * 1000) + " ms";
+    if (s < 10) return s.toFixed(1) + " s";
+    if (s < 60) return Math.round(s) + " s";
+    let m = Math.floor(s / 60);
+    if (m < 60) return m < 10 ? m + " min " + Math.floor(s % 60) + " s" : m + " min";
+    let h = Math.floor(m / 60); m %= 60;
+    if (h < 24) return m ? h + " h " + m + " min" : h + " h";
+    const d = Math.floor(h / 24); h %= 24;
+    return h ? d + " d " + h + " h" : d + " d";
+  }
   function updateTimes() {
     const now = Date.now();
     for (const el of document.querySelectorAll("time[data-rel]")) {
       const t = Date.parse(el.getAttribute("datetime"));
       if (!Number.isNaN(t)) el.textContent = ago((now - t) / 1000);
     }
+    for (const el of document.querySelectorAll("time[data-since]")) {
+      const t = Date.parse(el.getAttribute("datetime"));
+      if (!Number.isNaN(t)) el.textContent = span((now - t) / 1000);
+    }
   }
-  setInterval(updateTimes, 10000);
+  setInterval(updateTimes, 5000);
 
   // -- the database banner -------------------------------------------------------------------------
   function setDb(ok, error) {
@@ -83,14 +100,26 @@
   }
 
   // -- the job page: progress and state ------------------------------------------------------------
+  // (the same rules as progress_parts in views.py)
+  const isNum = (v) => typeof v === "number" && Number.isFinite(v);
+  function countOf(p) {
+    const total = p.total !== undefined ? p.total : p.of;
+    if (!isNum(total) || total <= 0) return null;
+    for (const name of ["done", "current"]) if (isNum(p[name])) return [name, p[name], total];
+    const others = Object.keys(p).filter((k) => !["total", "of", "percent"].includes(k) && isNum(p[k]));
+    return others.length === 1 ? [others[0], p[others[0]], total] : null;
+  }
   function progressParts(p) {
     if (p === null || p === undefined || typeof p === "boolean") return null;
     if (typeof p === "number") { const f = p <= 1 ? p : p / 100; return [Math.max(0, Math.min(f, 1)), 1, Math.round(f * 100) + "%"]; }
-    if (typeof p === "object") {
-      const done = p.done !== undefined ? p.done : p.current;
+    if (typeof p === "object" && !Array.isArray(p)) {
       const msg = p.message ? " " + p.message : "";
-      if (typeof done === "number" && typeof p.total === "number" && p.total > 0) return [done, p.total, done + "/" + p.total + msg];
-      if (typeof p.percent === "number") return [p.percent, 100, p.percent + "%" + msg];
+      const count = countOf(p);
+      if (count) {
+        const label = count[0] === "done" || count[0] === "current" ? "" : count[0] + " ";
+        return [count[1], count[2], label + count[1] + "/" + count[2] + msg];
+      }
+      if (isNum(p.percent)) return [p.percent, 100, p.percent + "%" + msg];
     }
     return null;
   }

@@ -227,6 +227,10 @@ COMMENT ON FUNCTION pgjobs.dashboard_queues IS $$Every queue with jobs or settin
 Errors: none.
 Roles: pgjobs_reader, pgjobs_admin.$$;
 
+COMMENT ON FUNCTION pgjobs.dashboard_state_counts IS $$How many jobs the dashboard's job filter (queue, kind, search) matches in each state: the counts on the job list's state tabs.
+Errors: PJ002 a filter value beyond the limits.
+Roles: pgjobs_reader, pgjobs_admin.$$;
+
 COMMENT ON FUNCTION pgjobs.dashboard_groups IS $$A fair queue's groups with live work: pending, scheduled and active counts, and when the round-robin last served each, busiest first.
 Errors: PJ002 an invalid queue name or max_rows.
 Roles: pgjobs_reader, pgjobs_admin.$$;
@@ -284,3 +288,7 @@ Roles: pgjobs_admin.$$;
 COMMENT ON FUNCTION pgjobs.dashboard_bulk IS $$Cancels or retries many jobs: the ids given, or (ids NULL) every job the list filter matches, newest first, at most max_rows. Each goes through cancel or retry; a job that refuses is reported with its error and does not stop the others.
 Errors: PJ002 an unknown action or a value beyond the limits.
 Roles: pgjobs_admin.$$;
+
+COMMENT ON FUNCTION pgjobs.explain IS $$Why a job is not running, as {"reason": ..., ...details}: running (worker, lease end), terminal, waiting_dependencies (the open parents), scheduled (until), paused, queue_cap or group_cap (n of m active), no_worker (no live worker serves its queue or kind), behind_others (how many jobs come first), claimable. Other blockers that also hold are listed under "also". NULL for an unknown id.
+Errors: none.
+Roles: pgjobs_producer, pgjobs_reader, pgjobs_admin.$$;

@@ -1,6 +1,7 @@
 """pgjobs: durable background jobs that live inside PostgreSQL."""
 
 from pgjobs.client import AsyncClient, Client
+from pgjobs.client.explain import Explanation, Reason
 from pgjobs.client.graph import Dep, JobRef, after_batch, on_complete, on_failure, on_success
 from pgjobs.client.recurring import PeriodicSpec
 from pgjobs.client.stream import StatusEvent
@@ -68,3 +69,4 @@ __all__ += [
     "Worker",
 ]
 __version__ = "0.1.0"
+__all__ += ["Explanation", "Reason"]

@@ -258,12 +258,14 @@ class Worker(WorkerState):
             await probe.close()
             await pool.open(wait=True, timeout=15)
             await leases.heartbeat_once(self)  # fails fast on a missing schema or an unreachable database
+            await listener.read_caps(self)
             async with anyio.create_task_group() as services:
                 self.listener = listener.make_listener(self)
                 await services.start(self.listener.run, partial(listener.on_notify, self))
                 services.start_soon(listener.poller, self)
                 services.start_soon(leases.renewer, self)
                 services.start_soon(leases.heartbeat, self)
+                services.start_soon(listener.caps_reader, self)
                 if self.vacuum:
                     services.start_soon(vacuum.vacuumer, self)
                 await self._start_scheduler(services)

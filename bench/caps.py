@@ -9,8 +9,9 @@ by the cap waits for the poll.
 Each figure is the seconds from the enqueue (the jobs' ``created_at``) to the last completion
 (``completed_at``), the median over the rounds, beside the ideal (jobs / min(concurrency, cap) rounds of
 0.2 s); its bar is the issue's target, at most twice the ideal plus 0.5 s, as a ratio to the ideal. The
-notes give the worker's claims by what triggered them (``poll``: a claim the poll fallback started; a capped
-queue at its cap's speed needs none).
+notes give the worker's claims by what started them, and the jobs they took (``poll``: a claim the poll
+fallback started; a capped queue at its cap's speed needs none; ``ended``: the worker's own end of a job of the
+capped queue; ``wake``: a ``pgjobs_wake``, its own completions' included).
 """
 
 from __future__ import annotations
@@ -74,8 +75,11 @@ def _span(dsn: str, queue: str) -> float:
     return float(row[0])
 
 
-def _one(dsn: str, queue: str, config: dict[str, Any], groups: list[str | None]) -> tuple[float, Counter[str]]:
-    """One round of one case on a queue of its own: (seconds, the worker's claims by trigger)."""
+def _one(
+    dsn: str, queue: str, config: dict[str, Any], groups: list[str | None]
+) -> tuple[float, Counter[str], Counter[str]]:
+    """One round of one case on a queue of its own: (seconds, the worker's claims and the jobs they took, by
+    trigger)."""
     _setup(dsn, queue, config)
     worker = pgjobs.Worker(app, dsn, {queue: CONCURRENCY}, scheduler=False, vacuum=False)
 
@@ -94,8 +98,9 @@ def _one(dsn: str, queue: str, config: dict[str, Any], groups: list[str | None])
                 worker.stop()
 
     anyio.run(main)
-    triggers: Counter[str] = Counter(getattr(worker, "claims_by_trigger", {}))
-    return _span(dsn, queue), triggers
+    claims: Counter[str] = Counter(getattr(worker, "claims_by_trigger", {}))
+    jobs: Counter[str] = Counter(getattr(worker, "claimed_by_trigger", {}))
+    return _span(dsn, queue), claims, jobs
 
 
 def run(dsn: str, quick: bool = False) -> dict[str, Any]:
@@ -105,11 +110,13 @@ def run(dsn: str, quick: bool = False) -> dict[str, Any]:
     raw: dict[str, list[float]] = {}
     for i, (name, config, groups, at_once) in enumerate(CASES):
         samples: list[float] = []
-        triggers: Counter[str] = Counter()
+        claims: Counter[str] = Counter()
+        jobs: Counter[str] = Counter()
         for r in range(rounds):
-            took, seen = _one(dsn, f"caps_{i}_{r}", config, groups)
+            took, made, took_jobs = _one(dsn, f"caps_{i}_{r}", config, groups)
             samples.append(took)
-            triggers += seen
+            claims += made
+            jobs += took_jobs
         raw[name] = samples
         best = ideal(at_once)
         figures.append(
@@ -118,7 +125,7 @@ def run(dsn: str, quick: bool = False) -> dict[str, Any]:
                 baseline_name=f"ideal ({best:.1f} s)", bar=(2 * best + 0.5) / best, bar_kind="max",
             )
         )  # fmt: skip
-        if triggers:
-            told = ", ".join(f"{k} {v}" for k, v in sorted(triggers.items()))
+        if claims:
+            told = ", ".join(f"{k} {v} ({jobs[k]} jobs)" for k, v in sorted(claims.items()))
             notes.append(f"{name}: claims by trigger over {rounds} round(s): {told}")
     return {"suite": "caps", "figures": figures, "notes": notes, "raw": raw}

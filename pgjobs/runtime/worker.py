@@ -81,7 +81,9 @@ class Worker(WorkerState):
     (``pgjobs.runtime.metrics``; 0 picks a free port, see ``worker.metrics.port``). ``tracing``: a span per
     attempt (extra ``pgjobs-queue[otel]``; None: on when a tracer provider is set). ``prepare=False`` and
     ``listen_dsn``: for PgBouncer in transaction mode, no server-side prepared statements nor startup options
-    on ``dsn``, and LISTEN on ``listen_dsn``, a direct connection.
+    on ``dsn``, and LISTEN on ``listen_dsn``, a direct connection. ``claims_by_trigger`` / ``claimed_by_trigger``:
+    the claim calls and the jobs they took, by what started them (``poll``, ``wake``, ``ended`` ...:
+    docs/cap-wakes.md).
     """
 
     def __init__(

@@ -158,8 +158,8 @@ def test_a_completion_in_one_worker_process_wakes_the_other(
     start_worker(name="B", **options)
     wait_for(
         lambda: conn.execute(
-            "SELECT 1 FROM pg_stat_activity WHERE application_name = 'pgjobs-claim:B' AND state = 'idle'"
-            " AND query LIKE '%%pgjobs.claim(%%'"
+            "SELECT 1 FROM pg_stat_activity WHERE datname = current_database()"
+            " AND application_name = 'pgjobs-claim:B' AND state = 'idle' AND query LIKE '%%pgjobs.claim(%%'"
         ).fetchone(),
         what="B's first claim to answer",
     )

@@ -7,5 +7,6 @@ command line.
 """
 
 SUITES = ("core", "worker", "workflows", "fairness", "recurring")
-# Run only when named (``--only stream``): the worker suite's subscriber rows alone, with more rounds.
-EXTRA_SUITES = ("stream",)
+# Run only when named (``--only stream``): the worker suite's subscriber rows alone, with more rounds; ``caps``:
+# capped queues at the cap's speed (bench/caps.py).
+EXTRA_SUITES = ("stream", "caps")

@@ -67,6 +67,7 @@ DECLARE
         "deregister_worker": ["pgjobs_worker"],
         "next_due_at": ["pgjobs_worker"],
         "next_due_within": ["pgjobs_worker"],
+        "capped_queues": ["pgjobs_worker"],
         "retry_backoff": ["pgjobs_worker"],
         "upsert_schedule": ["pgjobs_worker"],
         "prune_code_schedules": ["pgjobs_worker"],

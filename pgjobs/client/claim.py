@@ -1,4 +1,4 @@
-"""Claiming work: ``pgjobs.claim`` and ``pgjobs.next_due_at`` (sql/claim.sql)."""
+"""Claiming work: ``pgjobs.claim`` and ``pgjobs.next_due_at`` (sql/claim.sql), ``pgjobs.capped_queues``."""
 
 from __future__ import annotations
 
@@ -45,6 +45,17 @@ def next_due_in_call(queues: Sequence[str], within: float) -> Call[float | None]
         {"queues": list(queues), "within": float(within)},
         scalar,
     )
+
+
+def _text_list(rows: list[dict[str, object]]) -> list[str]:
+    value = scalar(rows)
+    return [str(v) for v in value] if isinstance(value, list) else []
+
+
+def capped_queues_call(queues: Sequence[str]) -> Call[list[str]]:
+    """Which of ``queues`` have a cap (``max_active`` or ``max_active_per_group``): a worker claims again at
+    once after it ends a job of one of them (``pgjobs.capped_queues``, sql/notify.sql)."""
+    return Call("SELECT pgjobs.capped_queues(%(queues)s::text[])", {"queues": list(queues)}, _text_list)
 
 
 # --- the worker's hot path -----------------------------------------------------------------------

@@ -2,9 +2,10 @@
 
 Each claim asks for ``max_jobs = free capacity`` with ``kind_limits = {kind: free capacity}`` for every kind the
 app has a handler for. It claims again while calls come back full, and otherwise sleeps until a
-``pgjobs_wake`` for its queue, a slot frees up after a full claim, or the poll fallback. After a full claim that
-was dear (GATHER_PER_JOB), with fewer than half of its chunk free, it first waits (at most as long as that claim
-took) for more slots to free.
+``pgjobs_wake`` for its queue, a slot frees up after a full claim, the end of a job of its queue when the queue
+has a cap (``max_active``, ``max_active_per_group``: the end made room, see ``listener.read_caps``), or the
+poll fallback. After a full claim that was dear (GATHER_PER_JOB), with fewer than half of its chunk free, it
+first waits (at most as long as that claim took) for more slots to free.
 Kinds registered with ``parent_results=True`` get their parents' results in one more round trip per claim, on
 the same connection.
 """
@@ -121,6 +122,7 @@ async def claim_loop(w: WorkerState, q: QueueState) -> None:
                 took = 0.0
                 continue
             want = min(free, q.chunk)
+            trigger = q.why
             q.more = False  # a wake that arrives while this claim runs sets it again
             q.reserved += want
             try:
@@ -131,6 +133,9 @@ async def claim_loop(w: WorkerState, q: QueueState) -> None:
                 took = time.perf_counter() - t0
                 took = took if len(rows) >= want and took >= want * GATHER_PER_JOB else 0.0
                 w.claim_calls += 1
+                w.claims_by_trigger[trigger] += 1
+                if rows:
+                    w.claimed_by_trigger[trigger] += len(rows)
                 if w.metrics is not None:
                     w.metrics.claim(q.name, len(rows), time.perf_counter() - t0)
                 if w.outage.down:
@@ -140,7 +145,7 @@ async def claim_loop(w: WorkerState, q: QueueState) -> None:
                 # A lost race (state.TRANSIENT_SQLSTATES; with jobs partitioned, a row moved under the claim):
                 # nothing claimed, claim again on the same connection (no outage: no reconnect, no reaping hold).
                 raced += 1
-                q.more = True
+                q.mark("retry")
                 await w.lost_race(f"claim on queue {q.name!r}", exc, raced)
                 continue
             except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
@@ -151,7 +156,7 @@ async def claim_loop(w: WorkerState, q: QueueState) -> None:
                 if conn is not None:
                     await conn.close()
                     conn = None
-                q.more = True
+                q.mark("retry")
                 await w._backoff(delay)
                 continue
             except psycopg.Error as exc:
@@ -159,8 +164,7 @@ async def claim_loop(w: WorkerState, q: QueueState) -> None:
             finally:
                 q.reserved -= want
             if len(rows) >= want:
-                q.more = True
-                q.poke("wake")  # a sibling claimer may take more meanwhile
+                q.wake("full")  # (poke: a sibling claimer may take more meanwhile)
             if rows and w._stopping:
                 # The answer of a claim that was on its way when the stop began: the slots may be gone already.
                 await _release_claimed(w, cur, rows)

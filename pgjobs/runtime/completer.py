@@ -2,7 +2,8 @@
 
 The **completer** runs on its own connection: whatever completions accumulated go out in one
 ``complete_many`` (a lone job is flushed at once; under load the batch grows while the previous call is in
-flight). The other outcomes are one shielded pooled call each (a shutdown must not cut them).
+flight). The other outcomes are one shielded pooled call each (a shutdown must not cut them). Once an end has committed,
+the claimers of a capped queue claim again at once (``QueueState.ended``): the end made room under the cap.
 """
 
 from __future__ import annotations
@@ -109,6 +110,7 @@ class Completer:
                 if done < len(batch):
                     w.lost += len(batch) - done
                 self.failures = 0
+                _ended(batch)
                 return
             except TRANSIENT_ERRORS as exc:
                 # A lost race (40001/40P01, see state.TRANSIENT_SQLSTATES): the statement changed nothing and
@@ -148,6 +150,16 @@ class Completer:
         return row
 
 
+def _ended(batch: list[Done]) -> None:
+    """Their ends committed: the claimers of capped queues among them claim again now (QueueState.ended)."""
+    last = None
+    for b in batch:
+        q = b[3]
+        if q is not last and q.capped:
+            q.ended()
+        last = q
+
+
 async def _report(w: WorkerState, job: HeldJob, call: Call[T], op: str) -> T | None:
     """A job's final call: shielded (a shutdown must not cut it), errors logged, never raised; in a settle span
     when tracing is on."""
@@ -167,6 +179,7 @@ async def fail(w: WorkerState, job: HeldJob, error: str, retry_at: datetime | No
     """``fail``: the job's state after it (None: the lease was gone or the report failed)."""
     state = await _report(w, job, fail_call(job.id, job.token, error, retry_at), "fail")
     w.failed += 1
+    job.queue.ended()
     if state == JobState.SCHEDULED:
         w._poke_poller()
     return state
@@ -176,6 +189,7 @@ async def release(w: WorkerState, job: HeldJob, run_at: datetime | None) -> None
     ok = await _report(w, job, release_call(job.id, job.token, run_at), "release")
     if ok:
         w.released += 1
+    job.queue.ended()
     if run_at is not None:
         w._poke_poller()
 
@@ -184,3 +198,4 @@ async def ack_cancel(w: WorkerState, job: HeldJob) -> None:
     ok = await _report(w, job, ack_cancel_call(job.id, job.token), "ack_cancel")
     if ok:
         w.cancelled += 1
+    job.queue.ended()

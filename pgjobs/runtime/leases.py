@@ -153,7 +153,7 @@ async def heartbeat(w: WorkerState) -> None:
             continue
         if reaped:
             log.info("reaped %d silent worker(s); their jobs are claimable now", reaped)
-            w._wake_all()
+            w._wake_all("reaped")
 
 
 def _failed(w: WorkerState, what: str, exc: BaseException) -> None:

@@ -5,7 +5,9 @@
   ``cancel_requested`` now (a hint, confirmed in SQL before anything is cancelled); it reconnects with backoff
   and jitter, and wakes every claimer after a reconnect (a wake sent meanwhile is lost);
 * the **poller**: wakes the claimers every ``poll_interval`` and at the next due ``run_at`` or lease expiry
-  within it (``next_due_within``).
+  within it (``next_due_within``);
+* the **caps reader**: which served queues have a cap, at start and every ``heartbeat_interval``: the end of a
+  job of such a queue wakes its claimer in-process (``QueueState.ended``).
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import logging
 import anyio
 import psycopg
 
-from pgjobs.client.claim import next_due_in_call
+from pgjobs.client.claim import capped_queues_call, next_due_in_call
 from pgjobs.client.listen import Listener
 from pgjobs.runtime.state import RECONNECT_CAP, WorkerState
 
@@ -28,7 +30,7 @@ CANCEL_CHANNEL = "pgjobs_cancel"
 def make_listener(w: WorkerState) -> Listener:
     async def on_connect() -> None:
         # Notifications sent while the connection was down are lost: look again at every queue.
-        w._wake_all()
+        w._wake_all("listen")
         w._retry_now()  # the database is back: claimers and the completer in a backoff retry at once
         if w.outage.down:
             w.outage.restored("LISTEN")
@@ -52,8 +54,7 @@ def on_notify(w: WorkerState, channel: str, payload: str) -> None:
     if channel == WAKE_CHANNEL:
         q = w._by_queue.get(payload)
         if q is not None:
-            q.more = True
-            q.poke("wake")
+            q.wake("wake")
     elif channel == CANCEL_CHANNEL:
         # Only a hint: any role may NOTIFY any channel, so a forged payload must cancel nothing. For a job we
         # hold, renew the leases now: renew_leases reports cancel_requested from the row, and only that
@@ -85,4 +86,28 @@ async def poller(w: WorkerState) -> None:
             await w._poller_wait.wait()
         w._poller_wait = None
         if scope.cancelled_caught:
-            w._wake_all()
+            w._wake_all("poll")
+
+
+async def read_caps(w: WorkerState) -> None:
+    """Which served queues have a cap (``QueueState.capped``): read at start and with every heartbeat. A claim
+    the cap cut short sleeps until a wake; this worker's own ends of such a queue's jobs wake its claimer
+    in-process (``QueueState.ended``), and every worker's ends send ``pgjobs_wake`` (sql/notify.sql), which also
+    covers a cap configured since the last read. A failed read keeps what was known (logged, never raised)."""
+    try:
+        names: list[str] = await w._call(capped_queues_call(list(w.queues)))
+    except Exception as exc:
+        if isinstance(exc, psycopg.OperationalError | psycopg.InterfaceError):
+            w.outage.lost("capped_queues", exc)
+        else:
+            log.warning("could not read which queues have a cap (%s); their claims wait for a wake", exc)
+        return
+    for q in w._queues:
+        q.capped = q.name in names
+
+
+async def caps_reader(w: WorkerState) -> None:
+    """:func:`read_caps` every ``heartbeat_interval``."""
+    while True:
+        await anyio.sleep(w.heartbeat_interval)
+        await read_caps(w)

@@ -77,6 +77,7 @@ async def _skip(w: WorkerState, job: HeldJob) -> None:
         telemetry.job_ended(w, job, "cancelled")
     else:  # "lease lost": claimed again before it started (see claimer.dispatch)
         w.lost += 1
+        job.queue.ended()
         telemetry.job_ended(w, job, "lost")
 
 
@@ -141,7 +142,7 @@ async def _execute(w: WorkerState, job: HeldJob) -> None:
             why = TypeError(f"the handler's result is not JSON-serializable: {exc}")
             outcome = await _failed(w, job, why)
         else:
-            w._done.append((job.id, job.token, encoded))
+            w._done.append((job.id, job.token, encoded, job.queue))
             w._poke_completer()
             outcome = "succeeded"
     else:
@@ -153,6 +154,7 @@ async def _interrupted(w: WorkerState, job: HeldJob, reason: str) -> tuple[str, 
     """Reports an attempt the worker cut short; returns its outcome and why."""
     if reason == "lease lost":
         w.lost += 1
+        job.queue.ended()
         return "lost", "lease lost (reclaimed elsewhere); its outcome is dropped"
     if reason == "shutdown":
         await release(w, job, None)

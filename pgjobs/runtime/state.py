@@ -15,7 +15,7 @@ import re
 import socket
 import threading
 import uuid
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import timedelta
@@ -87,8 +87,8 @@ def transient_delay(failures: int) -> float:
 # A job's phases, for the renewer and the shutdown: only a RUNNING handler can be cancelled.
 QUEUED, RUNNING, FINISHING = 0, 1, 2
 
-# A finished job awaiting complete_many: (id, lease token, result as JSON text or None).
-Done = tuple[int, str, str | None]
+# A finished job awaiting complete_many: (id, lease token, result as JSON text or None, its queue).
+Done = tuple[int, str, str | None, "QueueState"]
 
 
 class HeldJob:
@@ -152,7 +152,9 @@ class HeldJob:
 class QueueState:
     """Per served queue: capacity, the claimers' wake state, the ready jobs and the parked slots."""
 
-    __slots__ = ("capacity", "chunk", "more", "name", "parked", "ready", "reserved", "running", "waiters")
+    __slots__ = (
+        "capacity", "capped", "chunk", "more", "name", "parked", "ready", "reserved", "running", "waiters", "why",
+    )  # fmt: skip
 
     def __init__(self, name: str, capacity: int, claimers: int) -> None:
         self.name = name
@@ -161,9 +163,31 @@ class QueueState:
         self.running = 0  # claimed and not yet ended (queued in `ready` or running in a slot)
         self.reserved = 0  # asked for by claims in flight: never more than capacity - running in all
         self.more = True  # something may be claimable: claim when capacity allows
+        self.why = "start"  # what set `more` first since the last claim (WorkerState.claims_by_trigger)
+        self.capped = False  # max_active or max_active_per_group is set (pgjobs.capped_queues; claimer.read_caps)
         self.waiters: dict[anyio.Event, str] = {}  # sleeping claimers -> what they wait for ("wake" | "slot")
         self.ready: deque[HeldJob] = deque()
         self.parked: list[anyio.Event] = []
+
+    def mark(self, why: str) -> None:
+        """Something may be claimable: claim when capacity allows. ``why`` says what said so (the first since
+        the last claim is the trigger that claim is counted under)."""
+        if not self.more:
+            self.more = True
+            self.why = why
+
+    def wake(self, why: str) -> None:
+        """:meth:`mark`, and the claimers that sleep until a wake claim now."""
+        self.mark(why)
+        self.poke("wake")
+
+    def ended(self) -> None:
+        """The end of one of its jobs has committed (or the job left this worker): under a cap that end made
+        room, so the claimers claim again now. A claim the cap cut short otherwise sleeps until a wake, and
+        the worker's own completion would wake it only through the LISTEN connection (sql/notify.sql,
+        _wake_capped)."""
+        if self.capped:
+            self.wake("ended")
 
     def poke(self, why: str) -> None:
         if self.waiters:
@@ -237,6 +261,11 @@ class WorkerState:
         self.started = threading.Event()  # set once connected, its claimers and slots running (public: README)
         self.claimed = self.completed = self.failed = self.released = self.cancelled = self.lost = 0
         self.claim_calls = self.complete_calls = 0
+        # claim calls, and the jobs they returned, by what started them (QueueState.mark): "start", "full" (the
+        # last claim came back full), "wake" (pgjobs_wake), "ended" (a capped queue's job ended here), "poll",
+        # "listen" (LISTEN (re)connected), "reaped", "retry" (after a lost race or an outage)
+        self.claims_by_trigger: Counter[str] = Counter()
+        self.claimed_by_trigger: Counter[str] = Counter()
         self.transient_retries = 0  # statements run again after a 40001/40P01 (see TRANSIENT_SQLSTATES)
         # telemetry: None when off, so the hot path pays one `is None` test (set up by Worker.run)
         self.metrics: WorkerMetrics | None = None
@@ -340,10 +369,9 @@ class WorkerState:
         with anyio.move_on_after(delay):
             await ev.wait()
 
-    def _wake_all(self) -> None:
+    def _wake_all(self, why: str) -> None:
         for q in self._queues:
-            q.more = True
-            q.poke("wake")
+            q.wake(why)
 
     def _poke_completer(self) -> None:
         ev = self._completer_wait

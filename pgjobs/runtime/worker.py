@@ -81,7 +81,9 @@ class Worker(WorkerState):
     (``pgjobs.runtime.metrics``; 0 picks a free port, see ``worker.metrics.port``). ``tracing``: a span per
     attempt (extra ``pgjobs-queue[otel]``; None: on when a tracer provider is set). ``prepare=False`` and
     ``listen_dsn``: for PgBouncer in transaction mode, no server-side prepared statements nor startup options
-    on ``dsn``, and LISTEN on ``listen_dsn``, a direct connection.
+    on ``dsn``, and LISTEN on ``listen_dsn``, a direct connection. ``claims_by_trigger`` / ``claimed_by_trigger``:
+    the claim calls and the jobs they took, by what started them (``poll``, ``wake``, ``ended`` ...:
+    docs/cap-wakes.md).
     """
 
     def __init__(
@@ -258,12 +260,14 @@ class Worker(WorkerState):
             await probe.close()
             await pool.open(wait=True, timeout=15)
             await leases.heartbeat_once(self)  # fails fast on a missing schema or an unreachable database
+            await listener.read_caps(self)
             async with anyio.create_task_group() as services:
                 self.listener = listener.make_listener(self)
                 await services.start(self.listener.run, partial(listener.on_notify, self))
                 services.start_soon(listener.poller, self)
                 services.start_soon(leases.renewer, self)
                 services.start_soon(leases.heartbeat, self)
+                services.start_soon(listener.caps_reader, self)
                 if self.vacuum:
                     services.start_soon(vacuum.vacuumer, self)
                 await self._start_scheduler(services)

@@ -35,7 +35,7 @@ WORKER = {
     "claim", "renew_lease", "renew_leases", "checkpoint", "progress", "complete", "complete_many", "fail",
     "dead_letter", "release", "ack_cancel", "add_to_batch", "parent_results", "parent_results_many",
     "worker_heartbeat", "reap_workers", "deregister_worker", "next_due_at", "next_due_within", "retry_backoff",
-    "vacuum_due",
+    "vacuum_due", "capped_queues",
     # the scheduler runs inside workers
     "upsert_schedule", "prune_code_schedules", "due_schedules", "materialize_schedule", "materialize_schedules",
     "next_schedule_at",

@@ -14,6 +14,7 @@ The handlers:
 * ``sleep``: sleeps ``payload["seconds"]`` (async).
 * ``noop``: returns None.
 * ``steps``: reports progress, fails its first attempt with ``Retry(after=0.2)``, then succeeds.
+* ``hold``: runs until the test puts the job's id in table ``releases`` (the test says when it ends).
 """
 
 from __future__ import annotations
@@ -73,6 +74,14 @@ async def steps(payload: Any, ctx: pgjobs.JobContext) -> str:
     if ctx.attempt == 1:
         raise pgjobs.Retry(after=0.2)
     return "done"
+
+
+@app.job("hold")
+async def hold(payload: Any, ctx: pgjobs.JobContext) -> str:
+    async with await psycopg.AsyncConnection.connect(DSN, autocommit=True) as conn:
+        while not await (await conn.execute("SELECT 1 FROM releases WHERE job_id = %s", [ctx.id])).fetchone():
+            await anyio.sleep(0.05)
+    return "released"
 
 
 def main() -> int:

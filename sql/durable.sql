@@ -76,8 +76,8 @@ END;
 $$;
 
 -- Records a step's result, in the caller's transaction: true when recorded, false when the token no
--- longer holds the job (nothing recorded). A name already recorded for the job, a result past the limits:
--- PJ002, nothing changed.
+-- longer holds the job (nothing recorded). A name already recorded for the job with another result, a result
+-- past the limits: PJ002, nothing changed.
 CREATE OR REPLACE FUNCTION pgjobs.record_step(id bigint, lease_token uuid, name text, result jsonb DEFAULT NULL)
 RETURNS boolean
 LANGUAGE plpgsql
@@ -112,7 +112,9 @@ BEGIN
     INSERT INTO job_steps AS s (job_id, name, result, bytes, attempt)
     VALUES (record_step.id, record_step.name, record_step.result, v_bytes, v_job.attempt)
     ON CONFLICT (job_id, name) DO NOTHING;
-    IF NOT FOUND THEN
+    -- The same result under the same name is the same record (a call replayed after its reply was lost).
+    IF NOT FOUND AND NOT EXISTS (SELECT 1 FROM job_steps AS s WHERE s.job_id = record_step.id
+                                    AND s.name = record_step.name AND s.result IS NOT DISTINCT FROM record_step.result) THEN
         RAISE EXCEPTION USING ERRCODE = 'PJ002',
             MESSAGE = format('step %s of job %s is already recorded: a step''s name must be unique within its job',
                              _shown(record_step.name), record_step.id);

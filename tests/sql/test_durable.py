@@ -50,6 +50,7 @@ def test_a_step_is_recorded_once_and_read_by_the_next_attempt(conn: Conn) -> Non
     assert call(conn, "job_steps", id=c["id"], lease_token=c["lease_token"]) == [
         {"name": "charge", "result": {"tx": 7}}
     ]
+    assert scalar(conn, "record_step", id=c["id"], lease_token=c["lease_token"], name="charge", result={"tx": 7})
     with raises_pj("PJ002", "'charge'", "already recorded"):
         scalar(conn, "record_step", id=c["id"], lease_token=c["lease_token"], name="charge", result={"tx": 8})
     # the next attempt (lease lost, reclaimed) reads it; the old token records nothing

@@ -225,3 +225,25 @@ def test_signal_racing_a_wait_is_delivered_once(connect: Any, conn: Conn, order:
             got[n] = r[1]
     assert got == {n: {"n": n} for n in range(50)}
     assert conn.execute("SELECT count(*) FROM pgjobs.signals").fetchone() == (0,)
+
+
+def test_park_and_wake_are_status_events(conn: Conn) -> None:
+    waiter, sleeper = started(conn), started(conn)
+    wait(conn, waiter, "w", "ev:1")
+    conn.execute(
+        "SELECT pgjobs.sleep_until(%s, %s, 's', now() + interval '1 hour')", [sleeper["id"], sleeper["lease_token"]]
+    )
+    scalar(conn, "signal", key="ev:1", payload={})
+    rows = call(conn, "read_events", after_id=0, job_ids=[waiter["id"], sleeper["id"]])
+    got = [(r["id"], r["state"], r["attempt"]) for r in rows]
+    assert got == [
+        (waiter["id"], "pending", 0),
+        (waiter["id"], "active", 1),
+        (sleeper["id"], "pending", 0),
+        (sleeper["id"], "active", 1),
+        (waiter["id"], "waiting", 0),  # parked, the attempt given back
+        (sleeper["id"], "scheduled", 0),
+        (waiter["id"], "pending", 0),  # woken by the signal
+    ]
+    status = call(conn, "job_status", id=waiter["id"])[0]
+    assert (status["state"], status["lease_token"]) == ("pending", None)

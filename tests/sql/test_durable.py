@@ -247,3 +247,16 @@ def test_park_and_wake_are_status_events(conn: Conn) -> None:
     ]
     status = call(conn, "job_status", id=waiter["id"])[0]
     assert (status["state"], status["lease_token"]) == ("pending", None)
+
+
+def test_a_jobs_steps_and_waits_go_with_it(conn: Conn) -> None:
+    kept, gone, purged = started(conn), started(conn), started(conn)
+    for c in (kept, gone, purged):
+        assert scalar(conn, "record_step", id=c["id"], lease_token=c["lease_token"], name="s", result=1)
+        wait(conn, c, "w", f"gc:{c['id']}")
+        scalar(conn, "cancel", id=c["id"])
+    assert scalar(conn, "delete", id=gone["id"]) is True
+    conn.execute("UPDATE pgjobs.jobs SET completed_at = now() - interval '2 days' WHERE id = %s", [purged["id"]])
+    assert scalar(conn, "purge", succeeded_before="1 day", failed_before="1 day") == 1
+    left = conn.execute("SELECT DISTINCT job_id FROM pgjobs.job_steps UNION SELECT job_id FROM pgjobs.job_waits")
+    assert [r[0] for r in left.fetchall()] == [kept["id"]]

@@ -173,10 +173,14 @@ def test_sleeping_jobs_hold_no_slot(tables: Conn, start_worker: StartWorker) -> 
 
 
 def test_timeouts_and_short_sleeps_resume(tables: Conn, start_worker: StartWorker) -> None:
+    """The worker's poll fallback is an hour away: the parked jobs resume because it wakes at the next due run_at
+    (their timeout, their sleep's end), not because it polls; and never before their time."""
     waiters = [enqueue(tables, "waiter", {"key": f"never:{i}", "timeout": 0.5}) for i in range(5)]
     sleepers = [enqueue(tables, "sleeper", {"seconds": 0.5}) for _ in range(5)]
-    start_worker(name="w", **FAST)
+    start_worker(name="w", **{**FAST, "poll_interval": 3600})
     wait_for(lambda: succeeded(tables, waiters + sleepers) == 10, timeout=60, what="timeouts and sleeps to end")
+    early = "SELECT count(*) FROM pgjobs.job_waits WHERE job_id = ANY (%s) AND resolved_at < until"
+    assert count(tables, early, [waiters + sleepers]) == 0
     results = tables.execute("SELECT result FROM pgjobs.jobs WHERE id = ANY (%s)", [waiters]).fetchall()
     assert [r[0] for r in results] == [{"payload": None, "timed_out": True}] * 5
     outcomes = tables.execute(

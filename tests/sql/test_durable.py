@@ -260,3 +260,17 @@ def test_a_jobs_steps_and_waits_go_with_it(conn: Conn) -> None:
     assert scalar(conn, "purge", succeeded_before="1 day", failed_before="1 day") == 1
     left = conn.execute("SELECT DISTINCT job_id FROM pgjobs.job_steps UNION SELECT job_id FROM pgjobs.job_waits")
     assert [r[0] for r in left.fetchall()] == [kept["id"]]
+
+
+def test_parked_jobs_of_a_fair_queue_are_claimed_again(conn: Conn) -> None:
+    scalar(conn, "configure_queue", queue="fair", fair=True)
+    enqueue(conn, "k", queue="fair", group_key="tenant-a")
+    enqueue(conn, "k", queue="fair", group_key="tenant-b")
+    a, b = sorted(call(conn, "claim", worker="w", queues=["fair"], max_jobs=2), key=lambda r: r["id"])
+    wait(conn, a, "w", "fair:a")
+    conn.execute("SELECT pgjobs.sleep_until(%s, %s, 's', now() + interval '1 hour')", [b["id"], b["lease_token"]])
+    assert call(conn, "claim", worker="w", queues=["fair"]) == []
+    assert scalar(conn, "signal", key="fair:a", payload={"go": 1}) == 1
+    make_due(conn, b["id"])
+    got = sorted(r["id"] for r in call(conn, "claim", worker="w", queues=["fair"], max_jobs=5))
+    assert got == sorted([a["id"], b["id"]])

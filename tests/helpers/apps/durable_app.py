@@ -1,4 +1,4 @@
-"""A worker process for tests/runtime/test_durable.py: handlers with durable steps, sleeps and signal waits.
+"""A worker process for tests/runtime/test_durable_worker.py: handlers with durable steps, sleeps and signal waits.
 
 ``python tests/helpers/apps/durable_app.py DSN '{"queues": {...}, "lease": ..., ...}'`` runs
 ``Worker(app, DSN, **options)`` with ``run_sync()`` and exits with its return code.

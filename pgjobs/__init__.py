@@ -30,6 +30,7 @@ from pgjobs.records import (
     WorkerInfo,
 )
 from pgjobs.runtime.app import App, CancelFlag, JobCancelled, JobContext, JobHandler, Retry, Snooze, SyncJobContext
+from pgjobs.runtime.durable import Parked, WaitResult
 from pgjobs.runtime.worker import Worker
 
 __all__ = [
@@ -68,5 +69,6 @@ __all__ += [
     "SyncJobContext",
     "Worker",
 ]
+__all__ += ["Parked", "WaitResult"]
 __version__ = "0.1.0"
 __all__ += ["Explanation", "Reason"]

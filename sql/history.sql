@@ -122,6 +122,8 @@ BEGIN
     DELETE FROM continuation_holds AS h WHERE h.job_id = ANY (ids);
     DELETE FROM continuation_holds AS h WHERE h.sibling_id = ANY (ids);
     DELETE FROM job_keys AS k WHERE k.job_id = ANY (ids);
+    DELETE FROM job_steps AS s WHERE s.job_id = ANY (ids);  -- (sql/durable.sql)
+    DELETE FROM job_waits AS w WHERE w.job_id = ANY (ids);
 END;
 $$;
 
@@ -139,6 +141,8 @@ BEGIN
     EXECUTE format('DELETE FROM pgjobs.job_keys AS k USING pgjobs.%I AS s'
                    ' WHERE s.unique_key IS NOT NULL AND k.kind = s.kind AND k.unique_key = s.unique_key AND k.job_id = s.id',
                    slice);
+    EXECUTE format('DELETE FROM pgjobs.job_steps AS d USING pgjobs.%I AS s WHERE s.id = d.job_id', slice);  -- (sql/durable.sql)
+    EXECUTE format('DELETE FROM pgjobs.job_waits AS d USING pgjobs.%I AS s WHERE s.id = d.job_id', slice);
 END;
 $$;
 

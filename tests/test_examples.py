@@ -67,6 +67,12 @@ EXPECTED: dict[str, list[str]] = {
         " loaded \n--------\n      3",
         "PJ002: job: kind must be a non-empty string, got ''",
     ],
+    "order_saga.py": [
+        "order 42 parked (scheduled), waiting for shipped:42",
+        "psql: signal woke 1 job(s)",
+        "order 42: succeeded, mail to ada@example.com: shipped with DHL",
+        "steps done: ['charge', 'mail'], the card charged 1 time(s)",
+    ],
     "sql_worker.sh": ["job 1: HELLO", "job 2: WORLD", "job 3: failed (no word)", "succeeded: 2", "failed: 1"],
 }
 

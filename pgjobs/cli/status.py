@@ -32,6 +32,7 @@ from pgjobs.cli.common import (
     short,
     stdout,
 )
+from pgjobs.cli.durable_view import durable_rows
 from pgjobs.jsonable import to_jsonable
 from pgjobs.records import JobState, JobStatus
 
@@ -56,7 +57,7 @@ def register(sub: Any) -> None:
     p.set_defaults(func=cmd_status, _needs=NEEDS_SCHEMA)
 
 
-def _job_table(job: JobStatus) -> Table:
+def _job_table(job: JobStatus, durable: dict[str, Any] | None = None) -> Table:
     table = Table(show_header=False, box=None, pad_edge=False)
     table.add_column(style="bold")
     table.add_column(overflow="fold")
@@ -92,6 +93,8 @@ def _job_table(job: JobStatus) -> Table:
     else:
         row("progress", describe_progress(job.progress))
     row("checkpoint", job.checkpoint)
+    for label, text in durable_rows(durable, now):  # steps done, sleeping until, waiting for (durable_view.py)
+        row(label, text)
     row("result", job.result)
     row("last error", short(error_line(job.last_error), 200))
     if job.errors:
@@ -137,13 +140,15 @@ def _job_object(job: JobStatus) -> dict[str, Any]:
 def cmd_status(args: argparse.Namespace) -> int:
     with open_client(args.dsn) as client:
         job = client.job_status(args.id)
+        durable = None if job is None or args.follow else client.durable_status(args.id)
     if job is None:
         raise CliError(f"job {args.id} not found")
     if not args.follow:
         if args.json:
-            print_json(job)
+            recorded = durable is not None and bool(durable["steps"] + durable["waits"])
+            print_json({**to_jsonable(job), "durable": durable} if recorded else job)
         else:
-            stdout().print(_job_table(job))
+            stdout().print(_job_table(job, durable))
             if args.errors:
                 _print_errors(job)
         return EXIT_OK

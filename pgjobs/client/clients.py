@@ -15,6 +15,7 @@ from psycopg_pool import AsyncConnectionPool, ConnectionPool
 from pgjobs.client.admin import AdminOps, AsyncAdminOps
 from pgjobs.client.claim import AsyncClaimOps, ClaimOps
 from pgjobs.client.defaults import EnqueueDefaults
+from pgjobs.client.durable import AsyncDurableOps, DurableOps
 from pgjobs.client.enqueue import AsyncEnqueueOps, EnqueueOps
 from pgjobs.client.explain import AsyncExplainOps, ExplainOps
 from pgjobs.client.graph import AsyncGraphOps, GraphOps
@@ -32,8 +33,19 @@ def _conn_kwargs(prepare: bool) -> dict[str, Any]:
     return {"autocommit": True} if prepare else {"autocommit": True, "prepare_threshold": None}
 
 
-class Client(EnqueueOps, ClaimOps, LifecycleOps, AdminOps, StatusOps, WorkerOps, RecurringOps, GraphOps, SyncStreamOps,
-             ExplainOps):  # fmt: skip
+class Client(
+    EnqueueOps,
+    ClaimOps,
+    LifecycleOps,
+    AdminOps,
+    StatusOps,
+    WorkerOps,
+    RecurringOps,
+    GraphOps,
+    SyncStreamOps,
+    ExplainOps,
+    DurableOps,
+):
     """Synchronous client. ``Client(dsn)`` opens its own pool; ``Client(pool=...)`` shares yours.
 
     ``app=``: a :class:`pgjobs.App` (or any :class:`~pgjobs.client.defaults.EnqueueDefaults`) whose declared
@@ -93,6 +105,7 @@ class AsyncClient(
     AsyncRecurringOps,
     AsyncGraphOps,
     StreamOps,
+    AsyncDurableOps,
 ):
     """Asynchronous client. Use ``async with AsyncClient(dsn) as client:`` (or ``await client.open()``);
     ``app=`` and ``prepare=`` as for :class:`Client`."""

@@ -7,12 +7,27 @@ implements (``pgjobs.runtime.worker.Worker``): this module imports nothing of th
 
 from __future__ import annotations
 
+import inspect
 import json
 import threading
-from collections.abc import Mapping
-from typing import Any, Protocol
+from collections.abc import Callable, Mapping
+from datetime import datetime, timedelta
+from typing import Any, Protocol, TypeVar
 
 import anyio
+
+from pgjobs.client._call import Call
+from pgjobs.client.durable import (
+    await_signal_call,
+    job_steps_call,
+    record_step_call,
+    sleep_call,
+    sleep_until_call,
+)
+from pgjobs.runtime import durable
+from pgjobs.runtime.durable import WaitResult
+
+T = TypeVar("T")
 
 
 class JobRuntime(Protocol):
@@ -36,6 +51,10 @@ class JobRuntime(Protocol):
         self, id: int, lease_token: str, spec: Mapping[str, Any], before_continuations: bool
     ) -> int | None:
         """``pgjobs.add_to_batch``: the new sibling's id, None when the lease no longer holds the job."""
+        ...
+
+    async def run_call(self, call: Call[T]) -> T:
+        """One call of the durable-execution functions (``ctx.step``, ``sleep``, ``wait_for``)."""
         ...
 
 
@@ -93,6 +112,7 @@ class _ContextBase:
     """What every handler context carries (read-only by convention)."""
 
     __slots__ = (
+        "_durable",
         "_meta",
         "_runtime",
         "attempt",
@@ -136,6 +156,7 @@ class _ContextBase:
         self.cancelled = cancelled
         # {parent job id: its result} for kinds registered with parent_results=True; None otherwise
         self.parent_results: dict[int, Any] | None = None
+        self._durable = durable.DurableState()
 
     @property
     def meta(self) -> dict[str, Any]:
@@ -177,6 +198,42 @@ class JobContext(_ContextBase):
         job is no longer this attempt's (the lease token no longer holds it)."""
         return await self._runtime.add_to_batch(self.id, self.lease_token, dict(spec), before_continuations)
 
+    async def step(self, name: str, fn: Callable[..., Any], /, *args: Any) -> Any:
+        """Runs ``fn(*args)`` (sync or async) once per job: its JSON result is recorded under ``name``, and a later
+        attempt gets the recorded result without running ``fn`` again. A step that raises is not recorded (the
+        job's retry policy runs it again)."""
+        st = self._durable
+        st.use(self.id, name)
+        if st.steps is None:
+            st.steps = await self._runtime.run_call(job_steps_call(self.id, self.lease_token))
+        if name in st.steps:
+            return st.steps[name]
+        result = fn(*args)
+        if inspect.isawaitable(result):
+            result = await result
+        value = durable.as_json(name, result)
+        durable.recorded(await self._runtime.run_call(record_step_call(self.id, self.lease_token, name, value)))
+        st.steps[name] = value
+        return value
+
+    async def sleep(self, seconds: float | timedelta, *, name: str | None = None) -> None:
+        """A durable sleep: the job gives back its slot, lease and attempt, and resumes here after ``seconds``."""
+        call = sleep_call(self.id, self.lease_token, self._durable.sleep_name(name), seconds)
+        durable.slept(await self._runtime.run_call(call))
+
+    async def sleep_until(self, until: datetime, *, name: str | None = None) -> None:
+        """A durable sleep until ``until`` (an aware datetime)."""
+        call = sleep_until_call(self.id, self.lease_token, self._durable.sleep_name(name), until)
+        durable.slept(await self._runtime.run_call(call))
+
+    async def wait_for(
+        self, key: str, timeout: float | timedelta | None = None, *, name: str | None = None
+    ) -> WaitResult:
+        """Parks the job (no slot, no lease) until ``signal(key, payload)``, then returns the payload; after
+        ``timeout`` (None: never) returns ``timed_out=True``. A signal sent before the wait is not lost."""
+        call = await_signal_call(self.id, self.lease_token, self._durable.wait_name(name), key, timeout)
+        return durable.waited(key, await self._runtime.run_call(call))
+
 
 class SyncJobContext(_ContextBase):
     """The context of a sync handler: the same calls as :class:`JobContext`, blocking, from the handler's
@@ -194,3 +251,29 @@ class SyncJobContext(_ContextBase):
         return anyio.from_thread.run(
             self._runtime.add_to_batch, self.id, self.lease_token, dict(spec), before_continuations
         )
+
+    def step(self, name: str, fn: Callable[..., Any], /, *args: Any) -> Any:
+        """As :meth:`JobContext.step`; ``fn`` runs in the handler's thread."""
+        st = self._durable
+        st.use(self.id, name)
+        if st.steps is None:
+            st.steps = self._run(job_steps_call(self.id, self.lease_token))
+        if name in st.steps:
+            return st.steps[name]
+        value = durable.as_json(name, fn(*args))
+        durable.recorded(self._run(record_step_call(self.id, self.lease_token, name, value)))
+        st.steps[name] = value
+        return value
+
+    def sleep(self, seconds: float | timedelta, *, name: str | None = None) -> None:
+        durable.slept(self._run(sleep_call(self.id, self.lease_token, self._durable.sleep_name(name), seconds)))
+
+    def sleep_until(self, until: datetime, *, name: str | None = None) -> None:
+        durable.slept(self._run(sleep_until_call(self.id, self.lease_token, self._durable.sleep_name(name), until)))
+
+    def wait_for(self, key: str, timeout: float | timedelta | None = None, *, name: str | None = None) -> WaitResult:
+        call = await_signal_call(self.id, self.lease_token, self._durable.wait_name(name), key, timeout)
+        return durable.waited(key, self._run(call))
+
+    def _run(self, call: Call[T]) -> T:
+        return anyio.from_thread.run(self._runtime.run_call, call)

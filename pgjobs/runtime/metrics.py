@@ -6,7 +6,7 @@ daemon thread. What the database knows (jobs per queue and state, oldest pending
 dashboard's ``/metrics``, read from SQL at scrape time; this endpoint says what only the worker knows:
 
 * ``pgjobs_jobs_processed_total{queue,kind,outcome}``: attempts this worker ended, by outcome (``succeeded``,
-  ``retried``, ``failed``, ``cancelled``, ``snoozed``, ``released``, ``lost``);
+  ``retried``, ``failed``, ``cancelled``, ``snoozed``, ``released``, ``parked``, ``lost``);
 * ``pgjobs_job_duration_seconds{queue,kind}``: histogram of the handler's run time per attempt;
 * ``pgjobs_worker_active_jobs{queue}`` / ``pgjobs_worker_capacity{queue}``: jobs held now / at most;
 * ``pgjobs_worker_claims_total{queue}``, ``pgjobs_worker_claimed_jobs_total{queue}``,
@@ -30,7 +30,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
 from prometheus_client.exposition import start_http_server
 
-OUTCOMES = ("succeeded", "retried", "failed", "cancelled", "snoozed", "released", "lost")
+OUTCOMES = ("succeeded", "retried", "failed", "cancelled", "snoozed", "released", "parked", "lost")
 
 # Job run times span 1 ms no-ops to hour-long exports: a wide log-ish ladder (prometheus-client's default
 # stops at 10 s).

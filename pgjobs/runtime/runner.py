@@ -2,6 +2,7 @@
 job), and the mapping of how a handler ended to the job's outcome.
 
 Outcomes: return -> ``complete`` (batched); ``Retry`` -> ``fail(retry_at)``; ``Snooze`` -> ``release(run_at)``;
+``Parked`` (a durable sleep or wait, pgjobs/runtime/durable.py) -> nothing more, its SQL call gave the job back;
 other exception -> ``fail(traceback)`` (``retry_at`` from the handler's ``retry`` policy, else the SQL backoff);
 timeout -> ``fail("TimeoutError: ...")``; cancellation requested -> ``ack_cancel`` however the handler ended;
 lease lost -> nothing (the token no longer holds the job); shutdown after the grace period -> ``release``.
@@ -24,6 +25,7 @@ from pgjobs.runtime import telemetry
 from pgjobs.runtime.app import Retry, Snooze, when_to_datetime
 from pgjobs.runtime.completer import ack_cancel, fail, release
 from pgjobs.runtime.context import CancelFlag, JobContext, JobRuntime, SyncJobContext
+from pgjobs.runtime.durable import Parked
 from pgjobs.runtime.state import FINISHING, RUNNING, HeldJob, QueueState, WorkerState
 
 log = logging.getLogger("pgjobs.worker")
@@ -102,6 +104,7 @@ async def _execute(w: WorkerState, job: HeldJob) -> None:
     flag = CancelFlag(threaded=not handler.is_async)
     ctx = job.ctx = _context(w, job, flag)  # the worker is the context's JobRuntime
     error: BaseException | None = None
+    parked: Parked | None = None
     result: Any = None
     timeout = handler.timeout
     scope = anyio.CancelScope()
@@ -122,6 +125,8 @@ async def _execute(w: WorkerState, job: HeldJob) -> None:
                 result = await anyio.to_thread.run_sync(
                     partial(handler.func, payload, ctx), abandon_on_cancel=True, limiter=w._limiter
                 )
+    except Parked as exc:  # a durable sleep or wait gave the job back (sql/durable.sql)
+        parked = exc
     except Exception as exc:
         error = exc
     finally:
@@ -130,7 +135,9 @@ async def _execute(w: WorkerState, job: HeldJob) -> None:
     job.phase = FINISHING
     outcome: str
     why: BaseException | str | None = error
-    if scope.cancelled_caught or (scope.cancel_called and error is not None):
+    if parked is not None:
+        outcome = _parked(w, parked.outcome)
+    elif scope.cancelled_caught or (scope.cancel_called and error is not None):
         outcome, why = await _interrupted(w, job, job.stop_reason or "timeout")
     elif flag.is_set() and flag.reason == "cancel requested":
         await ack_cancel(w, job)
@@ -148,6 +155,19 @@ async def _execute(w: WorkerState, job: HeldJob) -> None:
     else:
         outcome = await _failed(w, job, error)
     telemetry.job_ended(w, job, outcome, why)
+
+
+def _parked(w: WorkerState, outcome: str) -> str:
+    """A handler stopped by a durable sleep or wait: the SQL call already ended the attempt."""
+    if outcome == "parked":
+        w.released += 1  # (a park is a release that keeps the job's place in its handler)
+        w._poke_poller()  # its resume time may be the next due run_at
+        return "parked"
+    if outcome == "cancelled":
+        w.cancelled += 1
+        return "cancelled"
+    w.lost += 1
+    return "lost"
 
 
 async def _interrupted(w: WorkerState, job: HeldJob, reason: str) -> tuple[str, str | None]:

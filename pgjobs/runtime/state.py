@@ -402,6 +402,9 @@ class WorkerState:
         ok: bool = await self._call(progress_call(id, lease_token, Jsonb(value)))
         return bool(ok)
 
+    async def run_call(self, call: Call[T]) -> T:
+        return await self._call(call)
+
     async def add_to_batch(
         self, id: int, lease_token: str, spec: Mapping[str, Any], before_continuations: bool
     ) -> int | None:

@@ -20,7 +20,7 @@ from pgjobs.runtime.state import HeldJob, WorkerState
 
 log = logging.getLogger("pgjobs.worker")
 
-_INFO_OUTCOMES = frozenset({"succeeded", "cancelled", "snoozed", "released"})
+_INFO_OUTCOMES = frozenset({"succeeded", "cancelled", "snoozed", "released", "parked"})
 
 
 def _version() -> str:

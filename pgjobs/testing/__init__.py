@@ -18,13 +18,13 @@ from __future__ import annotations
 import traceback
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 from uuid import UUID
 
 import anyio
 import psycopg
 
-from pgjobs.client._call import AsyncConn, SyncConn
+from pgjobs.client._call import AsyncConn, Call, SyncConn
 from pgjobs.client.claim import AsyncClaimOps, ClaimOps
 from pgjobs.client.enqueue import AsyncEnqueueOps, EnqueueOps
 from pgjobs.client.graph import AsyncGraphOps, GraphOps
@@ -42,9 +42,11 @@ from pgjobs.runtime.app import (
     SyncJobContext,
     when_to_datetime,
 )
+from pgjobs.runtime.durable import Parked
 
 __all__ = ["Performed", "aperform_job", "assert_enqueued", "notifications", "perform_job", "refute_enqueued"]
 
+T = TypeVar("T")
 WORKER = "pgjobs-testing"
 NOT_RUN = (JobState.WAITING, JobState.SCHEDULED, JobState.PENDING)
 # claimed before anything else of its queue: the job perform_job just enqueued, not an older one
@@ -109,6 +111,10 @@ class _Host:
         )
         return None if added is None else int(added)
 
+    async def run_call(self, call: Call[T]) -> T:
+        out = self._calls._run(call, self._conn)
+        return await out if self._is_async else out  # type: ignore[no-any-return]
+
     async def _do(self, method: Any, *args: Any, **kwargs: Any) -> Any:
         out = method(*args, conn=self._conn, **kwargs)
         return await out if self._is_async else out
@@ -150,7 +156,7 @@ async def _perform(
             if handler.is_async:
                 return await handler.func(payload, ctx), None
             return await anyio.to_thread.run_sync(handler.func, payload, ctx), None
-    except Exception as exc:
+    except (Exception, Parked) as exc:  # Parked: a durable sleep or wait gave the job back
         return None, exc
 
 
@@ -159,6 +165,8 @@ async def _end(host: _Host, handler: JobHandler, job: ClaimedJob, result: Any, e
     calls, token = host._calls, job.lease_token
     if exc is None:
         await host._do(calls.complete, job.id, token, result)
+    elif isinstance(exc, Parked):
+        return  # its SQL call ended the attempt
     elif isinstance(exc, Snooze):
         await host._do(calls.release, job.id, token, when_to_datetime(exc.until))
     elif isinstance(exc, Retry):

@@ -209,7 +209,7 @@ def _ts(value: Any) -> datetime | None:
 async def job_page(request: Request) -> Response:
     b = backend(request)
     job_id = path_id(request)
-    job = await b.client.job_status(job_id)
+    job, recorded = await asyncio.gather(b.client.job_status(job_id), b.client.durable_status(job_id))
     if job is None:
         raise NotFound(f"job {job_id} not found")
     why = None if job.state.terminal else await b.client.explain(job_id)  # "why not running" (docs/explain.md)
@@ -227,12 +227,28 @@ async def job_page(request: Request) -> Response:
             "view": job_view(job),
             "steps": steps,
             "started": started if job.attempt > 1 else None,
+            "durable": durable_view(recorded),
             "live": urlencode({"job": job_id}),
             "refresh": True,
             "job_id": job_id,
             "why": why,
         },
     )
+
+
+def durable_view(recorded: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The job page's durable-execution block (templates/durable.html): None for a job that recorded no step,
+    sleep or wait; its times as datetimes."""
+    if not recorded or not (recorded["steps"] or recorded["waits"]):
+        return None
+    waiting = recorded.get("waiting_for")
+    return {
+        "steps": [{**s, "done_at": _ts(s["done_at"])} for s in recorded["steps"]],
+        "sleeping_until": _ts(recorded.get("sleeping_until")),
+        "waiting_for": None if not waiting else {
+            "key": waiting["key"], "since": _ts(waiting["since"]), "timeout_at": _ts(waiting.get("timeout_at")),
+        },
+    }  # fmt: skip
 
 
 async def batch_page(request: Request) -> Response:

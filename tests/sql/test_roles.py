@@ -30,6 +30,9 @@ PRODUCER = {
     "batch_status",
     "status_snapshot",
     "explain",
+    # durable execution (sql/durable.sql)
+    "signal",
+    "durable_status",
 }
 WORKER = {
     "claim", "renew_lease", "renew_leases", "checkpoint", "progress", "complete", "complete_many", "fail",
@@ -39,19 +42,21 @@ WORKER = {
     # the scheduler runs inside workers
     "upsert_schedule", "prune_code_schedules", "due_schedules", "materialize_schedule", "materialize_schedules",
     "next_schedule_at",
+    # durable execution (sql/durable.sql)
+    "record_step", "job_steps", "sleep_until", "await_signal",
 }  # fmt: skip
 READER = {
     "job_status", "batch_status", "status_snapshot", "explain", "batch_graph", "stats", "list_jobs", "list_workers",
     "list_queues", "count_jobs", "list_schedules", "get_schedule", "read_events", "stream_bounds", "stream_head",
     # the dashboard's reads (sql/dashboard.sql)
     "dashboard_jobs", "dashboard_count_jobs", "dashboard_queues", "dashboard_throughput", "dashboard_groups",
-    "dashboard_workers", "dashboard_state_counts",
+    "dashboard_workers", "dashboard_state_counts", "durable_status",
 }  # fmt: skip
 ADMIN_ONLY = {
     "cancel", "cancel_batch", "retry", "delete", "delete_batch", "purge", "configure_queue", "pause_schedule",
     "resume_schedule", "remove_schedule", "configure_stream", "maintain", "maintain_history",
     # the dashboard's actions (sql/dashboard.sql)
-    "dashboard_bulk", "trigger_schedule",
+    "dashboard_bulk", "trigger_schedule", "purge_signals",
 }  # fmt: skip
 ALLOWED = {"pgjobs_producer": PRODUCER, "pgjobs_worker": WORKER, "pgjobs_reader": READER}
 KNOWN = PRODUCER | WORKER | READER | ADMIN_ONLY

@@ -19,9 +19,9 @@ StartWorker = Callable[..., subprocess.Popen[bytes]]
 
 
 @contextmanager
-def worker_processes(dsn: str, log_dir: Path) -> Iterator[StartWorker]:
-    """Yields ``start(**options)`` that starts ``worker_app.py`` with those Worker options. Every process still
-    running at exit is killed; the logs are written to stderr (pytest shows them for failed tests)."""
+def worker_processes(dsn: str, log_dir: Path, app: Path = APP) -> Iterator[StartWorker]:
+    """Yields ``start(**options)`` that starts ``app`` (``worker_app.py``) with those Worker options. Every process
+    still running at exit is killed; the logs are written to stderr (pytest shows them for failed tests)."""
     procs: list[tuple[subprocess.Popen[bytes], Path]] = []
 
     def start(**options: Any) -> subprocess.Popen[bytes]:
@@ -29,7 +29,7 @@ def worker_processes(dsn: str, log_dir: Path) -> Iterator[StartWorker]:
         env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
         with log.open("wb") as out:
             proc = subprocess.Popen(
-                [sys.executable, str(APP), dsn, json.dumps(options)], cwd=REPO, env=env, stdout=out, stderr=out
+                [sys.executable, str(app), dsn, json.dumps(options)], cwd=REPO, env=env, stdout=out, stderr=out
             )
         procs.append((proc, log))
         return proc

@@ -292,3 +292,35 @@ Roles: pgjobs_admin.$$;
 COMMENT ON FUNCTION pgjobs.explain IS $$Why a job is not running, as {"reason": ..., ...details}: running (worker, lease end), terminal, waiting_dependencies (the open parents), scheduled (until), paused, queue_cap or group_cap (n of m active), no_worker (no live worker serves its queue or kind), behind_others (how many jobs come first), claimable. Other blockers that also hold are listed under "also". NULL for an unknown id.
 Errors: none.
 Roles: pgjobs_producer, pgjobs_reader, pgjobs_admin.$$;
+
+COMMENT ON FUNCTION pgjobs.capped_queues IS $$Which of these queues have a concurrency cap (max_active or max_active_per_group): the queues whose ended jobs wake the worker at once, so that capped queues run at the cap's speed, not at the poll's.
+Errors: none.
+Roles: pgjobs_worker, pgjobs_admin.$$;
+
+COMMENT ON FUNCTION pgjobs.record_step IS $$Records a durable step's JSON result for the job held by the lease token, in the caller's transaction: true when recorded, false when the token no longer holds the job. A later attempt reads it with job_steps instead of running the step again.
+Errors: PJ002 a name already recorded with another result, a result over 1 MB, more than 1,000 steps or 16 MB for the job, a name over 200 bytes.
+Roles: pgjobs_worker, pgjobs_admin.$$;
+
+COMMENT ON FUNCTION pgjobs.job_steps IS $$The steps (name, result) the job held by the lease token recorded in earlier attempts; no row when the token no longer holds the job.
+Errors: none.
+Roles: pgjobs_worker, pgjobs_admin.$$;
+
+COMMENT ON FUNCTION pgjobs.sleep_until IS $$A durable sleep named `name` until `until`: 'parked' gives the job back (lease and attempt) as scheduled at `until`; after it resumes, the same call returns 'slept'. 'cancelled' when its cancellation was requested; NULL when the token no longer holds the job.
+Errors: PJ002 an invalid name or time.
+Roles: pgjobs_worker, pgjobs_admin.$$;
+
+COMMENT ON FUNCTION pgjobs.await_signal IS $$Parks the job held by the lease token until signal(key) or `timeout_at` (NULL: no timeout), holding no lease or slot: outcome 'parked', then, called again with the same name after it resumes, 'signal' with the signal's payload or 'timeout'; 'cancelled' when its cancellation was requested. A signal sent before the wait and still kept is taken at once.
+Errors: PJ002 an invalid name, key or time, or a name recorded for another key or as a sleep.
+Roles: pgjobs_worker, pgjobs_admin.$$;
+
+COMMENT ON FUNCTION pgjobs.signal IS $$Wakes every job waiting on `key` with `payload` and returns how many it woke. With no waiter the signal is kept for `keep` (default one day) for the first job that waits on the key, and 0 is returned.
+Errors: PJ002 an empty or oversized key, a SQL NULL payload, a keep that is not positive.
+Roles: pgjobs_producer, pgjobs_admin.$$;
+
+COMMENT ON FUNCTION pgjobs.durable_status IS $$What a job recorded for durable execution, as JSON: its steps (name, result size, when, attempt), its sleeps and waits, and what it is parked on now (sleeping until, waiting for a key since). NULL for an unknown job.
+Errors: none.
+Roles: pgjobs_producer, pgjobs_reader, pgjobs_admin.$$;
+
+COMMENT ON FUNCTION pgjobs.purge_signals IS $$Deletes the kept signals past their time and returns how many (signal() also removes up to 100 at each call).
+Errors: none.
+Roles: pgjobs_admin.$$;

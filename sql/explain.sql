@@ -44,9 +44,9 @@ BEGIN
     SELECT * INTO q FROM queues AS c WHERE c.queue = j.queue;   -- no row: an unconfigured queue, no limits
     v_gate := _explain_gates(j, q);
     IF j.state = 'waiting' THEN
-        v_out := _explain_dependencies(j);
+        v_out := _explain_dependencies(j) || _explain_parked(j);
     ELSIF j.state = 'scheduled' AND j.run_at > now() THEN
-        v_out := _explain_scheduled(j);
+        v_out := _explain_scheduled(j) || _explain_parked(j);
     ELSIF cardinality(v_gate) > 0 THEN
         v_out := v_gate[1];
         v_gate := v_gate[2:];
@@ -172,6 +172,24 @@ AS $$
                       WHERE p.id = _explain_parent_state.id
                         AND p.state = ANY ('{waiting,scheduled,pending,active}'::job_state[])),
                     (SELECT p.state FROM jobs AS p WHERE p.id = _explain_parent_state.id));
+$$;
+
+-- A job parked by durable execution (sql/durable.sql) waits or is scheduled for a reason of its own: a
+-- sleep (until its end) or a wait for a signal (until the signal or the timeout). {"parked": {...}} then,
+-- else nothing, so the reason stays the state's (waiting_dependencies, scheduled) with its usual details.
+CREATE OR REPLACE FUNCTION pgjobs._explain_parked(j pgjobs.jobs)
+RETURNS jsonb
+LANGUAGE sql
+STABLE
+SET search_path = pg_catalog, pgjobs, pg_temp
+AS $$
+    SELECT coalesce((SELECT jsonb_build_object('parked', jsonb_build_object(
+                                'name', w.name, 'kind', CASE WHEN w.key IS NULL THEN 'sleep' ELSE 'signal' END,
+                                'key', w.key, 'since', w.since, 'until', w.until))
+                       FROM job_waits AS w
+                      WHERE w.job_id = j.id AND w.resolved_at IS NULL
+                      ORDER BY w.since DESC
+                      LIMIT 1), '{}');
 $$;
 
 -- run_at in the future: the first run's time, or a retry's backoff (attempt > 0, with the error that

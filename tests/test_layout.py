@@ -297,3 +297,13 @@ def test_cited_files_exist() -> None:
         if not (ROOT / cited).exists()
     ]
     assert not missing, "files cited but not in the repository:\n" + "\n".join(missing)
+
+
+def test_test_files_have_unique_names() -> None:
+    """pytest imports test modules by their base name (no __init__.py in tests/sql, tests/runtime, ...): two
+    files of one name in different folders make the whole run stop at collection."""
+    names: dict[str, list[str]] = {}
+    for path in sorted((ROOT / "tests").rglob("test_*.py")):
+        names.setdefault(path.name, []).append(str(path.relative_to(ROOT)))
+    shared = {name: paths for name, paths in names.items() if len(paths) > 1}
+    assert not shared, f"test files sharing a name: {shared}"

@@ -96,7 +96,20 @@ def _parent(p: dict[str, Any]) -> str:
     return f"job {p.get('job')} ({p.get('state')}, on {p.get('on')})"
 
 
+def _parked(d: dict[str, Any]) -> str | None:
+    """A durable sleep or signal wait (docs/durable-execution.md), or None."""
+    p = d.get("parked")
+    if not p:
+        return None
+    if p.get("kind") == "sleep":
+        return f"sleeping ({p.get('name')!r}) until {_at(p.get('until'))}"
+    text = f"waiting for signal {p.get('key')!r} since {_at(p.get('since'))}"
+    return text + (f", timeout at {_at(p['until'])}" if p.get("until") else "")
+
+
 def _waiting(d: dict[str, Any]) -> str:
+    if (parked := _parked(d)) and not d.get("waiting_on"):
+        return parked
     parents = d.get("waiting_on") or []
     text = f"waiting on {_plural(int(d.get('remaining') or len(parents)), 'dependency', 'dependencies')}"
     if parents:
@@ -107,6 +120,8 @@ def _waiting(d: dict[str, Any]) -> str:
 
 
 def _scheduled(d: dict[str, Any]) -> str:
+    if parked := _parked(d):
+        return parked
     if d.get("retry"):
         text = f"retry scheduled for {_at(d.get('run_at'))} after attempt {d.get('attempt')} of {d.get('max_attempts')}"
         return text + (f": {d['last_error']}" if d.get("last_error") else "")

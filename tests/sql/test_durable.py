@@ -274,3 +274,29 @@ def test_parked_jobs_of_a_fair_queue_are_claimed_again(conn: Conn) -> None:
     make_due(conn, b["id"])
     got = sorted(r["id"] for r in call(conn, "claim", worker="w", queues=["fair"], max_jobs=5))
     assert got == sorted([a["id"], b["id"]])
+
+
+def test_explain_names_what_a_parked_job_waits_for(conn: Conn) -> None:
+    """A job parked on a signal says so through explain (its reason stays the state's: waiting, or scheduled
+    with a timeout), and so does a sleeping one; once the signal comes, the parked detail is gone."""
+    from pgjobs.client.explain import Explanation
+
+    waiter = started(conn)
+    assert wait(conn, waiter, "ship", "shipped:7") == ("parked", None)
+    why = scalar(conn, "SELECT pgjobs.explain(%s)", [waiter["id"]])
+    assert why["reason"] == "waiting_dependencies" and why["waiting_on"] == []
+    assert why["parked"]["kind"] == "signal" and why["parked"]["key"] == "shipped:7"
+    assert why["parked"]["until"] is None
+    assert "waiting for signal 'shipped:7'" in Explanation.from_json(waiter["id"], why).describe()
+
+    sleeper = started(conn)
+    conn.execute(
+        "SELECT pgjobs.sleep_until(%s, %s, 'nap', now() + interval '1 hour')", [sleeper["id"], sleeper["lease_token"]]
+    )
+    why = scalar(conn, "SELECT pgjobs.explain(%s)", [sleeper["id"]])
+    assert why["reason"] == "scheduled" and why["parked"]["kind"] == "sleep" and why["parked"]["name"] == "nap"
+    assert Explanation.from_json(sleeper["id"], why).describe().startswith("sleeping ('nap') until")
+
+    assert scalar(conn, "SELECT pgjobs.signal('shipped:7', '{}')") == 1
+    why = scalar(conn, "SELECT pgjobs.explain(%s)", [waiter["id"]])
+    assert "parked" not in why and why["reason"] in ("claimable", "no_worker", "behind_others")

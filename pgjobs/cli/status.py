@@ -26,13 +26,14 @@ from pgjobs.cli.common import (
     ago,
     describe_progress,
     error_line,
+    job_json,
     open_client,
     print_json,
     progress_fraction,
     short,
     stdout,
 )
-from pgjobs.jsonable import to_jsonable
+from pgjobs.jsonable import CLI_DISPLAY_CHARS, shown_json, to_jsonable
 from pgjobs.records import JobState, JobStatus
 
 POLL = 1.0  # seconds between two re-reads of a followed job when no event comes
@@ -64,7 +65,7 @@ def _job_table(job: JobStatus) -> Table:
 
     def row(name: str, value: Any) -> None:
         if value not in (None, "", [], {}):
-            table.add_row(name, value if isinstance(value, str) else json.dumps(to_jsonable(value)))
+            table.add_row(name, value if isinstance(value, str) else shown_json(value, CLI_DISPLAY_CHARS))
 
     row("job", f"{job.id}  {job.kind}  (queue {job.queue})")
     row("state", f"{job.state.value}" + ("  [cancel requested]" if job.cancel_requested else ""))
@@ -131,7 +132,7 @@ def _json_line(value: dict[str, Any]) -> None:
 
 
 def _job_object(job: JobStatus) -> dict[str, Any]:
-    return {"type": "job", **to_jsonable(job)}
+    return {"type": "job", **job_json(job)}
 
 
 def cmd_status(args: argparse.Namespace) -> int:
@@ -141,7 +142,7 @@ def cmd_status(args: argparse.Namespace) -> int:
         raise CliError(f"job {args.id} not found")
     if not args.follow:
         if args.json:
-            print_json(job)
+            print_json(job_json(job))
         else:
             stdout().print(_job_table(job))
             if args.errors:

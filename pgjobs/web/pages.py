@@ -15,7 +15,7 @@ from pgjobs.client.dashboard import Event, JobFilter, QueueOverview, Throughput,
 from pgjobs.records import JobStatus
 from pgjobs.web.backend import Backend
 from pgjobs.web.svg import batch_graph_svg, throughput_chart
-from pgjobs.web.views import NotFound, job_view, param_int, param_state, path_id, render
+from pgjobs.web.views import NotFound, display_job, job_view, param_int, param_state, path_id, render
 
 PER_PAGE = (25, 50, 100, 200)
 
@@ -197,7 +197,7 @@ async def job_page(request: Request) -> Response:
         request,
         "job.html",
         {
-            "job": job,
+            "job": display_job(job),  # large values cut for the page
             "view": job_view(job),
             "steps": timeline(job, events),
             "live": urlencode({"job": job_id}),

@@ -38,7 +38,7 @@ def cut_text(text: str, limit: int) -> str:
     """``text`` cut to ``limit`` characters, with a marker that says it was and how large it is."""
     if len(text) <= limit:
         return text
-    return f"{text[:limit]} … [truncated, {len(text.encode()):,} bytes in all]"
+    return f"{text[:limit]} … (truncated, {len(text.encode()):,} bytes in all)"
 
 
 def shown_json(value: Any, limit: int, *, indent: int | None = None, sort_keys: bool = False) -> str:

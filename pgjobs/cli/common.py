@@ -22,12 +22,13 @@ import psycopg
 from psycopg.conninfo import conninfo_to_dict
 from psycopg_pool import ConnectionPool, PoolTimeout
 from rich.console import Console
+from rich.text import Text
 
 from pgjobs.client import Client
 from pgjobs.jsonable import CLI_DISPLAY_CHARS, cut_text, shown_json, to_jsonable
 from pgjobs.ops import dsn as dsnmod
 from pgjobs.ops import probe
-from pgjobs.records import JobState
+from pgjobs.records import JobState, UnhandledKind
 
 EXIT_OK = 0
 EXIT_ERROR = 1
@@ -204,6 +205,12 @@ def job_json(job: Any) -> dict[str, Any]:
     data: dict[str, Any] = to_jsonable(job)
     data.pop("lease_token", None)
     return data
+
+
+def print_unhandled(out: Console, unhandled: list[UnhandledKind]) -> None:
+    """The jobs no live worker will take, one line per queue and kind (nothing when there are none)."""
+    for u in unhandled:
+        out.print(Text(f"not running: {u.describe()}", style="yellow"))
 
 
 def print_json(value: Any) -> None:

@@ -24,6 +24,7 @@ from pgjobs.cli.common import (
     parse_when,
     positive_int,
     print_json,
+    print_unhandled,
     short,
     stdout,
 )
@@ -125,8 +126,9 @@ def cmd_stats(args: argparse.Namespace) -> int:
     with open_client(args.dsn) as client:
         stats = client.stats()
         workers = client.list_workers()
+        unhandled = client.unhandled_kinds()
     if args.json:
-        print_json({"queues": stats, "workers": workers})
+        print_json({"queues": stats, "workers": workers, "unhandled": unhandled})
         return EXIT_OK
     out = stdout()
     counts: dict[str, dict[str, int]] = {}
@@ -147,6 +149,7 @@ def cmd_stats(args: argparse.Namespace) -> int:
             str(sum(sum(r.values()) for r in counts.values())),
         )
     out.print(table if counts else "no jobs")
+    print_unhandled(out, unhandled)
     wt = Table(title="workers", title_justify="left")
     for col in ("worker", "status", "last seen", "running", "queues", "host", "pid"):
         wt.add_column(col, justify="right" if col in ("running", "pid") else "left")

@@ -27,6 +27,7 @@ from pgjobs.records import (
     QueueSettings,
     QueueStat,
     Schedule,
+    UnhandledKind,
     WorkerInfo,
 )
 from pgjobs.runtime.app import App, CancelFlag, JobCancelled, JobContext, JobHandler, Retry, Snooze, SyncJobContext
@@ -54,6 +55,7 @@ __all__ = [
     "QueueStat",
     "Schedule",
     "SchemaMissing",
+    "UnhandledKind",
     "WorkerInfo",
 ]
 __all__ += ["BatchState", "BatchStatus", "Dep", "JobRef", "after_batch", "on_complete", "on_failure", "on_success"]

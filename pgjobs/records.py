@@ -156,6 +156,25 @@ class WorkerInfo(_Row):
 
 
 @dataclass(frozen=True, slots=True)
+class UnhandledKind(_Row):
+    """``unhandled_kinds()``: claimable jobs of ``kind`` in ``queue`` that no live worker takes (``served``:
+    some live worker serves the queue, only not that kind). ``jobs`` counts those at the queue's head."""
+
+    queue: str
+    kind: str
+    jobs: int
+    oldest: datetime
+    served: bool
+
+    @property
+    def reason(self) -> str:
+        return "no live worker handles this kind" if self.served else "no live worker serves this queue"
+
+    def describe(self) -> str:
+        return f"{self.jobs} {self.kind} job(s) in queue {self.queue}: {self.reason}"
+
+
+@dataclass(frozen=True, slots=True)
 class Renewed(_Row):
     """A row of ``renew_leases``: the token still holds the job. ``renewed`` is False when the job was busy in
     another transaction (its end on the way, a cancel, a checkpoint) and was not renewed this time: not lost,

@@ -70,7 +70,9 @@ BEGIN
             MESSAGE = format('%s must be a positive interval, got %s', label, value);
     ELSIF non_negative AND value < interval '0' THEN
         RAISE EXCEPTION USING ERRCODE = 'PJ002', MESSAGE = format('%s must not be negative, got %s', label, value);
-    ELSIF value > interval '100 years' OR value < interval '-100 years' THEN
+    -- Measured in seconds, where a year is 365.25 days: compared as intervals, '100 years' is 1,200
+    -- months of 30 days (36,000 days), so '36500 days' (under 100 calendar years) would be refused.
+    ELSIF abs(extract(epoch FROM value)) > extract(epoch FROM interval '100 years') THEN
         RAISE EXCEPTION USING ERRCODE = 'PJ002',
             MESSAGE = format('%s must be at most 100 years, got %s', label, value);
     END IF;

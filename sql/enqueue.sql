@@ -51,6 +51,10 @@ BEGIN
     IF payload IS NULL THEN
         RAISE EXCEPTION USING ERRCODE = 'PJ002',
             MESSAGE = format('%s: payload must not be NULL (use ''{}'' for none)', label);
+    ELSIF jsonb_typeof(payload) <> 'object' THEN
+        -- A handler reads its payload by key: an array or a scalar would fail every attempt.
+        RAISE EXCEPTION USING ERRCODE = 'PJ002',
+            MESSAGE = format('%s: payload must be a JSON object, got %s', label, _shown(payload::text));
     ELSIF max_attempts IS NULL OR max_attempts < 1 THEN
         RAISE EXCEPTION USING ERRCODE = 'PJ002',
             MESSAGE = format('%s: max_attempts must be >= 1, got %s', label, coalesce(max_attempts::text, 'NULL'));
@@ -133,7 +137,8 @@ BEGIN
     -- here rather than through _notify_status (a jsonb round trip that cost more than the insert).
     -- (limits: checks.sql)
     IF enqueue.kind IS NULL OR enqueue.kind = '' OR enqueue.queue IS NULL OR enqueue.queue = ''
-       OR enqueue.payload IS NULL OR enqueue.max_attempts IS NULL OR enqueue.max_attempts < 1
+       OR enqueue.payload IS NULL OR jsonb_typeof(enqueue.payload) <> 'object'
+       OR enqueue.max_attempts IS NULL OR enqueue.max_attempts < 1
        OR octet_length(enqueue.kind) > 1000 OR octet_length(enqueue.queue) > 1000
        OR octet_length(enqueue.unique_key) > 1000 OR octet_length(enqueue.group_key) > 1000
        OR NOT (enqueue.run_at >= '0001-01-01 00:00:00+00' AND enqueue.run_at < '10000-01-01 00:00:00+00') THEN
@@ -340,7 +345,7 @@ BEGIN
          -- CASE, not OR: its branches run in order.
          WHERE CASE WHEN x.e ->> 'kind' = ''
                          OR jsonb_typeof(x.e -> 'queue') <> 'string' OR x.e ->> 'queue' = ''
-                         OR jsonb_typeof(x.e -> 'payload') = 'null'
+                         OR jsonb_typeof(x.e -> 'payload') <> 'object'
                          -- (limits: checks.sql)
                          OR octet_length(x.e ->> 'kind') > 1000 OR octet_length(x.e ->> 'queue') > 1000
                       THEN _refuse_spec(jobs, x.e)
@@ -468,7 +473,7 @@ BEGIN
          -- (limits: checks.sql)
          WHERE CASE WHEN s.kind IS NULL OR s.kind = '' OR octet_length(s.kind) > 1000
                          OR s.queue IS NULL OR s.queue = '' OR octet_length(s.queue) > 1000
-                         OR jsonb_typeof(s.payload) = 'null'
+                         OR jsonb_typeof(s.payload) <> 'object'
                     THEN _refuse_array_job(s.n, s.kind, s.queue, s.payload)
                     ELSE true END
     ), ins AS (
@@ -508,6 +513,9 @@ BEGIN
     IF jsonb_typeof(payload) = 'null' THEN
         RAISE EXCEPTION USING ERRCODE = 'PJ002',
             MESSAGE = format('jobs[%s]: payload must not be null (use {} for none)', n - 1);
+    ELSIF jsonb_typeof(payload) <> 'object' THEN
+        RAISE EXCEPTION USING ERRCODE = 'PJ002',
+            MESSAGE = format('jobs[%s]: payload must be a JSON object, got %s', n - 1, _shown(payload::text));
     END IF;
     RAISE EXCEPTION USING ERRCODE = 'PJ002',
         MESSAGE = format('jobs[%s]: job (%s, %s) is not valid', n - 1, _shown(kind), _shown(queue));
@@ -544,7 +552,7 @@ BEGIN
                 -- (limits: checks.sql)
                 OR octet_length(r.kind #>> '{}') > 1000 OR octet_length(r.queue #>> '{}') > 1000
                 OR octet_length(r.unique_key #>> '{}') > 1000 OR octet_length(r.group_key #>> '{}') > 1000
-                OR (e.spec ? 'payload' AND r.payload IS NULL)
+                OR (e.spec ? 'payload' AND jsonb_typeof(r.payload) IS DISTINCT FROM 'object')
                 OR (e.spec ? 'meta' AND jsonb_typeof(r.meta) IS DISTINCT FROM 'object')
                 OR (e.spec ? 'priority'
                     AND CASE WHEN jsonb_typeof(r.priority) = 'number'
@@ -615,6 +623,8 @@ BEGIN
                        THEN format('queue must be at most 1000 bytes, got %s', _shown(s.spec ->> 'queue'))
                      WHEN jsonb_typeof(s.spec -> 'payload') = 'null'
                        THEN 'payload must not be null (use {} for none)'
+                     WHEN s.spec ? 'payload' AND jsonb_typeof(s.spec -> 'payload') <> 'object'
+                       THEN format('payload must be a JSON object, got %s', _shown((s.spec -> 'payload')::text))
                      WHEN s.spec ? 'meta' AND jsonb_typeof(s.spec -> 'meta') <> 'object'
                        THEN format('meta must be a JSON object, got %s', _shown((s.spec -> 'meta')::text))
                      WHEN s.spec ? 'priority' AND (jsonb_typeof(s.spec -> 'priority') <> 'number'
@@ -963,7 +973,7 @@ BEGIN
                                WHERE q.max_length IS NOT NULL
                                  AND q.queue IN (SELECT coalesce(b.queue, 'default') FROM ONLY %1$s AS b)),
                coalesce(bool_or(s.n IS NULL OR s.kind IS NULL OR s.kind = '' OR s.queue = ''
-                                OR jsonb_typeof(s.payload) = 'null' OR jsonb_typeof(s.meta) <> 'object'
+                                OR jsonb_typeof(s.payload) <> 'object' OR jsonb_typeof(s.meta) <> 'object'
                                 OR s.priority NOT BETWEEN -32768 AND 32767
                                 OR s.max_attempts NOT BETWEEN 1 AND 2147483647), false),
                coalesce(bool_or(s.run_at IS NOT NULL), false),

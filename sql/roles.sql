@@ -86,6 +86,7 @@ DECLARE
         "stats": ["pgjobs_reader"],
         "list_jobs": ["pgjobs_reader"],
         "list_workers": ["pgjobs_reader"],
+        "unhandled_kinds": ["pgjobs_worker", "pgjobs_reader"],
         "list_queues": ["pgjobs_reader"],
         "count_jobs": ["pgjobs_reader"],
         "list_schedules": ["pgjobs_reader"],

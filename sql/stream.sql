@@ -444,7 +444,8 @@ BEGIN
     -- emptied again before the ring comes round). Then only that partition is read: the generic plan
     -- prunes the other fifteen at start-up, sparing their index descents and executor set-up.
     SELECT r.slot INTO v_lo FROM event_rotations AS r ORDER BY r.rotation_id DESC LIMIT 1;
-    IF (SELECT l.first_id FROM event_log AS l WHERE l.slot = v_lo ORDER BY l.last_id LIMIT 1) <= v_after + 1 THEN
+    -- (first_id - 1, not v_after + 1: a cursor at the largest bigint must not overflow)
+    IF (SELECT l.first_id FROM event_log AS l WHERE l.slot = v_lo ORDER BY l.last_id LIMIT 1) - 1 <= v_after THEN
         v_hi := v_lo;
     ELSE
         v_lo := 0;

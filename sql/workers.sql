@@ -165,3 +165,76 @@ BEGIN
     END LOOP;
 END;
 $$;
+
+-- Kinds whose claimable jobs no live worker takes: a job of a kind nobody handles (or in a queue nobody
+-- serves) stays pending forever, with no error anywhere, unless something says so. The worker logs them
+-- (once per kind), `pgjobs stats` / `status` and the dashboard show them.
+-- A live worker (list_workers' 'live') takes a job when its heartbeat meta lists the job's queue in
+-- `queues` and its kind in `kinds` (a Python worker reports both); a meta without `queues` (or `kinds`),
+-- such as a worker in another language reports, counts as serving every queue (or kind).
+-- Read: the head of each queue in claim order (pending, then due scheduled jobs), at most `sample` jobs
+-- each. Jobs nobody claims sink to that head (everything else is claimed past them), so the head finds
+-- them at a bounded cost, whatever the backlog. `jobs` counts those in the sample; `served` says whether
+-- some live worker serves the queue at all (false: the queue is the problem, not the kind).
+CREATE OR REPLACE FUNCTION pgjobs.unhandled_kinds(queues text[] DEFAULT NULL, sample int DEFAULT 1000)
+RETURNS TABLE (queue text, kind text, jobs bigint, oldest timestamptz, served boolean)
+LANGUAGE plpgsql
+STABLE
+SET search_path = pg_catalog, pgjobs, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_queues text[] := unhandled_kinds.queues;
+    v_sample int := unhandled_kinds.sample;
+BEGIN
+    PERFORM _check_array('queues', v_queues);  -- limits: checks.sql
+    PERFORM _check_count('sample', v_sample, 1, 100000);
+    RETURN QUERY
+    WITH RECURSIVE pend AS (  -- the queues with pending jobs: one descent of jobs_pending_idx each
+        (SELECT j.queue FROM jobs AS j WHERE j.state = 'pending' ORDER BY j.queue LIMIT 1)
+        UNION ALL
+        SELECT (SELECT j.queue FROM jobs AS j WHERE j.state = 'pending' AND j.queue > p.queue ORDER BY j.queue LIMIT 1)
+          FROM pend AS p WHERE p.queue IS NOT NULL
+    ), sched AS (  -- and with scheduled ones (due or not: the head read below keeps the due)
+        (SELECT j.queue FROM jobs AS j WHERE j.state = 'scheduled' ORDER BY j.queue LIMIT 1)
+        UNION ALL
+        SELECT (SELECT j.queue FROM jobs AS j WHERE j.state = 'scheduled' AND j.queue > s.queue ORDER BY j.queue LIMIT 1)
+          FROM sched AS s WHERE s.queue IS NOT NULL
+    ), q AS (
+        SELECT DISTINCT x.queue FROM (SELECT p.queue FROM pend AS p UNION ALL SELECT s.queue FROM sched AS s) AS x
+         WHERE x.queue IS NOT NULL AND (v_queues IS NULL OR x.queue = ANY (v_queues))
+    ), head AS (
+        SELECT q.queue, h.kind, h.run_at
+          FROM q
+         CROSS JOIN LATERAL (
+                (SELECT j.kind, j.run_at FROM jobs AS j WHERE j.state = 'pending' AND j.queue = q.queue
+                  ORDER BY j.priority, j.run_at, j.id LIMIT v_sample)
+                UNION ALL
+                (SELECT j.kind, j.run_at FROM jobs AS j
+                  WHERE j.state = 'scheduled' AND j.queue = q.queue AND j.run_at <= now()
+                  ORDER BY j.run_at LIMIT v_sample)) AS h
+    ), live AS (
+        SELECT w.meta FROM workers AS w
+         WHERE w.last_seen >= now() - make_interval(secs => 3 * coalesce(_heartbeat_seconds(w.meta), 10))
+    ), grouped AS (
+        SELECT h.queue, h.kind, count(*) AS jobs, min(h.run_at) AS oldest FROM head AS h GROUP BY h.queue, h.kind
+    )
+    SELECT g.queue, g.kind, g.jobs, g.oldest,
+           EXISTS (SELECT 1 FROM live AS l WHERE _meta_lists(l.meta, 'queues', g.queue))
+      FROM grouped AS g
+     WHERE NOT EXISTS (SELECT 1 FROM live AS l
+                        WHERE _meta_lists(l.meta, 'queues', g.queue) AND _meta_lists(l.meta, 'kinds', g.kind))
+     ORDER BY g.queue, g.kind;
+END;
+$$;
+
+-- True when a worker's meta lists `value` under `key` (an array of names or an object keyed by them), or
+-- does not say (no such key, or not a list): a worker that does not report its queues or kinds may take any.
+CREATE OR REPLACE FUNCTION pgjobs._meta_lists(meta jsonb, key text, value text)
+RETURNS boolean
+LANGUAGE sql
+IMMUTABLE
+SET search_path = pg_catalog, pgjobs, pg_temp
+AS $$
+    SELECT coalesce(jsonb_typeof(meta -> key), '') NOT IN ('array', 'object') OR (meta -> key) ? value;
+$$;

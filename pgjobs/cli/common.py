@@ -22,12 +22,13 @@ import psycopg
 from psycopg.conninfo import conninfo_to_dict
 from psycopg_pool import ConnectionPool, PoolTimeout
 from rich.console import Console
+from rich.text import Text
 
 from pgjobs.client import Client
-from pgjobs.jsonable import to_jsonable
+from pgjobs.jsonable import CLI_DISPLAY_CHARS, cut_text, shown_json, to_jsonable
 from pgjobs.ops import dsn as dsnmod
 from pgjobs.ops import probe
-from pgjobs.records import JobState
+from pgjobs.records import JobState, UnhandledKind
 
 EXIT_OK = 0
 EXIT_ERROR = 1
@@ -194,8 +195,22 @@ def describe_progress(progress: Any) -> str:
         text = f"{fraction:.0%}"
         if isinstance(progress, dict) and "done" in progress and "total" in progress:
             text += f" ({progress['done']}/{progress['total']})"
-        return f"{text} {message}" if message else text
-    return json.dumps(progress, default=str)
+        return f"{text} {cut_text(str(message), CLI_DISPLAY_CHARS)}" if message else text
+    return shown_json(progress, CLI_DISPLAY_CHARS)
+
+
+def job_json(job: Any) -> dict[str, Any]:
+    """A job record as JSON output shows it: everything but its lease token, the secret that lets whoever
+    holds it complete, fail or release the running attempt."""
+    data: dict[str, Any] = to_jsonable(job)
+    data.pop("lease_token", None)
+    return data
+
+
+def print_unhandled(out: Console, unhandled: list[UnhandledKind]) -> None:
+    """The jobs no live worker will take, one line per queue and kind (nothing when there are none)."""
+    for u in unhandled:
+        out.print(Text(f"not running: {u.describe()}", style="yellow"))
 
 
 def print_json(value: Any) -> None:
@@ -268,7 +283,7 @@ def check_database(dsn: str, need_schema: bool, where: str | None = None) -> Non
 
 
 @contextlib.contextmanager
-def open_client(dsn: str) -> Iterator[Client]:
+def open_client(dsn: str, app: Any = None) -> Iterator[Client]:
     """A small :class:`Client` whose pool gives up after the connect timeout instead of 30 s."""
     pool: ConnectionPool[Any] = ConnectionPool(
         dsn, min_size=1, max_size=2, kwargs=connect_kwargs(dsn), timeout=CONNECT_TIMEOUT, open=False, name="pgjobs-cli"
@@ -279,7 +294,7 @@ def open_client(dsn: str) -> Iterator[Client]:
         pool.close()
         raise unreachable(dsn, exc) from None
     try:
-        with Client(pool=pool) as client:
+        with Client(pool=pool, app=app) as client:
             yield client
     finally:
         pool.close()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from datetime import UTC, datetime
 from typing import Any
 
@@ -15,12 +16,15 @@ from pgjobs.cli.common import (
     CliError,
     ago,
     error_line,
+    job_json,
+    load_app,
     open_client,
     parse_duration,
     parse_json,
     parse_when,
     positive_int,
     print_json,
+    print_unhandled,
     short,
     stdout,
 )
@@ -31,12 +35,19 @@ def register(sub: Any) -> None:
     p = sub.add_parser("enqueue", help="enqueue one job")
     p.add_argument("kind")
     p.add_argument("--payload", type=parse_json, default={}, metavar="JSON", help="job payload ({})")
-    p.add_argument("--queue", default="default")
+    p.add_argument(
+        "--app",
+        metavar="MODULE:ATTR",
+        help="the pgjobs.App whose declared queue, priority and max_attempts the kind takes (as pgjobs worker --app)",
+    )
+    p.add_argument("--queue", help="queue (default: the kind's declared one with --app, else 'default')")
     p.add_argument("--run-at", type=parse_when, metavar="WHEN", help="ISO 8601 time, or a delay like 30s, 5m, 2h")
-    p.add_argument("--priority", type=int, default=0, help="lower runs first (0)")
+    p.add_argument("--priority", type=int, help="lower runs first (default: declared with --app, else 0)")
     p.add_argument("--unique-key", metavar="KEY", help="idempotency key: a second enqueue returns the first job")
     p.add_argument("--unique-live-only", action="store_true", help="the key only blocks while its job is not terminal")
-    p.add_argument("--max-attempts", type=positive_int, default=20, metavar="N")
+    p.add_argument(
+        "--max-attempts", type=positive_int, metavar="N", help="attempts (default: declared with --app, else 20)"
+    )
     p.add_argument("--group-key", metavar="GROUP", help="fairness group (tenant, customer ...)")
     p.add_argument("--meta", type=parse_json, default=None, metavar="JSON", help="caller tags, trace context")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
@@ -85,7 +96,11 @@ def _non_negative_int(text: str) -> int:
 
 
 def cmd_enqueue(args: argparse.Namespace) -> int:
-    with open_client(args.dsn) as client:
+    app = load_app(args.app) if args.app else None
+    if app is not None and args.kind not in app.handlers:
+        note = f"kind {args.kind!r} is not declared by {args.app}: the SQL defaults apply; its workers skip it"
+        print(f"pgjobs: note: {note}", file=sys.stderr)
+    with open_client(args.dsn, app=app) as client:
         job = client.enqueue(
             args.kind,
             args.payload,
@@ -111,8 +126,9 @@ def cmd_stats(args: argparse.Namespace) -> int:
     with open_client(args.dsn) as client:
         stats = client.stats()
         workers = client.list_workers()
+        unhandled = client.unhandled_kinds()
     if args.json:
-        print_json({"queues": stats, "workers": workers})
+        print_json({"queues": stats, "workers": workers, "unhandled": unhandled})
         return EXIT_OK
     out = stdout()
     counts: dict[str, dict[str, int]] = {}
@@ -133,6 +149,7 @@ def cmd_stats(args: argparse.Namespace) -> int:
             str(sum(sum(r.values()) for r in counts.values())),
         )
     out.print(table if counts else "no jobs")
+    print_unhandled(out, unhandled)
     wt = Table(title="workers", title_justify="left")
     for col in ("worker", "status", "last seen", "running", "queues", "host", "pid"):
         wt.add_column(col, justify="right" if col in ("running", "pid") else "left")
@@ -176,7 +193,7 @@ def cmd_jobs(args: argparse.Namespace) -> int:
         jobs = client.list_jobs(args.state, args.queue, args.kind, args.search, args.limit, skip)
         total = client.count_jobs(args.state, args.queue, args.kind, args.search)
     if args.json:
-        print_json(jobs)
+        print_json([job_json(j) for j in jobs])
         return EXIT_OK
     out = stdout()
     if not jobs:

@@ -17,6 +17,7 @@ from typing import Any
 
 from rich.progress_bar import ProgressBar
 from rich.table import Table
+from rich.text import Text
 
 from pgjobs.cli.common import (
     EXIT_ERROR,
@@ -26,15 +27,17 @@ from pgjobs.cli.common import (
     ago,
     describe_progress,
     error_line,
+    job_json,
     open_client,
     print_json,
+    print_unhandled,
     progress_fraction,
     short,
     stdout,
 )
 from pgjobs.cli.durable_view import durable_rows
-from pgjobs.jsonable import to_jsonable
-from pgjobs.records import JobState, JobStatus
+from pgjobs.jsonable import CLI_DISPLAY_CHARS, shown_json, to_jsonable
+from pgjobs.records import JobState, JobStatus, UnhandledKind
 
 POLL = 1.0  # seconds between two re-reads of a followed job when no event comes
 
@@ -65,7 +68,8 @@ def _job_table(job: JobStatus, durable: dict[str, Any] | None = None) -> Table:
 
     def row(name: str, value: Any) -> None:
         if value not in (None, "", [], {}):
-            table.add_row(name, value if isinstance(value, str) else json.dumps(to_jsonable(value)))
+            # (as Text: a value's brackets are not rich markup)
+            table.add_row(name, Text(value if isinstance(value, str) else shown_json(value, CLI_DISPLAY_CHARS)))
 
     row("job", f"{job.id}  {job.kind}  (queue {job.queue})")
     row("state", f"{job.state.value}" + ("  [cancel requested]" if job.cancel_requested else ""))
@@ -134,21 +138,31 @@ def _json_line(value: dict[str, Any]) -> None:
 
 
 def _job_object(job: JobStatus) -> dict[str, Any]:
-    return {"type": "job", **to_jsonable(job)}
+    return {"type": "job", **job_json(job)}
+
+
+def _unhandled(job: JobStatus | None, rows: list[UnhandledKind]) -> list[UnhandledKind]:
+    """``rows`` (``unhandled_kinds`` of the job's queue) that say no live worker will take this job."""
+    if job is None or job.state not in (JobState.PENDING, JobState.SCHEDULED):
+        return []
+    return [u for u in rows if u.kind == job.kind]
 
 
 def cmd_status(args: argparse.Namespace) -> int:
     with open_client(args.dsn) as client:
         job = client.job_status(args.id)
         durable = None if job is None or args.follow else client.durable_status(args.id)
+        waiting = job is not None and not args.json and job.state in (JobState.PENDING, JobState.SCHEDULED)
+        unhandled = _unhandled(job, client.unhandled_kinds([job.queue]) if job is not None and waiting else [])
     if job is None:
         raise CliError(f"job {args.id} not found")
     if not args.follow:
         if args.json:
             recorded = durable is not None and bool(durable["steps"] + durable["waits"])
-            print_json({**to_jsonable(job), "durable": durable} if recorded else job)
+            print_json({**job_json(job), "durable": durable} if recorded else job_json(job))
         else:
             stdout().print(_job_table(job, durable))
+            print_unhandled(stdout(), unhandled)
             if args.errors:
                 _print_errors(job)
         return EXIT_OK
@@ -160,6 +174,7 @@ def cmd_status(args: argparse.Namespace) -> int:
         return _terminal_code(job)
     import anyio
 
+    print_unhandled(stdout(), unhandled)
     return anyio.run(_follow, args.dsn, args.id, args.json)
 
 

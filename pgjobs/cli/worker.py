@@ -98,4 +98,6 @@ def cmd_worker(args: argparse.Namespace) -> int:
     if unserved:
         err.print(f"[yellow]note:[/] no worker slot for queue(s) {', '.join(unserved)} declared by the app")
     worker.run_sync()
-    return EXIT_OK
+    # Stopped by a signal: the shell's convention, 128 + its number (130 for Ctrl-C, 143 for SIGTERM), as
+    # for any other command interrupted so; the stop itself was graceful.
+    return EXIT_OK if worker.stop_signal is None else 128 + worker.stop_signal

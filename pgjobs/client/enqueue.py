@@ -18,6 +18,7 @@ from psycopg.types.json import Jsonb
 
 from pgjobs.client import staging
 from pgjobs.client._call import AsyncConn, AsyncRunner, Call, FastCall, Rows, SyncConn, SyncRunner, Tuples, jsonb
+from pgjobs.client.arguments import NO_PAYLOAD, check_priority, payload_object, run_at_time
 from pgjobs.client.defaults import EnqueueDefaults, fill_spec, resolve
 from pgjobs.client.tracecontext import traced_many, traced_many_async, traced_one, traced_one_async
 from pgjobs.errors import translate
@@ -46,9 +47,9 @@ def _enqueued(rows: Tuples) -> Enqueued:
 
 def enqueue_fast_call(
     kind: str,
-    payload: Any = None,
+    payload: Any = NO_PAYLOAD,
     queue: str | None = None,
-    run_at: datetime | None = None,
+    run_at: datetime | str | None = None,
     priority: int | None = None,
     max_attempts: int | None = None,
     unique_key: str | None = None,
@@ -58,10 +59,12 @@ def enqueue_fast_call(
     defaults: EnqueueDefaults | None = None,
 ) -> FastCall[Enqueued]:
     """What ``enqueue`` sends (``pgjobs.enqueue`` with its arguments named; a declared kind's defaults applied)."""
-    doc = Jsonb({} if payload is None else payload)
+    doc = Jsonb(payload_object(payload))
+    run_at = run_at_time(run_at)
     if defaults is not None or queue is None or priority is None or max_attempts is None:
         options = resolve(defaults, kind, {"queue": queue, "priority": priority, "max_attempts": max_attempts})
         queue, priority, max_attempts = options["queue"], options["priority"], options["max_attempts"]
+    check_priority(priority)
     if (
         run_at is None
         and priority == 0
@@ -97,7 +100,10 @@ def enqueue_many_call(
     jobs: Iterable[Mapping[str, Any]], as_batch: bool = False, defaults: EnqueueDefaults | None = None
 ) -> Call[list[EnqueuedSpec]]:
     # (fill_spec copies each spec; without an app there is nothing to fill)
-    specs = [_spec(j) for j in jobs] if defaults is None else [_spec(fill_spec(defaults, j)) for j in jobs]
+    if defaults is None:
+        specs = [_spec(j, i) for i, j in enumerate(jobs)]
+    else:
+        specs = [_spec(fill_spec(defaults, j), i) for i, j in enumerate(jobs)]
     return Call(
         "SELECT * FROM pgjobs.enqueue_many(jobs => %(jobs)s, as_batch => %(as_batch)s)",
         {"jobs": jsonb(specs), "as_batch": as_batch},
@@ -298,10 +304,14 @@ def _spec_rows(rows: Tuples) -> list[EnqueuedSpec]:
     return [EnqueuedSpec(r[0], r[1], r[2], r[3]) for r in rows]
 
 
-def _spec(job: Mapping[str, Any]) -> dict[str, Any]:
+def _spec(job: Mapping[str, Any], index: int | None = None) -> dict[str, Any]:
     """A job spec as JSON: datetimes become ISO 8601 strings, nothing else is touched (a plain dict without
-    a datetime is sent as it is: the call serialises it before it returns)."""
-    if type(job) is dict and not isinstance(job.get("run_at"), datetime):
+    a datetime is sent as it is: the call serialises it before it returns). A run_at string must be ISO
+    8601 (:func:`~pgjobs.client.arguments.run_at_time`), not whatever PostgreSQL's date parser reads."""
+    run_at = job.get("run_at")
+    if type(run_at) is str:
+        run_at_time(run_at, "job" if index is None else f"jobs[{index}]")
+    if type(job) is dict and not isinstance(run_at, datetime):
         return job
     spec = dict(job)
     if isinstance(spec.get("run_at"), datetime):
@@ -316,10 +326,10 @@ class EnqueueOps(SyncRunner):
     def enqueue(
         self,
         kind: str,
-        payload: Any = None,
+        payload: Any = NO_PAYLOAD,
         *,
         queue: str | None = None,
-        run_at: datetime | None = None,
+        run_at: datetime | str | None = None,
         priority: int | None = None,
         max_attempts: int | None = None,
         unique_key: str | None = None,
@@ -329,7 +339,9 @@ class EnqueueOps(SyncRunner):
         conn: SyncConn | None = None,
     ) -> Enqueued:
         """Enqueues one job. With ``conn``, inside the caller's transaction. ``queue``/``priority``/
-        ``max_attempts`` not given: the kind's declared defaults (``Client(app=...)``), else default/0/20."""
+        ``max_attempts`` not given: the kind's declared defaults (``Client(app=...)``), else default/0/20.
+        ``payload``: a dict (left out: ``{}``; ``None`` is refused); ``run_at``: a datetime or an ISO 8601
+        string (:mod:`pgjobs.client.arguments`)."""
         return self._run_fast(
             enqueue_fast_call(
                 kind, payload, queue, run_at, priority, max_attempts, unique_key, unique_live_only, group_key, meta,
@@ -383,10 +395,10 @@ class AsyncEnqueueOps(AsyncRunner):
     async def enqueue(
         self,
         kind: str,
-        payload: Any = None,
+        payload: Any = NO_PAYLOAD,
         *,
         queue: str | None = None,
-        run_at: datetime | None = None,
+        run_at: datetime | str | None = None,
         priority: int | None = None,
         max_attempts: int | None = None,
         unique_key: str | None = None,

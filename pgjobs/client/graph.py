@@ -25,6 +25,7 @@ from typing import Any, Literal, LiteralString, Self
 from uuid import UUID
 
 from pgjobs.client._call import AsyncConn, AsyncRunner, Call, Rows, SyncConn, SyncRunner, jsonb, scalar
+from pgjobs.client.arguments import NO_PAYLOAD, payload_object
 from pgjobs.client.defaults import EnqueueDefaults
 from pgjobs.client.enqueue import _spec, enqueue_many_call
 from pgjobs.records import BatchStatus, EnqueuedSpec
@@ -93,7 +94,7 @@ def _job_spec(
     group_key: str | None,
     meta: Mapping[str, Any] | None,
 ) -> dict[str, Any]:
-    spec: dict[str, Any] = {"kind": kind, "payload": {} if payload is None else payload, "ref": ref}
+    spec: dict[str, Any] = {"kind": kind, "payload": payload_object(payload), "ref": ref}
     optional = {
         "queue": queue,
         "run_at": run_at,
@@ -127,7 +128,7 @@ class GraphBuilder:
     def enqueue(
         self,
         kind: str,
-        payload: Any = None,
+        payload: Any = NO_PAYLOAD,
         *,
         after: Iterable[After] = (),
         on: Trigger = "success",
@@ -164,7 +165,7 @@ class GraphBuilder:
     def then(
         self,
         kind: str,
-        payload: Any = None,
+        payload: Any = NO_PAYLOAD,
         *,
         on: Trigger = "success",
         queue: str | None = None,

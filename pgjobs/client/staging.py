@@ -17,6 +17,8 @@ from typing import Any, LiteralString
 from psycopg import sql
 from psycopg.types.json import Jsonb
 
+from pgjobs.client.arguments import run_at_time
+
 # The columns enqueue_staged expects, in order, with the COPY types of the values the client sends.
 COLUMNS: dict[str, str] = {
     "n": "int8",
@@ -135,6 +137,10 @@ def stage(jobs: Iterable[Mapping[str, Any]]) -> tuple[list[str], list[tuple[Any,
                 for i, s in enumerate(specs)
             ]
             return ["n", "kind", "queue", "payload"], rows
+        if "run_at" in keys:  # an ISO 8601 string, not whatever PostgreSQL's date parser reads
+            for i, s in enumerate(specs):
+                if type(s.get("run_at")) is str:
+                    run_at_time(s["run_at"], f"jobs[{i}]")
         columns = [c for c in COLUMNS if c in keys]
         convert = [_CONVERT[c] for c in columns]
         rows = [

@@ -20,6 +20,7 @@ import importlib.util
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, TypeVar
 
+from pgjobs.client.arguments import NO_PAYLOAD
 from pgjobs.client.defaults import fill_spec, resolve
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -118,7 +119,7 @@ def _with_trace_all(specs: list[Mapping[str, Any]], trace: Mapping[str, str]) ->
 
 def traced_one(method: F) -> F:
     @functools.wraps(method)
-    def wrapper(self: Any, kind: str, payload: Any = None, **kw: Any) -> Any:
+    def wrapper(self: Any, kind: str, payload: Any = NO_PAYLOAD, **kw: Any) -> Any:
         if not active():
             return method(self, kind, payload, **kw)
         with create_span(_queue_of(self, kind, kw.get("queue"))) as (span, carrier):
@@ -131,7 +132,7 @@ def traced_one(method: F) -> F:
 
 def traced_one_async(method: F) -> F:
     @functools.wraps(method)
-    async def wrapper(self: Any, kind: str, payload: Any = None, **kw: Any) -> Any:
+    async def wrapper(self: Any, kind: str, payload: Any = NO_PAYLOAD, **kw: Any) -> Any:
         if not active():
             return await method(self, kind, payload, **kw)
         with create_span(_queue_of(self, kind, kw.get("queue"))) as (span, carrier):

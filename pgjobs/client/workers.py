@@ -6,7 +6,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from pgjobs.client._call import AsyncConn, AsyncRunner, Call, SyncConn, SyncRunner, interval, jsonb, scalar
-from pgjobs.records import WorkerInfo
+from pgjobs.records import UnhandledKind, WorkerInfo
 
 
 def worker_heartbeat_call(worker: str, meta: dict[str, Any] | None = None) -> Call[datetime]:
@@ -43,6 +43,14 @@ def list_workers_call(stale_after: float | timedelta | None = None) -> Call[list
     )
 
 
+def unhandled_kinds_call(queues: list[str] | None = None, sample: int = 1000) -> Call[list[UnhandledKind]]:
+    return Call(
+        "SELECT * FROM pgjobs.unhandled_kinds(queues => %(q)s, sample => %(n)s)",
+        {"q": queues, "n": sample},
+        lambda rows: [UnhandledKind.from_row(r) for r in rows],
+    )
+
+
 def deregister_worker_call(worker: str) -> Call[bool]:
     return Call("SELECT pgjobs.deregister_worker(worker => %(worker)s)", {"worker": worker}, scalar)
 
@@ -68,6 +76,13 @@ class WorkerOps(SyncRunner):
         """Removes a stopped worker (its held jobs become claimable at once); False if it was not registered."""
         return self._run(deregister_worker_call(worker), conn)
 
+    def unhandled_kinds(
+        self, queues: list[str] | None = None, sample: int = 1000, *, conn: SyncConn | None = None
+    ) -> list[UnhandledKind]:
+        """Kinds whose claimable jobs no live worker takes (in ``queues``, default all), read from the first
+        ``sample`` jobs of each queue in claim order, where jobs nobody takes collect."""
+        return self._run(unhandled_kinds_call(queues, sample), conn)
+
 
 class AsyncWorkerOps(AsyncRunner):
     async def worker_heartbeat(
@@ -85,3 +100,8 @@ class AsyncWorkerOps(AsyncRunner):
 
     async def deregister_worker(self, worker: str, *, conn: AsyncConn | None = None) -> bool:
         return await self._run(deregister_worker_call(worker), conn)
+
+    async def unhandled_kinds(
+        self, queues: list[str] | None = None, sample: int = 1000, *, conn: AsyncConn | None = None
+    ) -> list[UnhandledKind]:
+        return await self._run(unhandled_kinds_call(queues, sample), conn)

@@ -22,6 +22,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 from uuid import UUID
 
+from pgjobs.client.arguments import NO_PAYLOAD
 from pgjobs.runtime.context import CancelFlag, JobCancelled, JobContext, JobRuntime, SyncJobContext
 
 __all__ = [
@@ -110,7 +111,7 @@ class JobHandler:
             out["max_attempts"] = self.max_attempts
         return out
 
-    def enqueue(self, client: Any, payload: Any = None, **options: Any) -> Any:
+    def enqueue(self, client: Any, payload: Any = NO_PAYLOAD, **options: Any) -> Any:
         """``client.enqueue(kind, payload, **options)`` with this handler's declared defaults where
         ``options`` has none: ``app.handlers["send_email"].enqueue(client, {...})``. With an
         :class:`~pgjobs.AsyncClient` it returns the coroutine to await."""

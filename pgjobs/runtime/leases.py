@@ -29,6 +29,7 @@ from pgjobs.client.lifecycle import RENEW_LEASES_SQL
 from pgjobs.client.listen import backoff_delay
 from pgjobs.client.workers import deregister_worker_call, reap_workers_after_restart_call, worker_heartbeat_call
 from pgjobs.runtime.state import RUNNING, TRANSIENT_ERRORS, WorkerState
+from pgjobs.runtime.unhandled import report_unhandled
 
 log = logging.getLogger("pgjobs.worker")
 
@@ -141,6 +142,10 @@ async def heartbeat(w: WorkerState) -> None:
         except Exception as exc:
             _failed(w, "heartbeat", exc)
             continue
+        try:
+            await report_unhandled(w)
+        except Exception as exc:
+            _failed(w, "unhandled_kinds", exc)
         cut_off_at = w._cut_off_at
         if cut_off_at is not None and anyio.current_time() - cut_off_at < w.reap_after:
             # We could not reach the database a moment ago: nor could the others, probably, and their

@@ -15,7 +15,6 @@ from __future__ import annotations
 import inspect
 import json
 import logging
-import traceback
 from functools import partial
 from typing import Any
 
@@ -26,6 +25,7 @@ from pgjobs.runtime.app import Retry, Snooze, when_to_datetime
 from pgjobs.runtime.completer import ack_cancel, fail, release
 from pgjobs.runtime.context import CancelFlag, JobContext, JobRuntime, SyncJobContext
 from pgjobs.runtime.durable import Parked
+from pgjobs.runtime.errortext import handler_traceback
 from pgjobs.runtime.state import FINISHING, RUNNING, HeldJob, QueueState, WorkerState
 
 log = logging.getLogger("pgjobs.worker")
@@ -197,5 +197,5 @@ async def _failed(w: WorkerState, job: HeldJob, error: BaseException) -> str:
     if job.ctx is not None and job.ctx.cancelled.is_set() and job.ctx.cancelled.reason == "cancel requested":
         await ack_cancel(w, job)
         return "cancelled"
-    text = "".join(traceback.format_exception(error)).rstrip()
+    text = handler_traceback(error)
     return telemetry.fail_outcome(await fail(w, job, text, job.handler.retry_at(job.attempt)))

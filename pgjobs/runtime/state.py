@@ -272,6 +272,8 @@ class WorkerState:
         self.tracer: Tracer | None = None
         self._spans: dict[int, Any] = {}  # attempt spans of jobs awaiting complete_many (tracing only)
         self.outage = Outage(log)
+        self.heartbeats = 0  # heartbeats sent by the loop (runtime/unhandled.py checks every few)
+        self.unhandled_seen: set[tuple[str, str]] = set()  # (queue, kind) pairs already reported as unhandled
 
     def _claimers_for(self, capacity: int) -> int:
         """Claim connections per queue (``claimers``, default 1). Measured: two concurrent claims of half the

@@ -150,6 +150,7 @@ class Worker(WorkerState):
 
         self.claimers = claimers
         self._exit_stack: contextlib.AsyncExitStack | None = None  # async with Worker(...)
+        self.stop_signal: int | None = None  # the first SIGINT/SIGTERM run_sync received
         self._init_state()
 
     # ------------------------------------------------------------------------------------------ control
@@ -178,10 +179,13 @@ class Worker(WorkerState):
             q.poke("any")
 
     def run_sync(self) -> int:
-        """Runs the worker until SIGINT/SIGTERM (graceful stop; a second signal releases at once). Returns 0."""
+        """Runs the worker until SIGINT/SIGTERM (graceful stop; a second signal releases at once). Returns 0;
+        ``stop_signal`` then holds the signal that stopped it (the command line exits 128 + its number)."""
         installed: dict[signal.Signals, Any] = {}
 
         def on_signal(signum: int, frame: Any) -> None:
+            if self.stop_signal is None:
+                self.stop_signal = signum
             if self._stopping:
                 log.warning("second signal: releasing running jobs now")
                 self.stop(graceful=False)

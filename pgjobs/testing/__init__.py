@@ -15,7 +15,6 @@
 
 from __future__ import annotations
 
-import traceback
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -25,6 +24,7 @@ import anyio
 import psycopg
 
 from pgjobs.client._call import AsyncConn, Call, SyncConn
+from pgjobs.client.arguments import NO_PAYLOAD
 from pgjobs.client.claim import AsyncClaimOps, ClaimOps
 from pgjobs.client.enqueue import AsyncEnqueueOps, EnqueueOps
 from pgjobs.client.graph import AsyncGraphOps, GraphOps
@@ -43,6 +43,7 @@ from pgjobs.runtime.app import (
     when_to_datetime,
 )
 from pgjobs.runtime.durable import Parked
+from pgjobs.runtime.errortext import handler_traceback
 
 __all__ = ["Performed", "aperform_job", "assert_enqueued", "notifications", "perform_job", "refute_enqueued"]
 
@@ -173,7 +174,7 @@ async def _end(host: _Host, handler: JobHandler, job: ClaimedJob, result: Any, e
         retry_at = when_to_datetime(exc.after) if exc.after is not None else handler.retry_at(job.attempt)
         await host._do(calls.fail, job.id, token, str(exc), retry_at)
     else:
-        text = "".join(traceback.format_exception(exc)).rstrip()
+        text = handler_traceback(exc)
         await host._do(calls.fail, job.id, token, text, handler.retry_at(job.attempt))
 
 
@@ -189,7 +190,7 @@ def _claimed(claimed: list[ClaimedJob], id: int) -> ClaimedJob:
 def perform_job(
     app: App,
     kind: str,
-    payload: Any = None,
+    payload: Any = NO_PAYLOAD,
     *,
     conn: SyncConn | None = None,
     dsn: str | None = None,
@@ -234,7 +235,7 @@ def perform_job(
 async def aperform_job(
     app: App,
     kind: str,
-    payload: Any = None,
+    payload: Any = NO_PAYLOAD,
     *,
     conn: AsyncConn | None = None,
     dsn: str | None = None,

@@ -13,10 +13,20 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from pgjobs.client.dashboard import Event, JobFilter, QueueOverview, Throughput, WorkerView
-from pgjobs.records import JobStatus
+from pgjobs.records import JobState, JobStatus
 from pgjobs.web.backend import Backend
 from pgjobs.web.svg import batch_graph_svg, throughput_chart
-from pgjobs.web.views import LIVE_STATES, STATES, NotFound, job_view, param_int, param_state, path_id, render
+from pgjobs.web.views import (
+    LIVE_STATES,
+    STATES,
+    NotFound,
+    display_job,
+    job_view,
+    param_int,
+    param_state,
+    path_id,
+    render,
+)
 
 PER_PAGE = (25, 50, 100, 200)
 
@@ -37,6 +47,7 @@ async def overview_data(b: Backend) -> tuple[list[QueueOverview], list[Throughpu
 async def overview(request: Request) -> Response:
     b = backend(request)
     queues, points, workers = await overview_data(b)
+    unhandled = await b.cached("unhandled", b.client.unhandled_kinds)  # jobs no live worker takes
     totals: dict[str, int] = {}
     for q in queues:
         for state, n in q.counts.items():
@@ -55,6 +66,7 @@ async def overview(request: Request) -> Response:
             "oldest": oldest,
             "live_workers": sum(1 for w in workers if not w.stale),
             "stale_workers": sum(1 for w in workers if w.stale),
+            "unhandled": unhandled,
             "live": "",
             "refresh": True,
         },
@@ -213,6 +225,10 @@ async def job_page(request: Request) -> Response:
     if job is None:
         raise NotFound(f"job {job_id} not found")
     why = None if job.state.terminal else await b.client.explain(job_id)  # "why not running" (docs/explain.md)
+    not_taken = None  # why no live worker will take this job, when none will
+    if job.state in (JobState.PENDING, JobState.SCHEDULED):
+        rows = [u for u in await b.client.unhandled_kinds([job.queue]) if u.kind == job.kind]
+        not_taken = rows[0].reason if rows else None
     events = None
     if request.app.state.hub.mode == "log" or await b.dash.has_event_log():
         events = await b.dash.read_events(after_id=0, max_rows=1000, job_ids=[job_id])
@@ -223,7 +239,7 @@ async def job_page(request: Request) -> Response:
         request,
         "job.html",
         {
-            "job": job,
+            "job": display_job(job),  # large values cut for the page
             "view": job_view(job),
             "steps": steps,
             "started": started if job.attempt > 1 else None,
@@ -232,6 +248,7 @@ async def job_page(request: Request) -> Response:
             "refresh": True,
             "job_id": job_id,
             "why": why,
+            "not_taken": not_taken,
         },
     )
 

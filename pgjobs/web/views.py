@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from datetime import UTC, datetime
 from pathlib import Path
@@ -13,8 +14,8 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.templating import Jinja2Templates
 
-from pgjobs.jsonable import to_jsonable
-from pgjobs.records import JobState
+from pgjobs.jsonable import WEB_DISPLAY_CHARS, cut_text, shown_json, to_jsonable
+from pgjobs.records import JobState, JobStatus
 from pgjobs.web.security import wants_html
 
 HERE = Path(__file__).parent
@@ -109,7 +110,19 @@ def run_time(job: Any, started: datetime | None = None) -> Markup:
 
 
 def pretty(value: Any) -> str:
-    return json.dumps(to_jsonable(value), indent=2, sort_keys=True, ensure_ascii=False)
+    """JSON for a page, cut at WEB_DISPLAY_CHARS with a marker (the API has the value whole)."""
+    return shown_json(value, WEB_DISPLAY_CHARS, indent=2, sort_keys=True)
+
+
+def display_job(job: JobStatus) -> JobStatus:
+    """The job as its page shows it: a progress report too large to show becomes its cut text (payload,
+    result and checkpoint are cut by :func:`pretty`)."""
+    if job.progress is None or isinstance(job.progress, int | float | bool):
+        return job
+    text = json.dumps(to_jsonable(job.progress), ensure_ascii=False, default=str)
+    if len(text) <= WEB_DISPLAY_CHARS:
+        return job
+    return dataclasses.replace(job, progress=cut_text(text, WEB_DISPLAY_CHARS))
 
 
 def number(value: float) -> str:

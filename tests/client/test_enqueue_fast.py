@@ -30,9 +30,9 @@ LATER = datetime(2031, 1, 2, 3, 4, 5, tzinfo=UTC)
 SPECS: list[dict[str, Any]] = [
     {"kind": "email"},
     {"kind": "email", "payload": {"to": "a@example.com"}, "queue": "mail"},
-    {"kind": "email", "payload": [1, "two", None], "priority": -3, "max_attempts": 4, "meta": {"trace": "t1"}},
+    {"kind": "email", "payload": {"l": [1, "two", None]}, "priority": -3, "max_attempts": 4, "meta": {"trace": "t1"}},
     {"kind": "report", "run_at": LATER, "group_key": "tenant-1", "unique_key": "r-1", "unique_live_only": True},
-    {"kind": "report", "payload": "just a string", "queue": "q2", "unique_key": "r-2"},
+    {"kind": "report", "payload": {"s": "just a string"}, "queue": "q2", "unique_key": "r-2"},
 ]
 
 
@@ -84,9 +84,9 @@ def test_fast_enqueue_stores_what_the_general_path_stores(
     with Client(dsn, prepare=prepare, max_size=1) as client:
         fast, general = [], []
         for spec in SPECS:
-            fast.append(client.enqueue(spec["kind"], spec.get("payload"), **_args(spec)))
+            fast.append(client.enqueue(spec["kind"], spec.get("payload", {}), **_args(spec)))
             unique = {"unique_key": spec["unique_key"] + "-general"} if "unique_key" in spec else {}
-            general.append(_general(conn, spec["kind"], spec.get("payload"), **{**_args(spec), **unique}))
+            general.append(_general(conn, spec["kind"], spec.get("payload", {}), **{**_args(spec), **unique}))
         assert all(isinstance(e, Enqueued) and e.created for e in fast)
         assert [e.state for e in fast] == [e.state for e in general]
         strip = [
@@ -104,11 +104,11 @@ def test_async_fast_enqueue_stores_what_the_sync_one_stores(
 ) -> None:
     async def go() -> list[Enqueued]:
         async with AsyncClient(dsn, prepare=prepare, max_size=1) as client:
-            return [await client.enqueue(s["kind"], s.get("payload"), **_args(s)) for s in SPECS]
+            return [await client.enqueue(s["kind"], s.get("payload", {}), **_args(s)) for s in SPECS]
 
     made = asyncio.run(go())
     with Client(dsn, prepare=prepare) as client:
-        again = [client.enqueue(s["kind"], s.get("payload"), **_args(s)) for s in SPECS]
+        again = [client.enqueue(s["kind"], s.get("payload", {}), **_args(s)) for s in SPECS]
     # the unique keys now answer with the async path's jobs: same rows
     assert [e.id for e in again[3:]] == [e.id for e in made[3:]] and not any(e.created for e in again[3:])
     assert _stored(conn, [e.id for e in made[:3]]) == _stored(conn, [e.id for e in again[:3]])
@@ -190,7 +190,7 @@ def test_copy_stores_what_enqueue_many_stores(dsn: str, conn: psycopg.Connection
         {"kind": "b", "queue": "mail", "priority": 7, "max_attempts": 3, "meta": {"m": 1}, "ref": 5},
         {"kind": "c", "run_at": LATER, "group_key": "g", "unique_live_only": True},
         {"kind": "d", "run_at": "2031-01-02T03:04:05+00:00", "payload": {"n": None}},
-        {"kind": "e", "payload": "text \\ with \t tabs \n and newlines"},
+        {"kind": "e", "payload": {"t": "text \\ with \t tabs \n and newlines"}},
     ]
     with Client(dsn) as client:
         for specs in (plain, SPECS):  # the set-based path, then the general one (unique keys)

@@ -63,9 +63,9 @@ def test_enqueue_stores_every_argument(conn: Conn) -> None:
     assert (row["unique_key"], row["group_key"], row["meta"]) == ("img-1", "tenant-9", {"trace": "abc"})
 
 
-def test_json_null_payload_is_a_value_not_a_missing_payload(conn: Conn) -> None:
-    got = conn.execute("SELECT id FROM pgjobs.enqueue(kind => 'k', payload => 'null'::jsonb)").fetchone()
-    assert got is not None and job(conn, got[0])["payload"] is None  # JSON null, stored as such
+def test_json_null_payload_is_refused_as_a_payload_that_is_not_an_object(conn: Conn) -> None:
+    with raises_pj("PJ002", "payload must be a JSON object", "null"):
+        conn.execute("SELECT id FROM pgjobs.enqueue(kind => 'k', payload => 'null'::jsonb)")
 
 
 def test_run_at_in_the_future_is_scheduled_and_in_the_past_is_pending(conn: Conn) -> None:

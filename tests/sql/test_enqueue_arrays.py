@@ -40,7 +40,7 @@ def stored(conn: Conn, ids: list[int]) -> list[tuple[Any, ...]]:
 
 def test_arrays_store_what_enqueue_many_stores_in_the_arrays_order(conn: Conn) -> None:
     kinds = ["a", "b", "a", "c"]
-    payloads = [{"n": 1}, [1, "two"], "text", 7]
+    payloads = [{"n": 1}, {"list": [1, "two"]}, {"s": "text"}, {}]
     queues = ["q1", "q2", "q1", "default"]
     ids = arrays(conn, kinds, payloads, queues)
     specs = [{"kind": k, "payload": p, "queue": q} for k, p, q in zip(kinds, payloads, queues, strict=True)]

@@ -12,6 +12,10 @@ successful calls did. After each call:
   must be what it was before the call;
 * after a success, the model's invariants (tests/helpers/invariants.py) must hold.
 
+A deterministic sweep (the last test) adds what sampling may miss: every argument of every public function
+at each extreme of its type in turn (the largest and smallest bigint, integer and smallint, intervals and
+times at the ends of their ranges, empty, NULL-holding and two-dimensional arrays, JSON of the wrong shape).
+
 ``PGJOBS_FUZZ_EXAMPLES`` sets the number of examples (CI: the default below, well under a minute); the examples
 are the same on every run unless ``PGJOBS_FUZZ_RANDOM`` is set.
 """
@@ -54,7 +58,7 @@ _INT4 = st.one_of(
     st.none(), st.sampled_from([0, 1, 2, 3, -1, 100, 10_000, 10_001, 2**30, 536870662, 2**31 - 1, -(2**31)]),
     st.integers(-(2**31), 2**31 - 1),
 )  # fmt: skip
-_INT8 = st.one_of(_INT4, st.sampled_from([2**62, 2**63 - 1, -(2**63)]), st.integers(1, 40))
+_INT8 = st.one_of(_INT4, st.sampled_from([2**62, 2**63 - 1, 2**63 - 2, -(2**63)]), st.integers(1, 40))
 _INT2 = st.one_of(st.none(), st.sampled_from([0, 1, -1, 32767, -32768]))
 _BOOL = st.one_of(st.none(), st.booleans())
 _REAL = st.one_of(st.none(), st.sampled_from(["0", "-1", "0.5", "1", "1.5", "NaN", "Infinity", "-Infinity", "3e38"]))
@@ -63,6 +67,7 @@ _TIMESTAMP = st.one_of(
     st.sampled_from([
         "infinity", "-infinity", "now", "epoch", "294276-12-31 23:59:59+00", "4713-01-01 00:00:00+00 BC",
         "9999-12-31 23:59:59+00", "0001-01-01 00:00:00+00", "2026-12-01 12:00:00+00", "1969-12-31 23:59:59+00",
+        "10000-01-01 00:00:00+00", "9999-12-31 23:59:59.999999+00",
     ]),
     st.datetimes(timezones=st.just(__import__("datetime").timezone.utc)).map(lambda d: d.isoformat()),
 )  # fmt: skip
@@ -71,7 +76,8 @@ _INTERVAL = st.one_of(
     st.sampled_from([
         "0", "-1 second", "1 microsecond", "30 seconds", "1 day", "100 years", "101 years", "100000000 years",
         "-100000000 years", "178000000 years", "2147483647 days", "-2147483648 days", "2562047788 hours",
-        "1 month -30 days", "@ 1 minute ago",
+        "1 month -30 days", "@ 1 minute ago", "36500 days", "2147483647 months", "-2147483648 months",
+        "9223372036854775807 microseconds", "-9223372036854775808 microseconds",
     ]),
 )  # fmt: skip
 
@@ -247,3 +253,98 @@ def test_the_probe_covers_every_public_function(
     assert len(functions) >= 40
     missing = {typ for _n, params, _d in functions for _a, typ in params} - set(strats)
     assert missing == set(), "give these argument types a strategy"
+
+
+# ----------------------------------------------------------------------------------- boundary sweep
+# Deterministic, where the random probe above only samples: every argument of every public function, in turn,
+# at each extreme of its type (NULL, the type's smallest and largest values, empty and multidimensional arrays,
+# intervals and times at the ends of their ranges, JSON that is not what is asked for), the other arguments
+# left out when optional and plain otherwise. Each call must answer or raise PJ002-like PJ errors that change
+# nothing, as above.
+_BIG = "x" * 8001
+EXTREMES: dict[str, list[str | None]] = {
+    "bigint": [None, "0", "-1", str(2**63 - 1), str(-(2**63)), str(2**62), str(2**63 - 2)],
+    "integer": [None, "0", "-1", str(2**31 - 1), str(-(2**31))],
+    "smallint": [None, "0", "-1", "32767", "-32768"],
+    "boolean": [None],
+    "real": [None, "NaN", "Infinity", "-Infinity", "3e38", "-3e38", "0"],
+    "text": [None, "", _BIG, " "],
+    "jsonb": [None, "null", "[]", "{}", '""', "0", "[[]]", "[null]", '{"": null}'],
+    "interval": [
+        None, "0", "-1 microsecond", "1 microsecond", "100 years", "36525 days", "36526 days", "178000000 years",
+        "-178000000 years", "2147483647 days", "-2147483648 days", "2147483647 months", "-2147483648 months",
+        "9223372036854775807 microseconds", "-9223372036854775808 microseconds",
+    ],
+    "timestamp with time zone": [
+        None, "infinity", "-infinity", "294276-12-31 23:59:59+00", "4713-01-01 00:00:00+00 BC", "epoch",
+        "9999-12-31 23:59:59.999999+00", "10000-01-01 00:00:00+00", "0001-01-01 00:00:00+00",
+    ],
+    "uuid": [None, "00000000-0000-0000-0000-000000000000", "ffffffff-ffff-ffff-ffff-ffffffffffff"],
+    "pgjobs.job_state": [None, "waiting", "active", "cancelled"],
+    "regclass": [None, "0", "pgjobs.jobs", "pg_catalog.pg_class"],
+}  # fmt: skip
+_ARRAY_EXTREMES: list[str | None] = [None, "{}", "{NULL}", "{NULL,NULL}"]
+
+
+def _extremes(typ: str) -> list[str | None]:
+    if typ.endswith("[]"):
+        elem = typ[:-2]
+        picks = [v for v in EXTREMES[elem] if v is not None and v != _BIG][:4]
+        one_d = ["{" + ",".join(_quote(v) for v in picks) + "}"] if picks else []
+        two_d = ["{{" + _quote(picks[0]) + "},{" + _quote(picks[-1]) + "}}"] if picks else []
+        return [*_ARRAY_EXTREMES, *one_d, *two_d]
+    return EXTREMES[typ]
+
+
+def _plain(arg: str, typ: str, ids: list[int], tokens: list[str]) -> str | None:
+    """A value the argument takes in an ordinary call (for the arguments not under test)."""
+    by_name: dict[str, str] = {
+        "cron": "* * * * *", "timezone": "UTC", "name": "s1", "worker": "w1", "queue": "default", "kind": "k",
+        "jobs": '[{"kind": "k"}]', "job": '{"kind": "k"}', "kinds": "{k}", "queues": "{default}",
+        "names": "{s1}", "error": "boom", "missed": "once", "status_events": "all", "staging": "pgjobs.jobs",
+    }  # fmt: skip
+    if arg in by_name:
+        return by_name[arg]
+    plain: dict[str, str] = {
+        "bigint": str(ids[0]), "integer": "1", "smallint": "0", "boolean": "false", "real": "0.5", "text": "k",
+        "jsonb": "{}", "interval": "30 seconds", "timestamp with time zone": "2026-12-01 12:00:00+00",
+        "uuid": tokens[0], "pgjobs.job_state": "pending", "regclass": "pgjobs.jobs",
+    }  # fmt: skip
+    if typ.endswith("[]"):
+        return "{" + _quote(plain[typ[:-2]]) + "}"
+    return plain[typ]
+
+
+def test_every_argument_at_its_extremes_gets_a_pj_error_or_an_answer(
+    probe: tuple[Conn, list[Any], dict[str, st.SearchStrategy[Any]]],
+) -> None:
+    conn, functions, _strats = probe
+    ids = [int(r[0]) for r in conn.execute("SELECT id FROM pgjobs.jobs ORDER BY id LIMIT 3").fetchall()] or [1]
+    tokens = [str(r[0]) for r in conn.execute("SELECT lease_token FROM pgjobs.jobs WHERE lease_token IS NOT NULL")]
+    tokens = tokens or ["00000000-0000-0000-0000-000000000001"]
+    failures: list[str] = []
+    calls = 0
+    for name, params, ndefaults in functions:
+        for i, (arg, typ) in enumerate(params):
+            for value in _extremes(typ):
+                args = [
+                    (a, t, value if j == i else _plain(a, t, ids, tokens))
+                    for j, (a, t) in enumerate(params)
+                    if j == i or j < len(params) - ndefaults
+                ]
+                before = digest(conn)
+                calls += 1
+                try:
+                    _call(conn, name, args)
+                except psycopg.Error as exc:
+                    shown = f"{name}({arg} => {value if value is None or len(value) < 60 else value[:60] + '...'})"
+                    if not (exc.sqlstate or "").startswith("PJ"):
+                        failures.append(f"{shown}: {exc.sqlstate} {exc.diag.message_primary}")
+                    elif digest(conn) != before:
+                        failures.append(f"{shown}: raised {exc.sqlstate} and changed rows")
+                else:
+                    broken = violations(conn)
+                    if broken:
+                        failures.append(f"{name}({arg} => {value!r}): {broken}")
+    assert failures == [], "\n".join(failures)
+    assert calls > 900  # every argument of some 90 functions, several values each

@@ -39,6 +39,8 @@ WORKER = {
     "dead_letter", "release", "ack_cancel", "add_to_batch", "parent_results", "parent_results_many",
     "worker_heartbeat", "reap_workers", "deregister_worker", "next_due_at", "next_due_within", "retry_backoff",
     "vacuum_due", "capped_queues",
+    # a worker reports the jobs nobody takes in its queues (runtime/unhandled.py)
+    "unhandled_kinds",
     # the scheduler runs inside workers
     "upsert_schedule", "prune_code_schedules", "due_schedules", "materialize_schedule", "materialize_schedules",
     "next_schedule_at",
@@ -48,6 +50,7 @@ WORKER = {
 READER = {
     "job_status", "batch_status", "status_snapshot", "explain", "batch_graph", "stats", "list_jobs", "list_workers",
     "list_queues", "count_jobs", "list_schedules", "get_schedule", "read_events", "stream_bounds", "stream_head",
+    "unhandled_kinds",
     # the dashboard's reads (sql/dashboard.sql)
     "dashboard_jobs", "dashboard_count_jobs", "dashboard_queues", "dashboard_throughput", "dashboard_groups",
     "dashboard_workers", "dashboard_state_counts", "durable_status",

@@ -324,3 +324,7 @@ Roles: pgjobs_producer, pgjobs_reader, pgjobs_admin.$$;
 COMMENT ON FUNCTION pgjobs.purge_signals IS $$Deletes the kept signals past their time and returns how many (signal() also removes up to 100 at each call).
 Errors: none.
 Roles: pgjobs_admin.$$;
+
+COMMENT ON FUNCTION pgjobs.unhandled_kinds IS $$Kinds whose claimable jobs no live worker takes (its queue served by nobody, or its kind handled by nobody), read from the head of each queue in claim order, at most `sample` jobs a queue: queue, kind, how many in the sample, the oldest, and whether any live worker serves the queue. Workers log them, stats, status and the dashboard show them.
+Errors: PJ002 a sample outside its limits.
+Roles: pgjobs_worker, pgjobs_reader, pgjobs_admin.$$;

@@ -177,6 +177,8 @@ class PreReleaseDatabase(MigrationRefused):
 
 def _refuse_unknown_changes(conn: psycopg.Connection[Any]) -> None:
     """Raises :class:`PreReleaseDatabase` when the bookkeeping records a change the plan does not have."""
+    if conn.execute("SELECT pg_catalog.to_regclass('pgjobs_migrations._yoyo_migration')").fetchone() == (None,):
+        return  # nothing migrated yet
     names = [c.name for c in plan()]
     rows = conn.execute(
         "SELECT DISTINCT migration_id FROM pgjobs_migrations._yoyo_migration"
@@ -314,9 +316,11 @@ def rollback(dsn: str, to: str | None = None) -> list[str]:
 
 
 def verify(dsn: str) -> list[str]:
-    """Runs the verify script of every deployed change; raises on the first that fails."""
+    """Runs the verify script of every deployed change; raises on the first that fails (and
+    :class:`PreReleaseDatabase` before any, as :func:`status` does)."""
     with psycopg.connect(dsn, autocommit=True) as conn:
         guard.pin_search_path(conn)
+        _refuse_unknown_changes(conn)
         deployed = _deployed(conn)
         checked = []
         for change in plan():
@@ -348,5 +352,6 @@ def status(dsn: str) -> dict[str, bool]:
     """Each change of the plan, and whether it is deployed."""
     with psycopg.connect(dsn, autocommit=True) as conn:
         guard.pin_search_path(conn)
+        _refuse_unknown_changes(conn)
         deployed = _deployed(conn)
     return {c.name: c.name in deployed for c in plan()}

@@ -265,8 +265,8 @@ def test_a_broken_function_body_fails_the_install_and_leaves_the_old_functions(
 
 def test_a_database_migrated_by_a_pre_release_plan_is_refused_in_one_line(blank_dsn: str) -> None:
     """A database whose bookkeeping names changes this plan does not have (a plan from before the first
-    release, squashed since) is refused before anything runs, rollback included: no change of this plan
-    starts from its schema."""
+    release, squashed since) is refused before anything runs, rollback included (and status and verify say
+    so too): no change of this plan starts from its schema."""
     m.migrate(blank_dsn)
     before = catalog(blank_dsn)
     with psycopg.connect(blank_dsn, autocommit=True) as conn:
@@ -274,7 +274,7 @@ def test_a_database_migrated_by_a_pre_release_plan_is_refused_in_one_line(blank_
             "INSERT INTO pgjobs_migrations._yoyo_migration (migration_hash, migration_id, applied_at_utc)"
             " VALUES ('h1', 'an_old_change', now()), ('h2', 'another_old_change', now())"
         )
-    for run in (m.migrate, m.rollback):
+    for run in (m.migrate, m.rollback, m.status, m.verify):
         with pytest.raises(m.PreReleaseDatabase) as refused:
             run(blank_dsn)
         message = str(refused.value)
@@ -283,13 +283,14 @@ def test_a_database_migrated_by_a_pre_release_plan_is_refused_in_one_line(blank_
     assert catalog(blank_dsn) == before
     # the CLI says the same, in one line, and exits non-zero
     root = Path(pgjobs.__file__).resolve().parent.parent
-    done = subprocess.run(
-        [sys.executable, "-m", "pgjobs", "migrate", "--dsn", blank_dsn],
-        cwd=root, capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
-    assert done.returncode != 0
-    lines = [line for line in done.stderr.splitlines() if line.strip()]
-    assert len(lines) == 1 and "pre-release plan" in lines[0], done.stderr
+    for mode in ([], ["--status"]):
+        done = subprocess.run(
+            [sys.executable, "-m", "pgjobs", "migrate", "--dsn", blank_dsn, *mode],
+            cwd=root, capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        assert done.returncode != 0
+        lines = [line for line in done.stderr.splitlines() if line.strip()]
+        assert len(lines) == 1 and "pre-release plan" in lines[0], done.stderr
 
 
 def test_functions_reinstalled_while_workers_call_them_fail_no_call(dsn: str) -> None:

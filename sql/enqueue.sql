@@ -17,7 +17,7 @@
 --   pgjobs_wake, the argument checks and the queue's settings. A queue with status_events = 'none' saves
 --   the event. Folding the settings read, the insert and the NOTIFY into one statement saves nothing.
 -- * enqueue_many of 1,000 plain specs is about 2.5x the bare INSERT from the same JSON: the rows, the
---   status events (their inbox row's arrays compressed with lz4, migration event_lz4: pglz was a tenth
+--   status events (their inbox row's arrays compressed with lz4 by the event_log baseline: pglz was a tenth
 --   of the call) and the spec checks, in one pass.
 -- * enqueue_arrays of 1,000 plain jobs is 1.5-1.8x the bare INSERT: its events are read from the specs
 --   rather than from the INSERT's RETURNING rows, and a NULL payloads array stands for {} everywhere.

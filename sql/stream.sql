@@ -130,7 +130,7 @@
 -- takes the list past gin_pending_list_limit (4 MB by default) merges all of it into the index: a
 -- tick's INSERT into event_log would stall a read for hundreds of milliseconds, with every event
 -- committed meanwhile arriving together behind it. Autovacuum would empty the lists, but it never runs
--- on an insert-only table and is off on some servers. The migration event_log_gin sets a 128 kB list on
+-- on an insert-only table and is off on some servers. The event_log baseline sets a 128 kB list on
 -- every log partition's GIN index, so a merge is small; tests/sql/test_events.py holds the list to
 -- its limit.
 -- ONE PARTITION NEAR THE HEAD. Setting up a scan of every log partition is a large part of a short

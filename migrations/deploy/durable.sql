@@ -1,7 +1,7 @@
 -- Deploy pgjobs:durable to pg
--- requires: job_history
+-- requires: core
 -- Durable execution (sql/durable.sql): a job's recorded steps, its sleeps and signal waits, and the
--- signals sent before anyone waited. No foreign keys to jobs (as for edges since job_history): the rows
+-- signals sent before anyone waited. No foreign keys to jobs (as for edges): the rows
 -- go with their job in _forget_jobs / _forget_slice.
 BEGIN;
 CREATE TABLE pgjobs.job_steps (

@@ -39,7 +39,10 @@ def cmd_migrate(args: argparse.Namespace) -> int:
 
     out = stdout()
     if args.status:
-        state = migrate.status(args.dsn)
+        try:
+            state = migrate.status(args.dsn)
+        except migrate.PreReleaseDatabase as exc:
+            raise CliError(str(exc)) from None
         table = Table(title="migrations", title_justify="left")
         table.add_column("change")
         table.add_column("deployed")
@@ -53,6 +56,8 @@ def cmd_migrate(args: argparse.Namespace) -> int:
     if args.verify:
         try:
             checked = migrate.verify(args.dsn)
+        except migrate.PreReleaseDatabase as exc:
+            raise CliError(str(exc)) from None
         except psycopg.OperationalError:
             raise
         except psycopg.Error as exc:

@@ -122,6 +122,8 @@ def yoyo_uri(dsn: str) -> str:
 
 COMMENTS_FILE = "api_comments.sql"
 ROLES_FILE = "roles.sql"
+# The tables as a migrated database has them (rendered by pgjobs.ops.schemadoc): documentation, never installed.
+SCHEMA_FILE = "schema.sql"
 # Run after every function file, in this order: the comments name functions by name alone (so every
 # function must exist, stale overloads dropped), then the grants of what the others created.
 _LAST_FILES = (COMMENTS_FILE, ROLES_FILE)
@@ -129,9 +131,10 @@ _LAST_FILES = (COMMENTS_FILE, ROLES_FILE)
 
 def sql_files() -> list[Path]:
     """The function files in install order: by name, then ``api_comments.sql`` (the reference text of the
-    public functions) and ``roles.sql`` last (it grants what the others created, in the same transaction)."""
+    public functions) and ``roles.sql`` last (it grants what the others created, in the same transaction).
+    ``schema.sql`` is not one of them: it shows the tables, it creates nothing."""
     return sorted(
-        SQL_DIR.glob("*.sql"),
+        (f for f in SQL_DIR.glob("*.sql") if f.name != SCHEMA_FILE),
         key=lambda f: (_LAST_FILES.index(f.name) if f.name in _LAST_FILES else -1, f.name),
     )
 
@@ -158,13 +161,43 @@ def _migration_lock(dsn: str) -> Iterator[psycopg.Connection[Any]]:
             conn.execute("SELECT pg_catalog.pg_advisory_unlock(%s)", (_LOCK_KEY,))
 
 
+class PreReleaseDatabase(MigrationRefused):
+    """The database records changes this plan does not have: it was migrated by a plan from before the
+    first release, whose schema no change of this plan starts from."""
+
+    def __init__(self, unknown: list[str]) -> None:
+        self.problems = unknown
+        RuntimeError.__init__(
+            self,
+            "pgjobs migrate refuses to run: this database was migrated by a pre-release plan of pgjobs (changes "
+            f"{', '.join(unknown)} are not in this version's plan) and cannot be upgraded; recreate it "
+            "(drop the schemas pgjobs and pgjobs_migrations, or use a new database) and migrate again",
+        )
+
+
+def _refuse_unknown_changes(conn: psycopg.Connection[Any]) -> None:
+    """Raises :class:`PreReleaseDatabase` when the bookkeeping records a change the plan does not have."""
+    if conn.execute("SELECT pg_catalog.to_regclass('pgjobs_migrations._yoyo_migration')").fetchone() == (None,):
+        return  # nothing migrated yet
+    names = [c.name for c in plan()]
+    rows = conn.execute(
+        "SELECT DISTINCT migration_id FROM pgjobs_migrations._yoyo_migration"
+        " WHERE migration_id OPERATOR(pg_catalog.<>) ALL (%s) ORDER BY 1",
+        (names,),
+    ).fetchall()
+    if rows:
+        raise PreReleaseDatabase([str(r[0]) for r in rows])
+
+
 @contextmanager
 def _backend(dsn: str, conn: psycopg.Connection[Any]) -> Iterator[Any]:
-    """yoyo's backend on the bookkeeping schema, the previous layout's history carried over first."""
+    """yoyo's backend on the bookkeeping schema, the previous layout's history carried over first; refused
+    (:class:`PreReleaseDatabase`) when that history holds a change the plan does not know."""
     backend = get_backend(yoyo_uri(dsn))
     try:
         backend.ensure_internal_schema_updated()
         guard.carry_over_legacy_history(conn, [c.name for c in plan()])
+        _refuse_unknown_changes(conn)
         yield backend
     finally:
         backend.connection.close()
@@ -283,9 +316,11 @@ def rollback(dsn: str, to: str | None = None) -> list[str]:
 
 
 def verify(dsn: str) -> list[str]:
-    """Runs the verify script of every deployed change; raises on the first that fails."""
+    """Runs the verify script of every deployed change; raises on the first that fails (and
+    :class:`PreReleaseDatabase` before any, as :func:`status` does)."""
     with psycopg.connect(dsn, autocommit=True) as conn:
         guard.pin_search_path(conn)
+        _refuse_unknown_changes(conn)
         deployed = _deployed(conn)
         checked = []
         for change in plan():
@@ -317,5 +352,6 @@ def status(dsn: str) -> dict[str, bool]:
     """Each change of the plan, and whether it is deployed."""
     with psycopg.connect(dsn, autocommit=True) as conn:
         guard.pin_search_path(conn)
+        _refuse_unknown_changes(conn)
         deployed = _deployed(conn)
     return {c.name: c.name in deployed for c in plan()}

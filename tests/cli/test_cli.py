@@ -100,7 +100,7 @@ def test_bad_arguments_are_exit_2(dsn: str, capsys: pytest.CaptureFixture[str]) 
     assert main(["--dsn", dsn, "enqueue", "k", "--payload", "{not json"]) == 2
     assert "invalid JSON" in capsys.readouterr().err
     assert main(["--dsn", dsn, "purge"]) == 2
-    assert main(["--dsn", dsn, "migrate", "--to", "schema"]) == 2  # --to needs --rollback
+    assert main(["--dsn", dsn, "migrate", "--to", "core"]) == 2  # --to needs --rollback
     assert main(["--dsn", dsn, "worker", "--app", "x:y", "--queues", "default=0"]) == 2
     assert main(["--dsn", dsn, "jobs", "--state", "nonsense"]) == 2
     assert main(["--dsn", "nonsense=1", "stats"]) == 2  # a DSN libpq cannot parse
@@ -139,12 +139,12 @@ def test_unknown_app_is_exit_4(dsn: str, tmp_path: Path) -> None:
 def test_migrate_status_verify_rollback(blank_dsn: str, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["--dsn", blank_dsn, "migrate", "--status"]) == 1  # nothing deployed yet
     assert main(["--dsn", blank_dsn, "migrate"]) == 0
-    assert "applied schema" in capsys.readouterr().out
+    assert "applied core" in capsys.readouterr().out
     assert main(["--dsn", blank_dsn, "migrate"]) == 0
     assert "schema up to date; functions up to date" in capsys.readouterr().out
     assert main(["--dsn", blank_dsn, "migrate", "--status"]) == 0
     out = capsys.readouterr().out
-    assert "schema" in out and "functions: up to date" in out
+    assert "core" in out and "functions: up to date" in out
     assert main(["--dsn", blank_dsn, "migrate", "--verify"]) == 0
     assert "verified" in capsys.readouterr().out
     assert main(["--dsn", blank_dsn, "stats"]) == 0

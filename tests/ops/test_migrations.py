@@ -22,13 +22,17 @@ from pgjobs.ops import migrate as m
 
 CATALOG_QUERIES = {
     "tables": """
-        SELECT c.relname, c.relkind::text, coalesce(c.reloptions::text, '')
+        SELECT c.relname, c.relkind::text, c.relpersistence::text, coalesce(c.reloptions::text, ''),
+               coalesce((SELECT i.inhparent::regclass::text FROM pg_inherits AS i WHERE i.inhrelid = c.oid), ''),
+               coalesce(pg_get_expr(c.relpartbound, c.oid), ''),
+               CASE WHEN c.relkind = 'p' THEN pg_get_partkeydef(c.oid) ELSE '' END
           FROM pg_class AS c
          WHERE c.relnamespace = 'pgjobs'::regnamespace AND c.relkind IN ('r', 'p', 'v', 'm', 'S')
          ORDER BY 1""",
     "columns": """
         SELECT c.relname, a.attnum, a.attname, format_type(a.atttypid, a.atttypmod), a.attnotnull,
-               coalesce(pg_get_expr(d.adbin, d.adrelid), ''), a.attidentity::text
+               coalesce(pg_get_expr(d.adbin, d.adrelid), ''), a.attidentity::text,
+               a.attcompression::text
           FROM pg_attribute AS a
           JOIN pg_class AS c ON c.oid = a.attrelid
           LEFT JOIN pg_attrdef AS d ON d.adrelid = a.attrelid AND d.adnum = a.attnum
@@ -40,6 +44,11 @@ CATALOG_QUERIES = {
           FROM pg_constraint AS k JOIN pg_class AS t ON t.oid = k.conrelid
          WHERE k.connamespace = 'pgjobs'::regnamespace
          ORDER BY 1, 2""",
+    "sequences": """
+        SELECT s.sequencename, s.data_type::text, s.start_value, s.min_value, s.max_value, s.increment_by, s.cycle,
+               s.cache_size
+          FROM pg_sequences AS s WHERE s.schemaname = 'pgjobs'
+         ORDER BY 1""",
     "indexes": """
         SELECT i.indexname, i.indexdef FROM pg_indexes AS i WHERE i.schemaname = 'pgjobs' ORDER BY 1""",
     "types": """
@@ -254,253 +263,34 @@ def test_a_broken_function_body_fails_the_install_and_leaves_the_old_functions(
     assert m.migrate(dsn).functions_installed is False
 
 
-def test_lean_jobs_flags_parents_that_existing_edges_point_at(blank_dsn: str) -> None:
-    """Before lean_jobs, batch members created with their children were left without has_dependents
-    (and _propagate looked at every member); since, _propagate reads only flagged parents, so the
-    migration must flag every job an edge points at, or its children would never be released."""
+def test_a_database_migrated_by_a_pre_release_plan_is_refused_in_one_line(blank_dsn: str) -> None:
+    """A database whose bookkeeping names changes this plan does not have (a plan from before the first
+    release, squashed since) is refused before anything runs, rollback included (and status and verify say
+    so too): no change of this plan starts from its schema."""
     m.migrate(blank_dsn)
-    m.rollback(blank_dsn, to="fairness")
+    before = catalog(blank_dsn)
     with psycopg.connect(blank_dsn, autocommit=True) as conn:
-        parent, _lone = (
-            conn.execute("INSERT INTO pgjobs.jobs (kind) VALUES ('parent') RETURNING id").fetchone()[0],
-            conn.execute("INSERT INTO pgjobs.jobs (kind) VALUES ('lone') RETURNING id").fetchone()[0],
-        )
-        child = conn.execute(
-            "INSERT INTO pgjobs.jobs (kind, state, remaining_deps) VALUES ('child', 'waiting', 1) RETURNING id"
-        ).fetchone()[0]
-        conn.execute("INSERT INTO pgjobs.edges (child_id, parent_job_id) VALUES (%s, %s)", (child, parent))
-    assert m.migrate(blank_dsn).applied == PLAN[PLAN.index("fairness") + 1 :]
-    with psycopg.connect(blank_dsn, autocommit=True) as conn:
-        flags = dict(conn.execute("SELECT kind, has_dependents FROM pgjobs.jobs").fetchall())
-        assert flags == {"parent": True, "lone": False, "child": False}
-        # and the parent, settled by the new functions, releases its child
-        claimed = conn.execute("SELECT id, lease_token FROM pgjobs.claim('w', '{default}', 2)").fetchall()
-        for job_id, token in claimed:
-            assert conn.execute("SELECT pgjobs.complete(id => %s, lease_token => %s)", (job_id, token)).fetchone()[0]
-        assert conn.execute("SELECT state::text FROM pgjobs.jobs WHERE id = %s", (child,)).fetchone()[0] == "pending"
-
-
-def test_event_log_upgrades_in_place_under_load(blank_dsn: str) -> None:
-    """event_log deployed while claimers and completers keep running: no job lost, none run twice, and the
-    stream holds the events of every transition after the upgrade."""
-    m.migrate(blank_dsn)
-    m.rollback(blank_dsn, to="lean_jobs")
-    with psycopg.connect(blank_dsn, autocommit=True) as conn:
-        conn.execute("INSERT INTO pgjobs.jobs (kind) SELECT 'k' FROM generate_series(1, 3000)")
-    stop = threading.Event()
-    done: list[int] = []
-    errors: list[str] = []
-    unexpected: list[str] = []
-
-    def work() -> None:
-        with psycopg.connect(blank_dsn, autocommit=True) as c:
-            while not stop.is_set():
-                try:
-                    rows = c.execute("SELECT id, lease_token FROM pgjobs.claim('w', '{default}', 20)").fetchall()
-                    if rows:
-                        n = c.execute(
-                            "SELECT pgjobs.complete_many(%s::bigint[], %s::uuid[])",
-                            [[r[0] for r in rows], [r[1] for r in rows]],
-                        ).fetchone()
-                        assert n is not None and n[0] == len(rows)
-                        done.extend(r[0] for r in rows)
-                except psycopg.errors.UndefinedTable as exc:  # the functions are newer than the tables, until then
-                    errors.append(str(exc))
-                    time.sleep(0.01)
-                except psycopg.Error as exc:  # anything else is a failed call: recorded, not a silently dead thread
-                    unexpected.append(f"{exc.sqlstate}: {exc}")
-
-    threads = [threading.Thread(target=work) for _ in range(3)]
-    for t in threads:
-        t.start()
-    time.sleep(0.2)
-    plan = [c.name for c in m.plan()]
-    # event_log and the changes planned after it
-    assert m.migrate(blank_dsn).applied == plan[plan.index("event_log") :]
-    deadline = time.monotonic() + 60
-    while len(done) < 3000 and time.monotonic() < deadline:
-        time.sleep(0.05)
-    stop.set()
-    for t in threads:
-        t.join(30)
-    assert unexpected == []
-    assert sorted(done) == list(range(1, 3001))  # every job once
-    with psycopg.connect(blank_dsn, autocommit=True) as conn:
-        assert conn.execute("SELECT count(*), max(attempt) FROM pgjobs.jobs WHERE state = 'succeeded'").fetchone() == (
-            3000,
-            1,
-        )
-        logged = conn.execute("SELECT count(*) FROM pgjobs.read_events(max_rows => 100000)").fetchone()
-        assert logged is not None and logged[0] > 0
-
-
-def test_job_history_upgrades_a_database_with_jobs_in_every_state(blank_dsn: str) -> None:
-    """job_history converts an installed jobs table in place: every job keeps its row and state, the finished
-    ones move to history, the unique keys move to job_keys (a key still blocks after the upgrade, a
-    unique_live_only key of a finished job does not), edges survive, and ids continue."""
-    m.migrate(blank_dsn)
-    m.rollback(blank_dsn, to=PLAN[PLAN.index("job_history") - 1])  # the revision before job_history
-    states = ["waiting", "scheduled", "pending", "active", "succeeded", "failed", "cancelled"]
-    with psycopg.connect(blank_dsn, autocommit=True) as conn:
-        for s in states:
-            conn.execute(
-                "INSERT INTO pgjobs.jobs (kind, state, lease_token, completed_at, run_at, unique_key, unique_live_only)"
-                " SELECT 'k', %s::pgjobs.job_state, CASE WHEN %s = 'active' THEN gen_random_uuid() END,"
-                "        CASE WHEN %s IN ('succeeded', 'failed', 'cancelled') THEN now() - n * interval '1 day' END,"
-                "        now() + CASE WHEN %s = 'scheduled' THEN interval '1 hour' ELSE interval '0' END,"
-                "        CASE WHEN n = 1 THEN %s || '-key' WHEN n = 2 THEN %s || '-live' END, n = 2"
-                "   FROM generate_series(1, 5) AS n",
-                (s, s, s, s, s, s),
-            )
-        parent, child = (
-            conn.execute("SELECT min(id) FROM pgjobs.jobs WHERE state = %s", (s,)).fetchone()[0]  # type: ignore[index]
-            for s in ("succeeded", "waiting")
-        )
-        conn.execute("UPDATE pgjobs.jobs SET has_dependents = true WHERE id = %s", (parent,))
         conn.execute(
-            "INSERT INTO pgjobs.edges (child_id, parent_job_id, satisfied) VALUES (%s, %s, true)", (child, parent)
+            "INSERT INTO pgjobs_migrations._yoyo_migration (migration_hash, migration_id, applied_at_utc)"
+            " VALUES ('h1', 'an_old_change', now()), ('h2', 'another_old_change', now())"
         )
-        before = conn.execute("SELECT id, state::text, unique_key FROM pgjobs.jobs ORDER BY id").fetchall()
-    assert m.migrate(blank_dsn).applied == PLAN[PLAN.index("job_history") :]  # job_history and the changes after it
-    assert m.verify(blank_dsn) == PLAN
-    with psycopg.connect(blank_dsn, autocommit=True) as conn:
-        assert conn.execute("SELECT id, state::text, unique_key FROM pgjobs.jobs ORDER BY id").fetchall() == before
-        where = dict(
-            conn.execute(
-                "SELECT state::text, string_agg(DISTINCT tableoid::regclass::text, ',') FROM pgjobs.jobs GROUP BY 1"
-            ).fetchall()
-        )
-        assert {s: where[s] for s in states[:4]} == dict.fromkeys(states[:4], "pgjobs.jobs_live")
-        assert all(where[s].startswith(("pgjobs.jobs_succeeded_", "pgjobs.jobs_failed_")) for s in states[4:])
-        # every key that blocked before blocks now; a live-only key of a finished job was given back
-        keys = {r[0] for r in conn.execute("SELECT unique_key FROM pgjobs.job_keys").fetchall()}
-        assert keys == {f"{s}-key" for s in states} | {f"{s}-live" for s in states[:4]}
-        for s in states:
-            row = conn.execute("SELECT created FROM pgjobs.enqueue('k', unique_key => %s)", (f"{s}-key",)).fetchone()
-            assert row == (False,)
-        for s in states[4:]:
-            assert conn.execute(
-                "SELECT created FROM pgjobs.enqueue('k', unique_key => %s, unique_live_only => true)", (f"{s}-live",)
-            ).fetchone() == (True,)
-        assert conn.execute("SELECT count(*) FROM pgjobs.edges").fetchone() == (1,)
-        new_id = conn.execute("SELECT id FROM pgjobs.enqueue('after')").fetchone()
-        assert new_id is not None and new_id[0] > max(r[0] for r in before)
-        # purge removes the history, with the edge of the purged parent (no foreign key cascades any more)
-        removed = conn.execute("SELECT pgjobs.purge(interval '0', interval '0')").fetchone()
-        assert removed is not None and removed[0] == 3 * 5  # every finished job (the new ones are pending)
-        assert conn.execute("SELECT count(*) FROM pgjobs.edges").fetchone() == (0,)
-        assert conn.execute("SELECT count(*) FROM pgjobs.job_keys WHERE unique_key = 'succeeded-key'").fetchone() == (
-            0,
-        )
-
-
-def test_job_history_upgrades_in_place_under_load(blank_dsn: str) -> None:
-    """job_history deployed while producers enqueue (enqueue and enqueue_many, which draws its ids before it
-    inserts) and workers claim and complete: no job lost, none run twice, ids unique."""
-    m.migrate(blank_dsn)
-    m.rollback(blank_dsn, to=PLAN[PLAN.index("job_history") - 1])  # the revision before job_history
-    with psycopg.connect(blank_dsn, autocommit=True) as conn:
-        conn.execute("INSERT INTO pgjobs.jobs (kind) SELECT 'k' FROM generate_series(1, 2000)")
-    stop = threading.Event()
-    done: list[int] = []
-    made: list[int] = []
-    errors: list[str] = []
-
-    def work() -> None:
-        with psycopg.connect(blank_dsn, autocommit=True) as c:
-            while not stop.is_set():
-                try:
-                    rows = c.execute("SELECT id, lease_token FROM pgjobs.claim('w', '{default}', 20)").fetchall()
-                    if rows:
-                        n = c.execute(
-                            "SELECT pgjobs.complete_many(%s::bigint[], %s::uuid[])",
-                            [[r[0] for r in rows], [r[1] for r in rows]],
-                        ).fetchone()
-                        assert n is not None and n[0] == len(rows)
-                        done.extend(r[0] for r in rows)
-                    else:
-                        time.sleep(0.005)
-                except psycopg.errors.UndefinedTable as exc:  # between the change and the functions' install
-                    errors.append(str(exc))
-                    time.sleep(0.01)
-
-    def produce(many: bool) -> None:
-        with psycopg.connect(blank_dsn, autocommit=True) as c:
-            while not stop.is_set():
-                try:
-                    if many:
-                        rows = c.execute(
-                            'SELECT id FROM pgjobs.enqueue_many(\'[{"kind": "k"}, {"kind": "k"}, {"kind": "k"}]\')'
-                        ).fetchall()
-                        made.extend(r[0] for r in rows)
-                    else:
-                        row = c.execute("SELECT id FROM pgjobs.enqueue('k')").fetchone()
-                        assert row is not None
-                        made.append(row[0])
-                except psycopg.errors.UndefinedTable as exc:
-                    errors.append(str(exc))
-                time.sleep(0.002)
-
-    threads = [threading.Thread(target=work) for _ in range(3)]
-    threads += [threading.Thread(target=produce, args=(many,)) for many in (False, True)]
-    for t in threads:
-        t.start()
-    time.sleep(0.3)
-    assert m.migrate(blank_dsn).applied == PLAN[PLAN.index("job_history") :]  # job_history and the changes after it
-    time.sleep(0.3)
-    stop.set()
-    for t in threads[3:]:
-        t.join(30)
-    expected = set(range(1, 2001)) | set(made)
-    assert len(made) == len(set(made))  # ids stay unique across the identity's move
-    stop.clear()
-    workers = [threading.Thread(target=work) for _ in range(3)]
-    for t in workers:
-        t.start()
-    deadline = time.monotonic() + 60
-    while set(done) != expected and time.monotonic() < deadline:
-        time.sleep(0.05)
-    stop.set()
-    for t in threads[:3] + workers:
-        t.join(30)
-    assert sorted(done) == sorted(expected)  # every job once
-    with psycopg.connect(blank_dsn, autocommit=True) as conn:
-        assert conn.execute("SELECT count(*), max(attempt) FROM pgjobs.jobs WHERE state = 'succeeded'").fetchone() == (
-            len(expected),
-            1,
-        )
-        assert conn.execute("SELECT count(*) FROM pgjobs.jobs_live").fetchone() == (0,)
-
-
-def test_event_lz4_waits_out_a_writer_left_open_without_stalling_the_others(blank_dsn: str) -> None:
-    """The change locks both event trees in tries of 200 ms: a transaction that enqueued and sits open holds
-    it off (it is applied once that commits), and a writer arriving meanwhile is not stuck behind it."""
-    m.migrate(blank_dsn)
-    after = PLAN[PLAN.index("event_id_blocks") + 1 :]
-    assert m.rollback(blank_dsn, to="event_id_blocks") == after[::-1]
-    with psycopg.connect(blank_dsn) as holder, psycopg.connect(blank_dsn, autocommit=True) as other:
-        holder.execute("SELECT * FROM pgjobs.enqueue(kind => 'open')")  # its transaction stays open
-        other.execute("SET statement_timeout = '2s'")  # queued behind a lock request that waits: fails, not hangs
-        result: dict[str, Any] = {}
-
-        def run() -> None:
-            t0 = time.monotonic()
-            result["applied"] = m.migrate(blank_dsn).applied
-            result["took"] = time.monotonic() - t0
-
-        t = threading.Thread(target=run)
-        t.start()
-        time.sleep(0.5)
-        t0 = time.monotonic()
-        other.execute("SELECT * FROM pgjobs.enqueue(kind => 'meanwhile')")  # between two tries
-        assert time.monotonic() - t0 < 1.0
-        time.sleep(0.5)
-        assert t.is_alive()  # still waiting for the open transaction
-        holder.commit()
-        t.join(20)
-    assert result["applied"] == after
-    assert result["took"] >= 1.0
-    assert m.verify(blank_dsn) == PLAN
+    for run in (m.migrate, m.rollback, m.status, m.verify):
+        with pytest.raises(m.PreReleaseDatabase) as refused:
+            run(blank_dsn)
+        message = str(refused.value)
+        assert "\n" not in message and "pre-release plan" in message and "recreate it" in message
+        assert "an_old_change, another_old_change" in message
+    assert catalog(blank_dsn) == before
+    # the CLI says the same, in one line, and exits non-zero
+    root = Path(pgjobs.__file__).resolve().parent.parent
+    for mode in ([], ["--status"]):
+        done = subprocess.run(
+            [sys.executable, "-m", "pgjobs", "migrate", "--dsn", blank_dsn, *mode],
+            cwd=root, capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        assert done.returncode != 0
+        lines = [line for line in done.stderr.splitlines() if line.strip()]
+        assert len(lines) == 1 and "pre-release plan" in lines[0], done.stderr
 
 
 def test_functions_reinstalled_while_workers_call_them_fail_no_call(dsn: str) -> None:

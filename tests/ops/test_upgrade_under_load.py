@@ -1,21 +1,23 @@
-"""Upgrade in place under load (issue 10, item 4): ``pgjobs migrate`` applies the pending schema changes while
+"""Upgrade in place under load: ``pgjobs migrate`` applies the newest schema change(s) of the plan while
 worker processes and a producer keep running: nothing lost, nothing run twice.
 
-Generic over the plan, whatever it holds when the test runs: the database is built by the OLD code, the tree
-of the newest commit whose ``migrations/sqitch.plan`` is a strict prefix of the current plan (``git
-archive``): its own migrator, its own functions, its own worker. Two starting points:
+Generic over the plan, whatever it holds when the test runs; the starting point is, in this order:
 
-* the revision before the last change (the last plan commit's parent): an old ``pgjobs.Worker`` process keeps
-  running through the upgrade, and a worker of this checkout joins once the migration is done;
-* the first revision (the ``schema`` change only; its Python has no usable worker): a process that speaks
-  the SQL contract by hand (claim, complete) runs through the upgrade, then this checkout's worker joins.
+* the revision before the newest plan change, from git: the newest commit whose ``migrations/sqitch.plan`` is
+  a strict prefix of the current plan with the same deploy scripts (``git archive``). The database is built
+  by that OLD code (its own migrator and functions) and that code's ``pgjobs.Worker`` runs through the
+  upgrade: the newest change(s) applied under the previous release's workers;
+* when git has no such revision (the plan is its baselines, created together): this checkout with the plan's
+  last change reverted (``rollback(to=<the change before it>)``), this checkout's worker running while
+  ``pgjobs migrate`` deploys that change again.
 
-A producer process enqueues all along, recording each job in the same transaction. The witness is a table
-the handlers write with the job id as primary key: a second run of a job cannot hide. The test checks every
-enqueued job ran exactly once, ended ``succeeded`` on its first attempt, the old worker lived through the
-upgrade and stopped cleanly, and the migrated database verifies.
+A producer process enqueues all along, recording each job in the same transaction, and a worker of this
+checkout joins once the migration is done. The witness is a table the handlers write with the job id as
+primary key: a second run of a job cannot hide. The test checks every enqueued job ran exactly once, ended
+``succeeded`` on its first attempt, the first worker lived through the upgrade and stopped cleanly, and the
+migrated database verifies.
 
-Real processes only (``python -m pgjobs migrate`` included). Skipped without git history (an sdist).
+Real processes only (``python -m pgjobs migrate`` included).
 """
 
 from __future__ import annotations
@@ -63,16 +65,29 @@ def _changes(plan_text: str) -> list[str]:
     return names
 
 
-def old_revision(keep: int | None) -> tuple[str, list[str]]:
-    """(commit, its changes): the newest commit whose plan is a strict prefix of the current plan, holding
-    ``keep`` changes (None: as many as there are, i.e. the revision before the last plan change). Skips the
-    test when there is no git history, or no such commit."""
+def _same_scripts(commit: str, changes: list[str]) -> bool:
+    """Whether ``commit`` deploys each of ``changes`` with the script this checkout has (a plan squashed since
+    may reuse a name for another change)."""
+    for name in changes:
+        path = f"migrations/deploy/{name}.sql"
+        try:
+            if _git("show", f"{commit}:{path}") != (REPO / path).read_bytes():
+                return False
+        except subprocess.CalledProcessError:
+            return False
+    return True
+
+
+def old_revision() -> tuple[str, list[str]] | None:
+    """(commit, its changes): the newest commit whose plan is a strict prefix of the current plan, with the
+    same deploy scripts (the revision before the last plan change); None without git history or such a
+    commit."""
     current = [c.name for c in m.plan()]
     try:
         commits = _git("rev-list", "HEAD", "--", PLAN).decode().split()
         head_plan = _changes(_git("show", f"HEAD:{PLAN}").decode())
-    except (OSError, subprocess.CalledProcessError) as exc:
-        pytest.skip(f"no git history to build the old revision from ({exc})")
+    except (OSError, subprocess.CalledProcessError):
+        return None
     # HEAD itself, when the plan's newest lines are not committed yet; else each plan commit's parent
     candidates = [("HEAD", head_plan)] if head_plan != current else []
     for commit in commits:
@@ -83,9 +98,9 @@ def old_revision(keep: int | None) -> tuple[str, list[str]]:
         candidates.append((f"{commit}^", parent_plan))
     for commit, changes in candidates:
         prefix = bool(changes) and len(changes) < len(current) and current[: len(changes)] == changes
-        if prefix and (keep is None or len(changes) == keep):
+        if prefix and _same_scripts(commit, changes):
             return _git("rev-parse", commit).decode().strip(), changes
-    pytest.skip(f"no commit with a plan of {keep if keep is not None else 'fewer'} change(s) before {current}")
+    return None
 
 
 def extract(commit: str, into: Path) -> Path:
@@ -157,19 +172,23 @@ def old_migrate(code: Path, dsn: str, changes: list[str]) -> None:
     assert m.status(dsn) == {c.name: c.name in changes for c in m.plan()}
 
 
-@pytest.mark.parametrize("start", ["previous", "first"])
-def test_migrate_to_head_while_workers_and_a_producer_run(
-    start: str, blank_dsn: str, fleet: Fleet, tmp_path: Path
-) -> None:
-    commit, old_changes = old_revision(None if start == "previous" else 1)
-    code = extract(commit, tmp_path / "old")
-    old_migrate(code, blank_dsn, old_changes)
+def test_migrate_to_head_while_workers_and_a_producer_run(blank_dsn: str, fleet: Fleet, tmp_path: Path) -> None:
+    found = old_revision()
+    if found is not None:
+        commit, old_changes = found
+        code = extract(commit, tmp_path / "old")
+        old_migrate(code, blank_dsn, old_changes)
+    else:  # the plan's baselines alone: the last one reverted, then deployed again under this checkout's worker
+        plan = [c.name for c in m.plan()]
+        assert len(plan) >= 2, "a plan of one change has nothing to apply on top of another"
+        code, old_changes = REPO, plan[:-1]
+        m.migrate(blank_dsn)
+        assert m.rollback(blank_dsn, to=old_changes[-1]) == plan[-1:]
     pending = [c.name for c in m.plan()][len(old_changes) :]
     assert pending, "nothing to upgrade"
     with psycopg.connect(blank_dsn, autocommit=True) as conn:
         conn.execute(WITNESS_SQL)
-        has_worker = (code / "pgjobs" / "runtime" / "worker.py").exists()
-        old = fleet.start("worker" if has_worker else "sqlworker", "old-worker", code)
+        old = fleet.start("worker", "old-worker", code)
         producer = fleet.start("producer", "producer", REPO)
         wait_for(lambda: count(conn, "SELECT count(*) FROM public.witness") >= 50, timeout=60, what="old worker busy")
 

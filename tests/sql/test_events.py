@@ -120,8 +120,8 @@ def test_one_log_row_per_transition_call(conn: Conn) -> None:
 
 
 def test_a_bulk_calls_event_arrays_are_stored_with_lz4_where_the_server_has_it(conn: Conn) -> None:
-    """1,000 events in one inbox row put its arrays past the TOAST threshold: compressed with lz4 (event_lz4
-    migration), in the inbox and in the log the ticker copies them to, and read back whole."""
+    """1,000 events in one inbox row put its arrays past the TOAST threshold: compressed with lz4
+    (migrations/deploy/event_log.sql), in the inbox and in the log the ticker copies them to, and read back whole."""
     if not one(conn, "SELECT 'lz4' = ANY (enumvals) FROM pg_settings WHERE name = 'default_toast_compression'"):
         pytest.skip("this server is built without lz4")
     assert len(call(conn, "enqueue_many", jobs=[{"kind": "bulk", "queue": "lz"}] * 1000)) == 1000
@@ -137,7 +137,7 @@ def test_a_bulk_calls_event_arrays_are_stored_with_lz4_where_the_server_has_it(c
 
 def test_the_logs_gin_pending_lists_stay_short_so_no_tick_merges_a_big_one(conn: Conn) -> None:
     """A tick's insert into event_log merges the GIN pending list once it passes its limit; with the default
-    4 MB that merge stalled a follower's read ~200 ms (event_log_gin migration). 40,000 events ticked: the
+    4 MB that merge stalled a follower's read ~200 ms (migrations/deploy/event_log.sql). 40,000 events ticked: the
     pending list of the log's ids index never holds more than the 128 kB limit (16 pages and the one being
     filled), where it grew to 120 pages without it."""
     if not one(conn, "SELECT count(*) > 0 FROM pg_available_extensions WHERE name = 'pgstattuple'"):

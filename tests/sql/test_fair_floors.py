@@ -1,7 +1,7 @@
 """A fair claim under a held snapshot, what it still read per group (issue 10, item 1): the versions of the
 group's cursor (each stamp checked group_cursors' unique key against all of them) and the dead prefix of the
 group's claimed jobs on jobs_group_idx. Cursors now carry no unique key in the index a stamp writes
-(migrations/deploy/fair_cursor_stamps.sql: fair_groups decides who creates a group's cursor), and a session
+(migrations/deploy/claim.sql: fair_groups decides who creates a group's cursor), and a session
 whose head probes proved dear starts them at per-group floors (sql/fairness.sql, "Head floors"). Counted
 deterministically: blocks of pgjobs relations one claim fetched, no timings. And the floors hide nothing a
 claim must find: more urgent work, work filed with an old run_at, promoted or released work.
@@ -135,7 +135,7 @@ def test_one_never_served_cursor_a_group_whoever_inserts_it(conn: Conn) -> None:
     assert unique == (0,)
 
 
-# A group's floor in its cursor row (sql/fairness.sql, "Head floors"; migrations/deploy/fair_head_floors.sql):
+# A group's floor in its cursor row (sql/fairness.sql, "Head floors"; migrations/deploy/claim.sql):
 # set by the claims of a session that keeps floors, read by every session.
 
 

@@ -19,7 +19,6 @@ import psycopg
 import pytest
 from conftest import ConnectFactory
 
-from pgjobs.ops import migrate as m
 from tests.helpers.fair import claim_entries, work
 from tests.helpers.foundation import call, expire, held_snapshot, run_threads, scalar, vacuum_clean
 
@@ -64,7 +63,7 @@ def _setup(conn: Conn) -> None:
 # What a fair claim still reads more of under a held snapshot, per group and not per job of the queue: the
 # group's dead prefix on jobs_group_idx (its claimed jobs, one heap fetch each in jobs_live) and the versions
 # of its cursor (group_cursors, and group_cursors_key_idx: the lookup by group, which replaced
-# group_cursors_pkey in migrations/deploy/fair_cursor_stamps.sql). The rest of the bound (sql/fairness.sql,
+# a unique key on the group: migrations/deploy/claim.sql). The rest of the bound (sql/fairness.sql,
 # "What would bound the rest").
 _PER_GROUP = {"group_cursors", "group_cursors_key_idx", "jobs_live", "jobs_group_idx"}
 
@@ -285,26 +284,6 @@ def test_forgetting_a_group_drops_its_fair_groups_row_and_it_comes_back(conn: Co
     got = call(conn, "claim", worker="w", queues=["q"], max_jobs=1)
     assert [r["group_key"] for r in got] == ["A"]
     assert conn.execute(known).fetchall() == conn.execute(cursors).fetchall() == [("A",)]
-
-
-def test_fair_groups_upgrade_in_place_gets_the_existing_cursors(blank_dsn: str) -> None:
-    m.migrate(blank_dsn)
-    m.rollback(blank_dsn, to="event_log")
-    # fair_groups and the changes planned after it (job_history: its revert rebuilds queues, and with it the
-    # functions of queues' row type, configure_queue among them, until the next migrate: rows by hand here)
-    after = [c.name for c in m.plan()]
-    after = after[after.index("fair_groups") :]
-    with psycopg.connect(blank_dsn, autocommit=True) as conn:
-        conn.execute("INSERT INTO pgjobs.queues (queue, fair) VALUES ('q', true)")
-        conn.execute(
-            "INSERT INTO pgjobs.group_cursors (queue, group_key) SELECT 'q', 'g' || i FROM generate_series(1, 5) AS i"
-        )
-    assert m.migrate(blank_dsn).applied == after
-    with psycopg.connect(blank_dsn, autocommit=True) as conn:
-        rows = conn.execute("SELECT group_key FROM pgjobs.fair_groups WHERE queue = 'q' ORDER BY 1").fetchall()
-        assert rows == [(f"g{i}",) for i in range(1, 6)]
-    assert m.rollback(blank_dsn, to="event_log") == after[::-1]
-    assert m.migrate(blank_dsn).applied == after
 
 
 @pytest.mark.parametrize("caps", [{}, {"max_active": 1}], ids=["uncapped", "max_active=1"])

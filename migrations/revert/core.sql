@@ -1,4 +1,4 @@
--- Revert pgjobs:schema
+-- Revert pgjobs:core
 -- Drops everything pgjobs owns, functions from ../../sql included.
 BEGIN;
 DROP SCHEMA pgjobs CASCADE;

@@ -1,4 +1,0 @@
--- Revert pgjobs:fair_groups from pg
-BEGIN;
-DROP TABLE pgjobs.fair_groups;
-COMMIT;

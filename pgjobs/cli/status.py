@@ -53,6 +53,12 @@ def register(sub: Any) -> None:
         help="print the job as JSON; with --follow, one JSON object per line as events happen",
     )
     p.add_argument("--errors", action="store_true", help="also print every failed attempt's full error")
+    p.add_argument(
+        "--read-dsn",
+        default=None,
+        metavar="DSN",
+        help="read from this server instead (a hot standby; host=a,b target_session_attrs=prefer-standby)",
+    )
     p.set_defaults(func=cmd_status, _needs=NEEDS_SCHEMA)
 
 
@@ -135,7 +141,7 @@ def _job_object(job: JobStatus) -> dict[str, Any]:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    with open_client(args.dsn) as client:
+    with open_client(args.read_dsn or args.dsn) as client:
         job = client.job_status(args.id)
     if job is None:
         raise CliError(f"job {args.id} not found")
@@ -155,7 +161,7 @@ def cmd_status(args: argparse.Namespace) -> int:
         return _terminal_code(job)
     import anyio
 
-    return anyio.run(_follow, args.dsn, args.id, args.json)
+    return anyio.run(_follow, args.read_dsn or args.dsn, args.id, args.json)
 
 
 async def _follow(dsn: str, job_id: int, as_json: bool) -> int:

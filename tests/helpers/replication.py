@@ -1,10 +1,10 @@
 """A private primary and hot standby (streaming replication) on loopback, for the failover and standby-read tests.
 
-``replicated_pair(tmp, synchronous=True)`` runs ``initdb`` for a primary, ``pg_basebackup -R`` for its standby
-(named ``standby1``; with ``synchronous`` the primary lists it in ``synchronous_standby_names``), starts both on
-free ports with their sockets in the temporary directory, and stops both (immediate) at exit, whatever state the
-test left them in. ``Node.kill9()`` kills a postmaster and every child of it with SIGKILL; ``Node.promote()``
-promotes a standby.
+``replicated_pair(synchronous=True, standbys=1)`` runs ``initdb`` for a primary, ``pg_basebackup -R`` for
+its standby (named ``standby1``; with ``synchronous`` the primary lists it in ``synchronous_standby_names``; a
+second one, ``standby2``, is asynchronous), starts them on free ports with their sockets in a temporary
+directory of their own, and stops them (immediate) at exit, whatever state the test left them in.
+``Node.kill9()`` kills a postmaster and every child of it with SIGKILL; ``Node.promote()`` promotes a standby.
 
 The binaries are PostgreSQL 15's (``PGJOBS_PG_BIN`` or ``/usr/lib/postgresql/15/bin``); ``bin_dir()`` is None
 when they are absent, and the tests skip. As root, the servers run as the ``postgres`` system user (initdb refuses
@@ -21,6 +21,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -144,8 +145,13 @@ def _children(parent: int) -> list[int]:
 @dataclass
 class Pair:
     primary: Node
-    standby: Node
+    standbys: list[Node]
     synchronous: bool
+
+    @property
+    def standby(self) -> Node:
+        """The first standby (the synchronous one when ``synchronous``)."""
+        return self.standbys[0]
 
     def multi_host_dsn(self, dbname: str, attrs: str = "read-write", **extra: Any) -> str:
         """``host=a,b port=p1,p2 target_session_attrs=...``: libpq tries the hosts in order for one that fits."""
@@ -162,13 +168,15 @@ class Pair:
             assert row is not None
             target = row[0]
         deadline = time.monotonic() + timeout
-        with psycopg.connect(self.standby.dsn(), autocommit=True) as s:
-            while time.monotonic() < deadline:
-                r = s.execute("SELECT pg_last_wal_replay_lsn() >= %s::pg_lsn", (target,)).fetchone()
-                if r and r[0]:
-                    return
-                time.sleep(0.02)
-        raise AssertionError(f"the standby did not replay up to {target} in {timeout} s")
+        for node in self.standbys:
+            with psycopg.connect(node.dsn(), autocommit=True) as s:
+                while time.monotonic() < deadline:
+                    r = s.execute("SELECT pg_last_wal_replay_lsn() >= %s::pg_lsn", (target,)).fetchone()
+                    if r and r[0]:
+                        break
+                    time.sleep(0.02)
+                else:
+                    raise AssertionError(f"{node.name} did not replay up to {target} in {timeout} s")
 
 
 _CONF = """
@@ -192,39 +200,42 @@ autovacuum_naptime = 5s
 
 
 @contextlib.contextmanager
-def replicated_pair(tmp: Path, synchronous: bool = True) -> Iterator[Pair]:
-    """A running primary and hot standby (see the module docstring); both stopped at exit."""
+def replicated_pair(synchronous: bool = True, standbys: int = 1) -> Iterator[Pair]:
+    """A running primary and hot standby (see the module docstring); both stopped at exit. ``standbys=2`` adds
+    ``standby2``, always asynchronous."""
     bins = bin_dir()
     assert bins is not None, "no PostgreSQL binaries"
     user = _server_user()
-    base = tmp / "cluster"
-    base.mkdir()
+    # A directory of its own in the system's temp dir (pytest's are private to root, and as root the servers
+    # run as postgres), removed at exit.
+    base = Path(tempfile.mkdtemp(prefix="pgjobs-replicas-"))
     if user is not None:
         shutil.chown(base, user)
-        os.chmod(tmp, 0o755)
     primary = Node("primary", base / "primary", _free_port(), bins, base, user)
-    standby = Node("standby1", base / "standby1", _free_port(), bins, base, user)
+    nodes = [Node(f"standby{i}", base / f"standby{i}", _free_port(), bins, base, user) for i in range(1, standbys + 1)]
     try:
         primary.run("initdb", "-D", str(primary.data_dir), "-U", "postgres", "--auth=trust", "-E", "UTF8", "--no-sync")
         sync = "synchronous_standby_names = 'standby1'" if synchronous else ""
         with (primary.data_dir / "postgresql.conf").open("a") as f:
             f.write(_CONF.format(port=primary.port, sock=base) + sync + "\ncluster_name = 'primary'\n")
         primary.start()
-        primary.run(
-            "pg_basebackup", "-h", "127.0.0.1", "-p", str(primary.port), "-U", "postgres",
-            "-D", str(standby.data_dir), "-R", "-X", "stream", "-c", "fast", "--no-sync",
-        )  # fmt: skip
-        with (standby.data_dir / "postgresql.conf").open("a") as f:
-            # cluster_name is the walreceiver's application_name: the name synchronous_standby_names lists.
-            f.write(f"port = {standby.port}\ncluster_name = 'standby1'\nsynchronous_standby_names = ''\n")
-        standby.start()
-        pair = Pair(primary, standby, synchronous)
+        for standby in nodes:
+            primary.run(
+                "pg_basebackup", "-h", "127.0.0.1", "-p", str(primary.port), "-U", "postgres",
+                "-D", str(standby.data_dir), "-R", "-X", "stream", "-c", "fast", "--no-sync",
+            )  # fmt: skip
+            with (standby.data_dir / "postgresql.conf").open("a") as f:
+                # cluster_name is the walreceiver's application_name: the name synchronous_standby_names lists.
+                f.write(f"port = {standby.port}\ncluster_name = '{standby.name}'\nsynchronous_standby_names = ''\n")
+            standby.start()
+        pair = Pair(primary, nodes, synchronous)
         _wait_streaming(pair)
         yield pair
     finally:
-        standby.stop()
+        for node in nodes:
+            node.stop()
         primary.stop()
-        for node in (primary, standby):  # a kill9'd or crashed one: pg_ctl found nothing to stop
+        for node in (primary, *nodes):  # a kill9'd or crashed one: pg_ctl found nothing to stop
             pid = node.postmaster_pid()
             if pid is not None and _alive(pid):
                 for p in [pid, *_children(pid)]:
@@ -234,14 +245,14 @@ def replicated_pair(tmp: Path, synchronous: bool = True) -> Iterator[Pair]:
 
 
 def _wait_streaming(pair: Pair, timeout: float = 30.0) -> None:
-    want = "sync" if pair.synchronous else "async"
+    want = {n.name: "sync" if pair.synchronous and n is pair.standby else "async" for n in pair.standbys}
     deadline = time.monotonic() + timeout
     with psycopg.connect(pair.primary.dsn(), autocommit=True) as conn:
         while time.monotonic() < deadline:
-            row = conn.execute(
-                "SELECT sync_state FROM pg_stat_replication WHERE application_name = 'standby1' AND state = 'streaming'"
-            ).fetchone()
-            if row and row[0] == want:
+            rows = conn.execute(
+                "SELECT application_name, sync_state FROM pg_stat_replication WHERE state = 'streaming'"
+            ).fetchall()
+            if dict(rows) == want:
                 return
             time.sleep(0.05)
-    raise AssertionError(f"the standby is not streaming ({want}) after {timeout} s")
+    raise AssertionError(f"the standbys are not streaming as {want} after {timeout} s")

@@ -94,21 +94,23 @@ def _note_outage(pool: Any, exc: psycopg.OperationalError) -> None:
         )  # fmt: skip
 
 
-def _sync_outage(pool: ConnectionPool[Any], exc: psycopg.OperationalError) -> None:
+def _sync_outage(pool: ConnectionPool[Any], exc: psycopg.OperationalError, quiet: bool) -> None:
     """A call's connection broke: its server died, restarted or failed over. The pool's other idle connections
     are checked now (each would fail one more call), and the pool's own reconnect loop (with backoff) does the
     rest. The call itself is not retried: it may have committed (an enqueue without a unique key would run twice)."""
     if not _gone(exc):
         return
-    _note_outage(pool, exc)
+    if not quiet:
+        _note_outage(pool, exc)
     with contextlib.suppress(Exception):
         pool.check()
 
 
-async def _async_outage(pool: AsyncConnectionPool[Any], exc: psycopg.OperationalError) -> None:
+async def _async_outage(pool: AsyncConnectionPool[Any], exc: psycopg.OperationalError, quiet: bool) -> None:
     if not _gone(exc):
         return
-    _note_outage(pool, exc)
+    if not quiet:
+        _note_outage(pool, exc)
     with contextlib.suppress(Exception):
         await pool.check()
 
@@ -119,6 +121,7 @@ class SyncRunner:
 
     _pool: ConnectionPool[Any]
     _read_pool: ConnectionPool[Any] | None = None
+    _quiet_outages: bool = False  # a caller that logs outages itself (the worker's scheduler)
     _prepare: bool = True  # the client's ``prepare`` flag (Client(..., prepare=False) turns it off)
 
     def _run(self, call: Call[T], conn: SyncConn | None = None) -> T:
@@ -133,7 +136,7 @@ class SyncRunner:
             return call.parse(rows)
         except psycopg.Error as exc:
             if conn is None and isinstance(exc, psycopg.OperationalError):
-                _sync_outage(pool, exc)
+                _sync_outage(pool, exc, self._quiet_outages)
             raise translate(exc, call.query) from exc
 
     def _run_fast(self, call: FastCall[T], conn: SyncConn | None = None) -> T:
@@ -160,7 +163,7 @@ class SyncRunner:
             return call.parse(tuples)
         except psycopg.Error as exc:
             if conn is None and isinstance(exc, psycopg.OperationalError):
-                _sync_outage(self._pool, exc)
+                _sync_outage(self._pool, exc, self._quiet_outages)
             raise translate(exc, call.query) from exc
 
     @staticmethod
@@ -175,6 +178,7 @@ class AsyncRunner:
 
     _pool: AsyncConnectionPool[Any]
     _read_pool: AsyncConnectionPool[Any] | None = None
+    _quiet_outages: bool = False  # a caller that logs outages itself (the worker's scheduler)
     _prepare: bool = True
 
     async def _run(self, call: Call[T], conn: AsyncConn | None = None) -> T:
@@ -189,7 +193,7 @@ class AsyncRunner:
             return call.parse(rows)
         except psycopg.Error as exc:
             if conn is None and isinstance(exc, psycopg.OperationalError):
-                await _async_outage(pool, exc)
+                await _async_outage(pool, exc, self._quiet_outages)
             raise translate(exc, call.query) from exc
 
     async def _run_fast(self, call: FastCall[T], conn: AsyncConn | None = None) -> T:
@@ -210,7 +214,7 @@ class AsyncRunner:
             return call.parse(tuples)
         except psycopg.Error as exc:
             if conn is None and isinstance(exc, psycopg.OperationalError):
-                await _async_outage(self._pool, exc)
+                await _async_outage(self._pool, exc, self._quiet_outages)
             raise translate(exc, call.query) from exc
 
     @staticmethod

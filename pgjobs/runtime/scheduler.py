@@ -168,6 +168,7 @@ class Scheduler:
             self.client = AsyncClient(pool=dsn_or_pool)
         else:
             raise InvalidArgument(f"Scheduler needs a DSN, an AsyncConnectionPool or an AsyncClient: {dsn_or_pool!r}")
+        self.client._quiet_outages = True  # its passes log each outage once themselves
         self.name = name or "scheduler"
         self.app = app
         self.clock = clock
@@ -331,7 +332,7 @@ class Scheduler:
                 # The database is unreachable or refused (not migrated yet ...): keep trying, with backoff,
                 # rather than bring down the worker this scheduler runs in.
                 failures += 1
-                delay = min(0.5 * 2**failures, self.max_sleep)
+                delay = min(0.5 * 2**failures, self.max_sleep, RETRY_CAP)
                 # once per outage at WARNING (its retries at DEBUG), and once at INFO when a pass works again
                 level = logging.WARNING if failures == 1 else logging.DEBUG
                 log.log(level, "%s: pass failed (%s); retrying in %.1fs", self.name, _first_line(exc), delay)
@@ -374,7 +375,12 @@ class Scheduler:
                     backoff,
                 )
                 await anyio.sleep(backoff)
-                backoff = min(backoff * 2, 30.0)
+                backoff = min(backoff * 2, RETRY_CAP)
+
+
+# The longest pause between two tries while the database is unreachable: after a failover (a multi-host DSN
+# that finds the promoted standby) the schedules fire again within seconds, not after a doubled minute.
+RETRY_CAP = 5.0
 
 
 def _first_line(exc: BaseException) -> str:

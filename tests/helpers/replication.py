@@ -40,7 +40,7 @@ def bin_dir() -> Path | None:
     return path if all((path / b).is_file() for b in needed) else None
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port: int = s.getsockname()[1]
@@ -211,8 +211,8 @@ def replicated_pair(synchronous: bool = True, standbys: int = 1) -> Iterator[Pai
     base = Path(tempfile.mkdtemp(prefix="pgjobs-replicas-"))
     if user is not None:
         shutil.chown(base, user)
-    primary = Node("primary", base / "primary", _free_port(), bins, base, user)
-    nodes = [Node(f"standby{i}", base / f"standby{i}", _free_port(), bins, base, user) for i in range(1, standbys + 1)]
+    primary = Node("primary", base / "primary", free_port(), bins, base, user)
+    nodes = [Node(f"standby{i}", base / f"standby{i}", free_port(), bins, base, user) for i in range(1, standbys + 1)]
     try:
         primary.run("initdb", "-D", str(primary.data_dir), "-U", "postgres", "--auth=trust", "-E", "UTF8", "--no-sync")
         sync = "synchronous_standby_names = 'standby1'" if synchronous else ""

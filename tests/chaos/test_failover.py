@@ -27,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import json
+import logging
 import os
 import re
 import signal
@@ -178,7 +179,7 @@ def one(conn: psycopg.Connection[Any], sql: str, params: Any = None) -> Any:
 
 
 @pytest.mark.parametrize("synchronous", [True, False], ids=["synchronous", "asynchronous"])
-def test_failover_under_load(synchronous: bool) -> None:
+def test_failover_under_load(synchronous: bool, caplog: pytest.LogCaptureFixture) -> None:
     measured: dict[str, Any] = {"standby": "synchronous" if synchronous else "asynchronous"}
     with replicated_pair(synchronous=synchronous) as pair, tempfile.TemporaryDirectory() as logs:
         migrate(pair.primary.dsn())
@@ -205,6 +206,10 @@ def test_failover_under_load(synchronous: bool) -> None:
         with psycopg.connect(pair.standby.dsn(), autocommit=True) as conn:
             _check(conn, load, synchronous, killed_at, promoted_at, measured)
         _check_logs(log_text, measured)
+        # This process: the producer's pool said it once (not once per failed call), the follower's LISTEN once.
+        said = [(r.name, r.getMessage()) for r in caplog.records if r.levelno >= logging.WARNING]
+        assert len([m for n, m in said if n == "pgjobs.client"]) == 1, said
+        assert len([m for n, m in said if n == "pgjobs.listen"]) == 1, said
     sys.stderr.write(f"failover: {json.dumps(measured)}\n")
 
 
@@ -305,6 +310,9 @@ def _check(
     assert live is not None and live == logged and logged > block_end
     newest = one(conn, "SELECT max(last_id) FROM pgjobs.event_log")
     assert any(i > block_end for i in after_kill) and newest > block_end
+    # ... and above the new timeline's floor (timeline 2: 2^44), whatever block end the standby had.
+    assert one(conn, "SELECT pgjobs._timeline_floor()") == 1 << 44
+    assert min(i for i in after_kill if i > block_end) > 1 << 44
 
     # The schedule: once per due time, and firing again after the promotion.
     ticks = conn.execute(

@@ -98,6 +98,27 @@ def test_cli_status_and_stats_read_dsn(pair: Pair) -> None:
     )  # fmt: skip
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout)["id"] == job.id
+    # --follow from the standby while the job is live (the stream there polls: a standby cannot LISTEN); the job
+    # ends on the primary, and the follow ends once the standby has replayed it.
+    follow = subprocess.Popen(
+        [sys.executable, "-m", "pgjobs", "status", str(job.id), "--follow", *common],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+    )  # fmt: skip
+    try:
+        assert follow.stdout is not None
+        first = json.loads(follow.stdout.readline())
+        assert first["type"] == "job" and first["state"] == "pending"
+        with Client(pair.primary.dsn()) as client:
+            client.cancel(job.id)
+            client.maintain()
+        rest, err = follow.communicate(timeout=60)
+    finally:
+        if follow.poll() is None:
+            follow.kill()
+            follow.wait(10)
+    assert follow.returncode == 1, err  # followed to its end, which is not a success
+    lines = [json.loads(line) for line in rest.splitlines()]
+    assert lines[-1]["type"] == "job" and lines[-1]["state"] == "cancelled"
 
 
 def test_dashboard_pages_from_the_standby(pair: Pair) -> None:

@@ -74,9 +74,30 @@ def test_client_read_calls_go_to_the_standby(pair: Pair) -> None:
         # Writes still go to the primary through the same client.
         assert client.cancel(job.id) is True
 
+    async def async_reads() -> None:
+        async with AsyncClient(pair.primary.dsn(), read_dsn=pair.standby.dsn()) as client:
+            assert client._read_pool is not None
+            async with client._read_pool.connection() as c:
+                assert await (await c.execute("SELECT pg_is_in_recovery()")).fetchone() == (True,)
+            status = await client.job_status(job.id)
+            assert status is not None and status.state.value == "cancelled"
+            assert [e.id for e in await client.read_events(0, queue="reads")] == [job.id]
+
+    pair.wait_replayed()
+    anyio.run(async_reads)
+
     # A client pointed at the standby alone: the write is refused with the call named, nothing changed.
     with Client(pair.standby.dsn()) as on_standby, pytest.raises(NeedsPrimary, match=r"pgjobs\.enqueue .*primary"):
         on_standby.enqueue("report")
+
+
+def test_web_read_dsn_flag() -> None:
+    from pgjobs.cli.main import build_parser
+    from pgjobs.web.server import config_from_args
+
+    args = build_parser().parse_args(["web", "--dsn", "host=primary", "--read-dsn", "host=standby"])
+    config = config_from_args(args)
+    assert (config.dsn, config.reader_dsn) == ("host=primary", "host=standby")
 
 
 def test_cli_status_and_stats_read_dsn(pair: Pair) -> None:

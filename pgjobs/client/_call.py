@@ -88,22 +88,24 @@ def _note_outage(pool: Any, exc: psycopg.OperationalError) -> None:
         _OUTAGES.add(id(pool))
         first = str(exc).strip().splitlines()
         log.warning(
-            "pgjobs pool %s lost its server (%s): this call failed; idle connections are checked and the pool"
+            "pgjobs pool %s lost its server (%s): this call failed; the pool replaces its connections and"
             " reconnects by itself (a multi-host DSN with target_session_attrs finds a promoted standby)",
             pool.name, first[0] if first else type(exc).__name__,
         )  # fmt: skip
 
 
 def _sync_outage(pool: ConnectionPool[Any], exc: psycopg.OperationalError, quiet: bool) -> None:
-    """A call's connection broke: its server died, restarted or failed over. The pool's other idle connections
-    are checked now (each would fail one more call), and the pool's own reconnect loop (with backoff) does the
-    rest. The call itself is not retried: it may have committed (an enqueue without a unique key would run twice)."""
+    """A call's connection broke: its server died, restarted or failed over. The pool's other connections go
+    too (drain: closed, not checked, so a server that vanished without a reset cannot hold this call up), or each
+    would fail one more call; the pool opens new ones with its own backoff, where the DSN leads (a multi-host DSN
+    with target_session_attrs: the promoted standby). The call itself is not retried: it may have committed (an
+    enqueue without a unique key would run twice)."""
     if not _gone(exc):
         return
     if not quiet:
         _note_outage(pool, exc)
     with contextlib.suppress(Exception):
-        pool.check()
+        pool.drain()
 
 
 async def _async_outage(pool: AsyncConnectionPool[Any], exc: psycopg.OperationalError, quiet: bool) -> None:
@@ -112,7 +114,7 @@ async def _async_outage(pool: AsyncConnectionPool[Any], exc: psycopg.Operational
     if not quiet:
         _note_outage(pool, exc)
     with contextlib.suppress(Exception):
-        await pool.check()
+        await pool.drain()
 
 
 class SyncRunner:

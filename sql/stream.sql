@@ -62,8 +62,9 @@
 -- * PostgreSQL empties an unlogged table in crash recovery, and it is empty on a promoted standby and
 --   in a restored base backup: a tick that finds no live row therefore first moves event_id_seq above
 --   event_id_block.hi (the sequence itself may have come back lower: its WAL was not flushed either),
---   then reserves; on a promoted standby (a new WAL timeline) also above _timeline_floor(), for an
---   asynchronous standby that lacks the old primary's newest block end. The events of the lost ticks are still in the inbox (their writers' commits were
+--   then reserves. On a promoted standby (a new WAL timeline) the sequence also moves above
+--   _timeline_floor(): an asynchronous standby may lack the old primary's newest block end.
+--   The events of the lost ticks are still in the inbox (their writers' commits were
 --   flushed as usual) and get new, higher ids: a follower may see them twice, never miss one. (A
 --   writer's own asynchronous commit may lose its transition, and with it its event, as before.)
 -- * Order is unaffected: ticks still take turns under the lock, each after the previous one's commit
@@ -400,7 +401,7 @@ $$;
 -- The lowest event id of the server's WAL timeline: (timeline - 1) * 2^44. A standby's promotion starts a new
 -- timeline, and with it event ids above anything the old primary could have handed out (17.6 trillion ids a
 -- timeline), even when the old primary's last block reservation never reached that standby (asynchronous
--- replication). Timeline 1, a server never promoted, starts at 0 as before.
+-- replication). On timeline 1 (a server never promoted) it is 0.
 CREATE OR REPLACE FUNCTION pgjobs._timeline_floor()
 RETURNS bigint
 LANGUAGE sql

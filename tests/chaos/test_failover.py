@@ -60,7 +60,7 @@ pytestmark = [
 
 APP = REPO / "tests" / "helpers" / "apps" / "failover_app.py"
 JOBS = 2400  # acknowledged jobs the producer aims at (a fifth of them parent + child pairs)
-WORKER = {"queues": {"default": 8}, "lease": 5.0, "heartbeat_interval": 0.5, "reap_after": 5.0,
+WORKER = {"queues": {"default": 8, "fair": 4}, "lease": 5.0, "heartbeat_interval": 0.5, "reap_after": 5.0,
           "poll_interval": 0.5, "grace_period": 2.0, "scheduler": True}  # fmt: skip
 
 SETUP_SQL = """
@@ -76,17 +76,29 @@ END $$;
 -- A terminal UPDATE moves the row into this tree: the trigger runs in the completing transaction.
 CREATE TRIGGER note_completion AFTER INSERT ON pgjobs.jobs_succeeded
     FOR EACH ROW EXECUTE FUNCTION public.note_completion();
+-- A fair queue too: its claims keep state of their own (cursors, gates, floors) that must survive.
+SELECT pgjobs.configure_queue('fair', fair => true);
 """
 
-# Each sequence of the schema and the column whose values it hands out.
-SEQUENCES_SQL = """
+# Each sequence of the schema and a column that holds its values: identity and serial columns, columns whose
+# default draws from it, and the fair queues' cursor stamps. (A sequence's WAL comes before any row that holds
+# one of its values, so a standby never has the row without the sequence past it.)
+SEQUENCES_SQL = r"""
 SELECT s.relname, t.relname, a.attname
   FROM pg_depend AS d
   JOIN pg_class AS s ON s.oid = d.objid AND s.relkind = 'S'
   JOIN pg_class AS t ON t.oid = d.refobjid
   JOIN pg_attribute AS a ON a.attrelid = t.oid AND a.attnum = d.refobjsubid
-  JOIN pg_namespace AS n ON n.oid = s.relnamespace
- WHERE n.nspname = 'pgjobs' AND d.deptype IN ('a', 'i') AND NOT t.relispartition
+ WHERE s.relnamespace = 'pgjobs'::regnamespace AND d.deptype IN ('a', 'i') AND NOT t.relispartition
+UNION
+SELECT substring(pg_get_expr(ad.adbin, ad.adrelid) FROM 'nextval\(''(?:pgjobs\.)?(\w+)'), t.relname, a.attname
+  FROM pg_attrdef AS ad
+  JOIN pg_class AS t ON t.oid = ad.adrelid
+  JOIN pg_attribute AS a ON a.attrelid = t.oid AND a.attnum = ad.adnum
+ WHERE t.relnamespace = 'pgjobs'::regnamespace AND NOT t.relispartition
+   AND pg_get_expr(ad.adbin, ad.adrelid) LIKE 'nextval(%'
+UNION
+SELECT 'served_seq_seq', 'group_cursors', 'served_seq'
 """
 
 
@@ -119,7 +131,8 @@ class Load:
                             self.acked[f"p{i}"], self.acked[f"c{i}"] = got[0].id, got[1].id
                             i += 2
                         else:
-                            self.acked[f"k{i}"] = client.enqueue("effect", {"i": i}, unique_key=f"k{i}").id
+                            fair = {"queue": "fair", "group_key": f"t{i % 5}"} if i % 3 == 0 else {}
+                            self.acked[f"k{i}"] = client.enqueue("effect", {"i": i}, unique_key=f"k{i}", **fair).id
                             i += 1
                     except psycopg.OperationalError:
                         self.producer_errors += 1  # the server is failing over: the same call again
@@ -140,7 +153,7 @@ class Load:
                     tg.cancel_scope.cancel()
 
                 tg.start_soon(watch)
-                async for ev in client.subscribe(queue="default", after_id=0, poll_interval=0.5):
+                async for ev in client.subscribe(after_id=0, poll_interval=0.5):
                     assert ev.event_id is not None
                     self.events.append((ev.event_id, ev.id, ev.state.value))
 

@@ -6,6 +6,7 @@ skipped when they are absent). A standby refuses every write, so a read path tha
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import subprocess
@@ -13,6 +14,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import anyio
 import psycopg
@@ -157,10 +159,40 @@ def test_dashboard_pages_from_the_standby(pair: Pair) -> None:
                 r = http.get(path)
                 assert r.status_code == 200, (path, r.text[:500])
             assert "dash-read" in http.get(f"/jobs/{job.id}").text
-            # An action goes to the primary (--dsn): the standby could not take it.
-            form = {"csrf_token": web.csrf()}
-            r = http.post(f"/jobs/{job.id}/cancel", data=form, headers={"Origin": web.url}, follow_redirects=False)
-            assert r.status_code in (200, 303), r.text[:500]
+
+            # The live stream of the job's page, read from the standby (no LISTEN there: the shared reader polls).
+            async def live() -> dict[str, Any]:
+                reader, writer = await asyncio.open_connection(config.host, config.port)
+                writer.write(
+                    f"GET /api/events?job={job.id} HTTP/1.1\r\nHost: {config.host}:{config.port}\r\n"
+                    f"Cookie: pgjobs_session={config.session_value}\r\nAccept: text/event-stream\r\n\r\n".encode()
+                )
+                await writer.drain()
+                assert (await reader.readuntil(b"\r\n\r\n")).startswith(b"HTTP/1.1 200")
+                await asyncio.sleep(1.0)  # the shared reader follows the log now
+                # An action goes to the primary (--dsn): the standby could not take it.
+                form = {"csrf_token": web.csrf()}
+                r = await asyncio.to_thread(
+                    http.post, f"/jobs/{job.id}/cancel", data=form, headers={"Origin": web.url}, follow_redirects=False
+                )
+                assert r.status_code in (200, 303), r.text[:500]
+                with Client(pair.primary.dsn()) as client:
+                    client.maintain()  # the primary's tick: the event's id, which the standby then shows
+                try:
+                    async with asyncio.timeout(20):
+                        while True:
+                            line = (await reader.readline()).decode(errors="replace").strip()
+                            if line.startswith("data: "):
+                                msg: dict[str, Any] = json.loads(line[len("data: ") :])
+                                if msg.get("type") == "event" and msg.get("state") == "cancelled":
+                                    return msg
+                finally:
+                    writer.close()
+
+            assert (asyncio.run(live()))["id"] == job.id
+            # Its LISTEN task keeps its connection to the standby (no LISTEN there), rather than dying on it.
+            listen = web.app.state.hub._listen_task
+            assert listen is not None and not listen.done()
         finally:
             http.close()
         with psycopg.connect(pair.primary.dsn()) as conn:

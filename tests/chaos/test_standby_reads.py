@@ -228,8 +228,8 @@ def test_stream_resumes_from_its_cursor_across_a_switch_of_standbys() -> None:
                     time.sleep(0.1)
 
         async def follow() -> None:
-            async with AsyncClient(p.primary.dsn(), read_dsn=read_dsn) as client:
-                events = client.subscribe(queue="follow", after_id=0, poll_interval=0.1)
+            async with AsyncClient(p.primary.dsn()) as client:
+                events = client.subscribe(queue="follow", after_id=0, poll_interval=0.1, read_dsn=read_dsn)
                 with anyio.fail_after(60):
                     async for ev in events:
                         assert ev.event_id is not None

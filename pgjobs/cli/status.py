@@ -144,7 +144,8 @@ def cmd_status(args: argparse.Namespace) -> int:
     with open_client(args.read_dsn or args.dsn) as client:
         job = client.job_status(args.id)
     if job is None:
-        raise CliError(f"job {args.id} not found")
+        lag = " on the --read-dsn server (a standby shows a new job once it has replayed it)" if args.read_dsn else ""
+        raise CliError(f"job {args.id} not found{lag}")
     if not args.follow:
         if args.json:
             print_json(job)

@@ -5,19 +5,21 @@ A private primary and standby (``tests/helpers/replication.py``: PostgreSQL 15's
 ``host=a,b port=p1,p2 target_session_attrs=read-write`` and finds the promoted server by itself:
 
 * a producer (this process, a thread) enqueues jobs one call at a time, some as a parent and a child that depends
-  on it, each with a unique key, and retries a call that failed (the key makes the retry idempotent); an id it got
-  back is acknowledged;
+  on it, some on a fair queue in five groups, each with a unique key, and retries a call that failed (the key
+  makes the retry idempotent); an id it got back is acknowledged;
 * two worker processes (``tests/helpers/apps/failover_app.py``) run them, and both run the scheduler of a
   code-defined schedule that fires every second; each run is recorded in ``runs``;
-* a status follower (``subscribe()``, a thread) reads every event of the queue.
+* a status follower (``subscribe()``, a thread) reads every event of every queue.
 
 A trigger on the succeeded partition tree writes ``completions`` in the completing transaction itself, so a job
 that completed twice would show two rows. With the synchronous standby: every acknowledged job is found and
 completes exactly once, the follower never sees an event id repeat or go back (and hears every completion), the
 schedule fires once per due time and again after the promotion, the event-id block is reserved anew (the unlogged
 copy is empty on a promoted standby) above everything handed out, every sequence is above the values its column
-holds, and the job invariants hold. With an asynchronous standby the last acknowledged commits may be lost (the
-test reports how many); everything that is there is consistent in the same ways.
+holds, and the job invariants hold. With an asynchronous standby whose replication is cut before the kill (and an
+event-id block reserved after the cut, which the standby never gets) the jobs acknowledged after the cut are lost
+(the test reports how many); everything that is there is consistent in the same ways, and the follower's ids
+still never repeat or go back.
 
 The measurements (jobs lost, jobs run twice, outage seconds) go to stderr as ``failover: {...}``.
 """

@@ -109,6 +109,8 @@ class Load:
     dsn: str
     acked: dict[str, int] = field(default_factory=dict)  # unique key -> job id, once its enqueue returned
     producer_errors: int = 0
+    stats_ok: list[float] = field(default_factory=list)  # time.monotonic() of each stats() that answered
+    stats_errors: int = 0
     # (event_id, job id, state, time.monotonic() at receipt) as followed
     events: list[tuple[int, int, str, float]] = field(default_factory=list)
     stop: threading.Event = field(default_factory=threading.Event)
@@ -155,7 +157,18 @@ class Load:
                         await anyio.sleep(0.05)
                     tg.cancel_scope.cancel()
 
+                async def read_stats() -> None:
+                    # An async reader of the same client: its pool finds the primary gone and the promoted one.
+                    while True:
+                        try:
+                            await client.stats()
+                            self.stats_ok.append(time.monotonic())
+                        except psycopg.OperationalError:
+                            self.stats_errors += 1
+                        await anyio.sleep(0.2)
+
                 tg.start_soon(watch)
+                tg.start_soon(read_stats)
                 async for ev in client.subscribe(after_id=0, poll_interval=0.5):
                     assert ev.event_id is not None
                     self.events.append((ev.event_id, ev.id, ev.state.value, time.monotonic()))
@@ -222,10 +235,14 @@ def test_failover_under_load(synchronous: bool, caplog: pytest.LogCaptureFixture
         with psycopg.connect(pair.standby.dsn(), autocommit=True) as conn:
             _check(conn, load, synchronous, times, measured)
         _check_logs(log_text, measured)
-        # This process: the producer's pool said it once (not once per failed call), the follower's LISTEN once.
+        # This process: the producer's pool and the follower's client pool said it once each (not once per failed
+        # call), the follower's LISTEN once; the async reader got through again after the promotion.
         said = [(r.name, r.getMessage()) for r in caplog.records if r.levelno >= logging.WARNING]
-        assert len([m for n, m in said if n == "pgjobs.client"]) == 1, said
+        pools = sorted(m.split()[2] for n, m in said if n == "pgjobs.client")
+        assert pools == ["pgjobs", "producer"], said
         assert len([m for n, m in said if n == "pgjobs.listen"]) == 1, said
+        assert load.stats_ok and load.stats_ok[-1] > times.promoted_mono
+        measured["async_reader_errors"] = load.stats_errors
     sys.stderr.write(f"failover: {json.dumps(measured)}\n")
 
 

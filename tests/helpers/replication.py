@@ -34,9 +34,12 @@ DEFAULT_BIN = "/usr/lib/postgresql/15/bin"
 
 
 def bin_dir() -> Path | None:
-    """The directory of initdb, pg_ctl, pg_basebackup and postgres, or None when they are not installed."""
+    """The directory of initdb, pg_ctl, pg_basebackup and postgres, or None when they are not installed (or when
+    we are root and there is no ``postgres`` user to run them as)."""
     path = Path(os.environ.get("PGJOBS_PG_BIN", DEFAULT_BIN))
     needed = ("initdb", "pg_ctl", "pg_basebackup", "postgres")
+    if os.geteuid() == 0 and _server_user() is None:
+        return None
     return path if all((path / b).is_file() for b in needed) else None
 
 

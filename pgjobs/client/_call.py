@@ -104,8 +104,12 @@ def _sync_outage(pool: ConnectionPool[Any], exc: psycopg.OperationalError, quiet
         return
     if not quiet:
         _note_outage(pool, exc)
+    drain = getattr(pool, "drain", None)  # psycopg_pool 3.3; before it, check() probes the idle ones instead
     with contextlib.suppress(Exception):
-        pool.drain()
+        if drain is not None:
+            drain()
+        else:
+            pool.check()
 
 
 async def _async_outage(pool: AsyncConnectionPool[Any], exc: psycopg.OperationalError, quiet: bool) -> None:
@@ -113,8 +117,12 @@ async def _async_outage(pool: AsyncConnectionPool[Any], exc: psycopg.Operational
         return
     if not quiet:
         _note_outage(pool, exc)
+    drain = getattr(pool, "drain", None)
     with contextlib.suppress(Exception):
-        await pool.drain()
+        if drain is not None:
+            await drain()
+        else:
+            await pool.check()
 
 
 class SyncRunner:

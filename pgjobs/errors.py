@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import psycopg
 
 
@@ -50,14 +52,34 @@ class SchemaMissing(PgJobsError):
     """The database has no pgjobs schema: run ``pgjobs migrate``."""
 
 
+class NeedsPrimary(PgJobsError):
+    """The call writes, and the server it reached is a read-only hot standby (or the session is read-only):
+    send it to the primary (a DSN with ``target_session_attrs=read-write``), not to a ``read_dsn``."""
+
+    sqlstate = "25006"
+
+
+def _call_name(query: str | None) -> str:
+    m = re.search(r"pgjobs\.(\w+)", query or "")
+    return f"pgjobs.{m.group(1)}" if m else "this call"
+
+
 BY_SQLSTATE: dict[str, type[PgJobsError]] = {
     cls.sqlstate: cls for cls in (QueueFull, InvalidArgument, JobNotFound, InvalidState, GraphError) if cls.sqlstate
 }
 
 
-def translate(exc: psycopg.Error) -> Exception:
-    """The pgjobs exception for a database error, or the error itself when it is not ours."""
+def translate(exc: psycopg.Error, query: str | None = None) -> Exception:
+    """The pgjobs exception for a database error, or the error itself when it is not ours. ``query``: the
+    statement that failed (its pgjobs function is named in the message of a write refused by a standby)."""
     state = exc.sqlstate or ""
+    if state == NeedsPrimary.sqlstate:
+        detail = exc.diag.message_primary or str(exc)
+        return NeedsPrimary(
+            f"{_call_name(query)} writes, so it needs the primary: the server is read-only ({detail});"
+            " connect with target_session_attrs=read-write, not a read DSN",
+            state,
+        )
     cls = BY_SQLSTATE.get(state)
     if cls is not None:
         message = exc.diag.message_primary or str(exc)

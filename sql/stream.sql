@@ -62,7 +62,9 @@
 -- * PostgreSQL empties an unlogged table in crash recovery, and it is empty on a promoted standby and
 --   in a restored base backup: a tick that finds no live row therefore first moves event_id_seq above
 --   event_id_block.hi (the sequence itself may have come back lower: its WAL was not flushed either),
---   then reserves. The events of the lost ticks are still in the inbox (their writers' commits were
+--   then reserves. On a promoted standby (a new WAL timeline) the sequence also moves above
+--   _timeline_floor(): an asynchronous standby may lack the old primary's newest block end.
+--   The events of the lost ticks are still in the inbox (their writers' commits were
 --   flushed as usual) and get new, higher ids: a follower may see them twice, never miss one. (A
 --   writer's own asynchronous commit may lose its transition, and with it its event, as before.)
 -- * Order is unaffected: ticks still take turns under the lock, each after the previous one's commit
@@ -301,7 +303,9 @@ BEGIN
         -- No live block: a crash (or a failover, or a restored backup) emptied it, or none was reserved
         -- yet. Ticks whose commits the crash lost may have shown readers ids up to the last reserved end,
         -- and event_id_seq may have come back below them (its WAL was not flushed): start above that end.
-        SELECT b.hi INTO v_base FROM event_id_block AS b;
+        -- After a promotion (a new timeline), also above the timeline's own range: an asynchronous standby
+        -- may lack the old primary's last block reservation, whose ids followers may have read.
+        SELECT greatest(b.hi, _timeline_floor()) INTO v_base FROM event_id_block AS b;
         IF v_base > coalesce(pg_sequence_last_value('pgjobs.event_id_seq'), 0) THEN
             PERFORM setval('pgjobs.event_id_seq', v_base);
         END IF;
@@ -356,6 +360,19 @@ BEGIN
         INSERT INTO event_ticks (slot, snap, last_id) VALUES (v_slot, v_cur, newest);
     END IF;
 END;
+$$;
+
+-- The lowest event id of the server's WAL timeline: (timeline - 1) * 2^44. A standby's promotion starts a new
+-- timeline, and with it event ids above anything the old primary could have handed out (17.6 trillion ids a
+-- timeline), even when the old primary's last block reservation never reached that standby (asynchronous
+-- replication). On timeline 1 (a server never promoted) it is 0.
+CREATE OR REPLACE FUNCTION pgjobs._timeline_floor()
+RETURNS bigint
+LANGUAGE sql
+VOLATILE
+SET search_path = pg_catalog, pgjobs, pg_temp
+AS $$
+    SELECT (('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::bigint - 1) << 44;
 $$;
 
 -- Whether this call may tick: READ COMMITTED, writable, and its transaction began just now (the

@@ -55,6 +55,12 @@ def register(sub: Any) -> None:
 
     p = sub.add_parser("stats", help="jobs by queue and state, and the workers (stale ones marked)")
     p.add_argument("--json", action="store_true")
+    p.add_argument(
+        "--read-dsn",
+        default=None,
+        metavar="DSN",
+        help="read from this server instead (a hot standby; host=a,b target_session_attrs=prefer-standby)",
+    )
     p.set_defaults(func=cmd_stats, _needs=NEEDS_SCHEMA)
 
     p = sub.add_parser("jobs", help="list jobs, newest first, a page at a time")
@@ -123,7 +129,7 @@ def cmd_enqueue(args: argparse.Namespace) -> int:
 
 
 def cmd_stats(args: argparse.Namespace) -> int:
-    with open_client(args.dsn) as client:
+    with open_client(args.read_dsn or args.dsn) as client:
         stats = client.stats()
         workers = client.list_workers()
         unhandled = client.unhandled_kinds()

@@ -226,7 +226,9 @@ def _main(argv: list[str]) -> int:
             args.dsn = target.dsn
             args.uses_embedded = target.uses_embedded
             args.where = target.describe() if target.uses_embedded else None
-            check_database(target.dsn, needs == NEEDS_SCHEMA, args.where)
+            # a read DSN (status, stats) is all such a command talks to: the primary may be down
+            read_dsn = getattr(args, "read_dsn", None)
+            check_database(read_dsn or target.dsn, needs == NEEDS_SCHEMA, None if read_dsn else args.where)
             return _run(func, args)
     except dsnmod.DsnError as exc:
         raise CliError(str(exc), EXIT_UNREACHABLE) from None

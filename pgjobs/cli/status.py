@@ -57,6 +57,12 @@ def register(sub: Any) -> None:
         help="print the job as JSON; with --follow, one JSON object per line as events happen",
     )
     p.add_argument("--errors", action="store_true", help="also print every failed attempt's full error")
+    p.add_argument(
+        "--read-dsn",
+        default=None,
+        metavar="DSN",
+        help="read from this server instead (a hot standby; host=a,b target_session_attrs=prefer-standby)",
+    )
     p.set_defaults(func=cmd_status, _needs=NEEDS_SCHEMA)
 
 
@@ -149,13 +155,14 @@ def _unhandled(job: JobStatus | None, rows: list[UnhandledKind]) -> list[Unhandl
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    with open_client(args.dsn) as client:
+    with open_client(args.read_dsn or args.dsn) as client:
         job = client.job_status(args.id)
         durable = None if job is None or args.follow else client.durable_status(args.id)
         waiting = job is not None and not args.json and job.state in (JobState.PENDING, JobState.SCHEDULED)
         unhandled = _unhandled(job, client.unhandled_kinds([job.queue]) if job is not None and waiting else [])
     if job is None:
-        raise CliError(f"job {args.id} not found")
+        lag = " on the --read-dsn server (a standby shows a new job once it has replayed it)" if args.read_dsn else ""
+        raise CliError(f"job {args.id} not found{lag}")
     if not args.follow:
         if args.json:
             recorded = durable is not None and bool(durable["steps"] + durable["waits"])
@@ -175,7 +182,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     import anyio
 
     print_unhandled(stdout(), unhandled)
-    return anyio.run(_follow, args.dsn, args.id, args.json)
+    return anyio.run(_follow, args.read_dsn or args.dsn, args.id, args.json)
 
 
 async def _follow(dsn: str, job_id: int, as_json: bool) -> int:

@@ -7,6 +7,8 @@ So the SQL text lives in one place per function, and the sync and async clients 
 
 from __future__ import annotations
 
+import contextlib
+import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
@@ -19,6 +21,7 @@ from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
 from pgjobs.errors import translate
 
+log = logging.getLogger("pgjobs.client")
 T = TypeVar("T")
 Rows = list[dict[str, Any]]
 Tuples = list[tuple[Any, ...]]
@@ -28,9 +31,13 @@ AsyncConn = psycopg.AsyncConnection[Any]
 
 @dataclass(frozen=True, slots=True)
 class Call(Generic[T]):
+    """``read=True``: the call writes nothing (a hot standby can answer it), so a client given a ``read_dsn``
+    runs it there; every other call goes to the primary."""
+
     query: LiteralString
     params: dict[str, Any]
     parse: Callable[[Rows], T]
+    read: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,20 +74,80 @@ def prepare_mode(prepare: bool) -> bool | None:
     return None if prepare else False
 
 
+# Pools whose server was found gone (a connection broke in a call); each outage is logged once, when found.
+_OUTAGES: set[int] = set()
+
+
+def _gone(exc: psycopg.OperationalError) -> bool:
+    """A lost or refused connection, not a statement that lost a race (40001/40P01 are OperationalErrors too)."""
+    return exc.sqlstate is None or exc.sqlstate.startswith("08") or exc.sqlstate.startswith("57P")
+
+
+def _note_outage(pool: Any, exc: psycopg.OperationalError) -> None:
+    if id(pool) not in _OUTAGES:
+        _OUTAGES.add(id(pool))
+        first = str(exc).strip().splitlines()
+        log.warning(
+            "pgjobs pool %s lost its server (%s): this call failed; the pool replaces its connections and"
+            " reconnects by itself (a multi-host DSN with target_session_attrs finds a promoted standby)",
+            pool.name, first[0] if first else type(exc).__name__,
+        )  # fmt: skip
+
+
+def _sync_outage(pool: ConnectionPool[Any], exc: psycopg.OperationalError, quiet: bool) -> None:
+    """A call's connection broke: its server died, restarted or failed over. The pool's other connections go
+    too (drain: closed, not checked, so a server that vanished without a reset cannot hold this call up), or each
+    would fail one more call; the pool opens new ones with its own backoff, where the DSN leads (a multi-host DSN
+    with target_session_attrs: the promoted standby). The call itself is not retried: it may have committed (an
+    enqueue without a unique key would run twice)."""
+    if not _gone(exc):
+        return
+    if not quiet:
+        _note_outage(pool, exc)
+    drain = getattr(pool, "drain", None)  # psycopg_pool 3.3; before it, check() probes the idle ones instead
+    with contextlib.suppress(Exception):
+        if drain is not None:
+            drain()
+        else:
+            pool.check()
+
+
+async def _async_outage(pool: AsyncConnectionPool[Any], exc: psycopg.OperationalError, quiet: bool) -> None:
+    if not _gone(exc):
+        return
+    if not quiet:
+        _note_outage(pool, exc)
+    drain = getattr(pool, "drain", None)
+    with contextlib.suppress(Exception):
+        if drain is not None:
+            await drain()
+        else:
+            await pool.check()
+
+
 class SyncRunner:
-    """Runs calls on a pooled autocommit connection, or on the caller's own connection."""
+    """Runs calls on a pooled autocommit connection, or on the caller's own connection. Read calls go to the
+    read pool when the client has one (``read_dsn=``: a hot standby), everything else to the primary's."""
 
     _pool: ConnectionPool[Any]
+    _read_pool: ConnectionPool[Any] | None = None
+    _quiet_outages: bool = False  # a caller that logs outages itself (the worker's scheduler)
     _prepare: bool = True  # the client's ``prepare`` flag (Client(..., prepare=False) turns it off)
 
     def _run(self, call: Call[T], conn: SyncConn | None = None) -> T:
         try:
             if conn is not None:
                 return call.parse(self._fetch(conn, call, self._prepare))
-            with self._pool.connection() as pooled:
-                return call.parse(self._fetch(pooled, call, self._prepare))
+            pool = self._read_pool if call.read and self._read_pool is not None else self._pool
+            with pool.connection() as pooled:
+                rows = self._fetch(pooled, call, self._prepare)
+            if _OUTAGES:
+                _OUTAGES.discard(id(pool))  # the server answers again: the next outage is logged anew
+            return call.parse(rows)
         except psycopg.Error as exc:
-            raise translate(exc) from exc
+            if conn is None and isinstance(exc, psycopg.OperationalError):
+                _sync_outage(pool, exc, self._quiet_outages)
+            raise translate(exc, call.query) from exc
 
     def _run_fast(self, call: FastCall[T], conn: SyncConn | None = None) -> T:
         try:
@@ -98,11 +165,16 @@ class SyncRunner:
                 # Row factory named: a pool (or caller's connection) may default to another.
                 cur = pooled.cursor(row_factory=tuple_row)
                 cur.execute(call.query, call.params, prepare=self._prepare)
-                return call.parse(cur.fetchall())
+                tuples = cur.fetchall()
             finally:
                 self._pool.putconn(pooled)
+            if _OUTAGES:
+                _OUTAGES.discard(id(self._pool))
+            return call.parse(tuples)
         except psycopg.Error as exc:
-            raise translate(exc) from exc
+            if conn is None and isinstance(exc, psycopg.OperationalError):
+                _sync_outage(self._pool, exc, self._quiet_outages)
+            raise translate(exc, call.query) from exc
 
     @staticmethod
     def _fetch(conn: SyncConn, call: Call[Any], prepare: bool = True) -> Rows:
@@ -115,16 +187,24 @@ class AsyncRunner:
     """The async twin of :class:`SyncRunner`."""
 
     _pool: AsyncConnectionPool[Any]
+    _read_pool: AsyncConnectionPool[Any] | None = None
+    _quiet_outages: bool = False  # a caller that logs outages itself (the worker's scheduler)
     _prepare: bool = True
 
     async def _run(self, call: Call[T], conn: AsyncConn | None = None) -> T:
         try:
             if conn is not None:
                 return call.parse(await self._fetch(conn, call, self._prepare))
-            async with self._pool.connection() as pooled:
-                return call.parse(await self._fetch(pooled, call, self._prepare))
+            pool = self._read_pool if call.read and self._read_pool is not None else self._pool
+            async with pool.connection() as pooled:
+                rows = await self._fetch(pooled, call, self._prepare)
+            if _OUTAGES:
+                _OUTAGES.discard(id(pool))  # the server answers again: the next outage is logged anew
+            return call.parse(rows)
         except psycopg.Error as exc:
-            raise translate(exc) from exc
+            if conn is None and isinstance(exc, psycopg.OperationalError):
+                await _async_outage(pool, exc, self._quiet_outages)
+            raise translate(exc, call.query) from exc
 
     async def _run_fast(self, call: FastCall[T], conn: AsyncConn | None = None) -> T:
         try:
@@ -136,11 +216,16 @@ class AsyncRunner:
             try:
                 cur = pooled.cursor(row_factory=tuple_row)
                 await cur.execute(call.query, call.params, prepare=self._prepare)
-                return call.parse(await cur.fetchall())
+                tuples = await cur.fetchall()
             finally:
                 await self._pool.putconn(pooled)
+            if _OUTAGES:
+                _OUTAGES.discard(id(self._pool))
+            return call.parse(tuples)
         except psycopg.Error as exc:
-            raise translate(exc) from exc
+            if conn is None and isinstance(exc, psycopg.OperationalError):
+                await _async_outage(self._pool, exc, self._quiet_outages)
+            raise translate(exc, call.query) from exc
 
     @staticmethod
     async def _fetch(conn: AsyncConn, call: Call[Any], prepare: bool = True) -> Rows:

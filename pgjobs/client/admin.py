@@ -66,7 +66,9 @@ def configure_queue_call(
 
 
 def queues_call() -> Call[list[QueueSettings]]:
-    return Call("SELECT * FROM pgjobs.list_queues()", {}, lambda rows: [QueueSettings.from_row(r) for r in rows])
+    return Call(
+        "SELECT * FROM pgjobs.list_queues()", {}, lambda rows: [QueueSettings.from_row(r) for r in rows], read=True
+    )
 
 
 class AdminOps(SyncRunner):

@@ -51,7 +51,12 @@ class Client(
     ``app=``: a :class:`pgjobs.App` (or any :class:`~pgjobs.client.defaults.EnqueueDefaults`) whose declared
     ``queue``/``priority``/``max_attempts`` apply when an enqueue of a declared kind does not give them.
     ``prepare=True`` (the default) runs the hot calls as server-side prepared statements; pass
-    ``prepare=False`` behind PgBouncer < 1.21 in transaction mode (no statement is then prepared)."""
+    ``prepare=False`` behind PgBouncer < 1.21 in transaction mode (no statement is then prepared).
+
+    ``read_dsn=`` (or ``read_pool=``): where the read calls go (job_status, batch_status, stats, list_jobs,
+    read_events, ...): a hot standby, or several (``host=s1,s2 target_session_attrs=prefer-standby``). Every
+    other call goes to ``dsn``, the primary. A standby shows what it has replayed: a job enqueued a moment ago
+    may not be there yet (docs/replicas-and-failover.md)."""
 
     def __init__(
         self,
@@ -62,6 +67,8 @@ class Client(
         max_size: int = 10,
         app: EnqueueDefaults | None = None,
         prepare: bool = True,
+        read_dsn: str | None = None,
+        read_pool: ConnectionPool[Any] | None = None,
     ) -> None:
         if app is not None and not isinstance(app, EnqueueDefaults):
             raise TypeError(f"app= needs an object with enqueue_defaults(kind), such as pgjobs.App; got {app!r}")
@@ -78,6 +85,13 @@ class Client(
         self._pool = pool
         self._prepare = prepare
         self.dsn = dsn
+        self.read_dsn = read_dsn
+        self._owns_read_pool = read_pool is None and read_dsn is not None
+        if read_pool is None and read_dsn is not None:
+            read_pool = ConnectionPool(
+                read_dsn, min_size=0, max_size=max_size, kwargs=_conn_kwargs(prepare), open=True, name="pgjobs-read"
+            )
+        self._read_pool = read_pool
 
     @property
     def pool(self) -> ConnectionPool[Any]:
@@ -86,6 +100,8 @@ class Client(
     def close(self) -> None:
         if self._owns_pool:
             self._pool.close()
+        if self._owns_read_pool and self._read_pool is not None:
+            self._read_pool.close()
 
     def __enter__(self) -> Self:
         return self
@@ -108,7 +124,8 @@ class AsyncClient(
     AsyncDurableOps,
 ):
     """Asynchronous client. Use ``async with AsyncClient(dsn) as client:`` (or ``await client.open()``);
-    ``app=`` and ``prepare=`` as for :class:`Client`."""
+    ``app=``, ``prepare=`` and ``read_dsn=`` as for :class:`Client` (``subscribe()`` also reads from
+    ``read_dsn``)."""
 
     def __init__(
         self,
@@ -119,6 +136,8 @@ class AsyncClient(
         max_size: int = 10,
         app: EnqueueDefaults | None = None,
         prepare: bool = True,
+        read_dsn: str | None = None,
+        read_pool: AsyncConnectionPool[Any] | None = None,
     ) -> None:
         if app is not None and not isinstance(app, EnqueueDefaults):
             raise TypeError(f"app= needs an object with enqueue_defaults(kind), such as pgjobs.App; got {app!r}")
@@ -135,6 +154,13 @@ class AsyncClient(
         self._pool = pool
         self._prepare = prepare
         self.dsn = dsn
+        self.read_dsn = read_dsn
+        self._owns_read_pool = read_pool is None and read_dsn is not None
+        if read_pool is None and read_dsn is not None:
+            read_pool = AsyncConnectionPool(
+                read_dsn, min_size=0, max_size=max_size, kwargs=_conn_kwargs(prepare), open=False, name="pgjobs-read"
+            )
+        self._read_pool = read_pool
 
     @property
     def pool(self) -> AsyncConnectionPool[Any]:
@@ -143,10 +169,14 @@ class AsyncClient(
     async def open(self) -> None:
         if self._owns_pool:
             await self._pool.open()
+        if self._owns_read_pool and self._read_pool is not None:
+            await self._read_pool.open()
 
     async def close(self) -> None:
         if self._owns_pool:
             await self._pool.close()
+        if self._owns_read_pool and self._read_pool is not None:
+            await self._read_pool.close()
 
     async def __aenter__(self) -> Self:
         await self.open()

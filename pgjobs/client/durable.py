@@ -98,7 +98,7 @@ def signal_call(key: str, payload: Any, keep: float | timedelta) -> Call[int]:
 
 
 def durable_status_call(id: int) -> Call[dict[str, Any] | None]:
-    return Call("SELECT pgjobs.durable_status(id => %(id)s)", {"id": id}, scalar)
+    return Call("SELECT pgjobs.durable_status(id => %(id)s)", {"id": id}, scalar, read=True)
 
 
 def purge_signals_call() -> Call[int]:

@@ -176,6 +176,7 @@ def explain_call(id: int) -> Call[Explanation | None]:
         "SELECT pgjobs.explain(id => %(id)s)",
         {"id": id},
         lambda rows: None if (value := scalar(rows)) is None else Explanation.from_json(id, value),
+        read=True,
     )
 
 

@@ -338,11 +338,12 @@ def batch_status_call(batch_id: int) -> Call[BatchStatus | None]:
         "SELECT * FROM pgjobs.batch_status(batch_id => %(id)s)",
         {"id": batch_id},
         lambda rows: BatchStatus.from_row(rows[0]) if rows else None,
+        read=True,
     )
 
 
 def batch_graph_call(batch_id: int) -> Call[dict[str, Any] | None]:
-    return Call("SELECT pgjobs.batch_graph(batch_id => %(id)s)", {"id": batch_id}, scalar)
+    return Call("SELECT pgjobs.batch_graph(batch_id => %(id)s)", {"id": batch_id}, scalar, read=True)
 
 
 def cancel_batch_call(batch_id: int) -> Call[int]:

@@ -76,6 +76,10 @@ class Listener:
     A lost connection is logged once (WARNING) and its retries at DEBUG, unless ``on_error(exc, delay)`` is
     given: then that reports each failure (the worker folds them into its one-line-per-outage log).
     ``options``: the connection's startup options (None for none: PgBouncer refuses any).
+
+    ``standby_ok``: a hot standby refuses LISTEN (it cannot run NOTIFY's queue); with this the connection is
+    kept without it (``listening`` is False) and the consumer reads on its ``Tick`` s alone (the status stream
+    from a read DSN). Without it the refusal is raised: a worker must never settle for a standby.
     """
 
     def __init__(
@@ -91,6 +95,7 @@ class Listener:
         connect_timeout: float = 10.0,
         on_error: ErrorCallback | None = None,
         options: str | None = "-c jit=off",  # the stream's re-reads are small; compiling their plans is not
+        standby_ok: bool = False,
     ) -> None:
         if not channels:
             raise ValueError("Listener needs at least one channel")
@@ -107,6 +112,8 @@ class Listener:
         self.connected = False  # LISTENing now (metrics)
         self.on_error = on_error
         self.options = options
+        self.standby_ok = standby_ok
+        self.listening = False  # the last connection LISTENs (False on a standby, with standby_ok)
 
     async def _connect(self) -> AsyncConn:
         extra: dict[str, Any] = {} if self.options is None else {"options": self.options}
@@ -122,13 +129,24 @@ class Listener:
             **extra,
         )
         try:
-            for channel in self.channels:
-                await conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel)))
+            self.listening = await self._listen(conn)
         except BaseException:
             with anyio.CancelScope(shield=True):
                 await conn.close()
             raise
         return conn
+
+    async def _listen(self, conn: AsyncConn) -> bool:
+        try:
+            for channel in self.channels:
+                await conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel)))
+        except psycopg.errors.ReadOnlySqlTransaction:
+            if not self.standby_ok:
+                raise
+            if self.listening or self.connects == 0:
+                log.info("connected to a hot standby, which cannot LISTEN: reading on a timer instead of hints")
+            return False
+        return True
 
     async def events(self, tick: float | None = None) -> AsyncGenerator[ListenEvent, None]:
         """Yields ``Connected`` after each (re)connect, ``Notifications`` as they arrive, and ``Tick`` after

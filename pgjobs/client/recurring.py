@@ -170,11 +170,12 @@ def get_schedule_call(name: str) -> Call[Schedule | None]:
         "SELECT * FROM pgjobs.get_schedule(name => %(name)s)",
         {"name": name},
         lambda rows: Schedule.from_row(rows[0]) if rows else None,
+        read=True,
     )
 
 
 def list_schedules_call() -> Call[list[Schedule]]:
-    return Call("SELECT * FROM pgjobs.list_schedules()", {}, _schedules)
+    return Call("SELECT * FROM pgjobs.list_schedules()", {}, _schedules, read=True)
 
 
 def due_schedules_call(now: datetime, max_rows: int, skip_locked: bool = False) -> Call[list[Schedule]]:

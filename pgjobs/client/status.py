@@ -11,11 +11,12 @@ def job_status_call(id: int) -> Call[JobStatus | None]:
         "SELECT * FROM pgjobs.job_status(id => %(id)s)",
         {"id": id},
         lambda rows: JobStatus.from_row(rows[0]) if rows else None,
+        read=True,
     )
 
 
 def stats_call() -> Call[list[QueueStat]]:
-    return Call("SELECT * FROM pgjobs.stats()", {}, lambda rows: [QueueStat.from_row(r) for r in rows])
+    return Call("SELECT * FROM pgjobs.stats()", {}, lambda rows: [QueueStat.from_row(r) for r in rows], read=True)
 
 
 def list_jobs_call(
@@ -38,6 +39,7 @@ def list_jobs_call(
             "skip_rows": skip_rows,
         },
         lambda rows: [Job.from_row(r) for r in rows],
+        read=True,
     )
 
 
@@ -49,6 +51,7 @@ def count_jobs_call(
         " search => %(search)s)",
         {"state": None if state is None else str(state), "queue": queue, "kind": kind, "search": search},
         lambda rows: int(scalar(rows) or 0),
+        read=True,
     )
 
 

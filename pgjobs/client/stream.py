@@ -127,6 +127,7 @@ def read_events_call(
         " job_ids => %(job_ids)s::bigint[], batch_id => %(batch_id)s)",
         {"after_id": after_id, "max_rows": max_rows, "queue": queue, "job_ids": ids, "batch_id": batch_id},
         _parse_rows,
+        read=True,
     )
 
 
@@ -308,9 +309,12 @@ async def subscribe(
     # from blocks whose end is flushed before they are handed out, and a crash makes the next tick start
     # above that end (sql/stream.sql, "IDS AND CRASHES"; the tick that reserves a block raises the
     # setting back itself). Nothing else this connection writes needs durability (follower marks).
+    # standby_ok: on a hot standby (a read DSN) read_events does not tick and writes nothing, and there is no
+    # LISTEN: the stream reads every poll_interval what the primary's ticks replicated (sql/stream.sql).
     listener = Listener(
-        dsn, [STATUS_CHANNEL], application_name=application_name, options="-c jit=off -c synchronous_commit=off"
-    )
+        dsn, [STATUS_CHANNEL], application_name=application_name, options="-c jit=off -c synchronous_commit=off",
+        standby_ok=True,
+    )  # fmt: skip
     events = listener.events(tick=poll_interval)
     st.next_resync = time.monotonic() + resync_interval
     try:
@@ -366,11 +370,14 @@ class StreamOps(AsyncRunner):
         after_id: int | None = None,
         poll_interval: float = 1.0,
         resync_interval: float = 5.0,
+        read_dsn: str | None = None,
     ) -> AsyncGenerator[StatusEvent, None]:
         """``async for event in client.subscribe(job_ids=[...])``: status events from the durable event log,
         woken by ``pgjobs_status`` hints. Ends by itself when all of ``job_ids`` are terminal. Uses a dedicated
-        LISTEN connection to the client's DSN (or its pool's conninfo)."""
-        dsn = getattr(self, "dsn", None) or self._pool.conninfo
+        LISTEN connection to ``read_dsn``, else the client's ``read_dsn``, else its DSN (or its pool's conninfo).
+        On a hot standby the stream reads every ``poll_interval`` seconds (a standby cannot LISTEN) and writes
+        nothing; the cursor carries over when the DSN lists several servers and the connection moves on."""
+        dsn = read_dsn or getattr(self, "read_dsn", None) or getattr(self, "dsn", None) or self._pool.conninfo
         if not isinstance(dsn, str):
             raise ValueError("subscribe needs the client's DSN or a pool with a string conninfo")
         return subscribe(
@@ -415,7 +422,7 @@ class SyncStreamOps(SyncRunner):
 
     def stream_head(self) -> int:
         """The newest event id in the log (0 when it is empty): a live follower's starting cursor."""
-        return int(self._run(Call(_HEAD_SQL, {}, scalar)) or 0)
+        return int(self._run(Call(_HEAD_SQL, {}, scalar, read=True)) or 0)
 
     def maintain(self) -> list[MaintenanceAction]:
         """One maintenance pass of the status stream (workers run one every few seconds by themselves)."""

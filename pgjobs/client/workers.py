@@ -40,6 +40,7 @@ def list_workers_call(stale_after: float | timedelta | None = None) -> Call[list
         "SELECT * FROM pgjobs.list_workers(stale_after => %(s)s)",
         {"s": None if stale_after is None else interval(stale_after)},
         lambda rows: [WorkerInfo.from_row(r) for r in rows],
+        read=True,
     )
 
 
@@ -48,6 +49,7 @@ def unhandled_kinds_call(queues: list[str] | None = None, sample: int = 1000) ->
         "SELECT * FROM pgjobs.unhandled_kinds(queues => %(q)s, sample => %(n)s)",
         {"q": queues, "n": sample},
         lambda rows: [UnhandledKind.from_row(r) for r in rows],
+        read=True,
     )
 
 

@@ -52,6 +52,7 @@ from pgjobs.client.recurring import (
 from pgjobs.cron import next_fire
 from pgjobs.errors import InvalidArgument, PgJobsError, QueueFull
 from pgjobs.records import Materialized, Schedule
+from pgjobs.runtime.logs import Outage
 
 log = logging.getLogger("pgjobs.scheduler")
 
@@ -150,6 +151,7 @@ class Scheduler:
         pool: AsyncConnectionPool[Any] | None = None,
         name: str | None = None,
         listen_dsn: str | None = None,
+        outage: Outage | None = None,
     ) -> None:
         if batch_size < 1:
             raise InvalidArgument(f"batch_size must be >= 1, got {batch_size}")
@@ -168,6 +170,7 @@ class Scheduler:
             self.client = AsyncClient(pool=dsn_or_pool)
         else:
             raise InvalidArgument(f"Scheduler needs a DSN, an AsyncConnectionPool or an AsyncClient: {dsn_or_pool!r}")
+        self.client._quiet_outages = True  # its passes log each outage once themselves
         self.name = name or "scheduler"
         self.app = app
         self.clock = clock
@@ -181,6 +184,9 @@ class Scheduler:
         self._wakeup = anyio.Event()
         self._opened = False
         self._listen_dsn = listen_dsn  # a direct connection for LISTEN when the pool goes through PgBouncer
+        # The worker's view of the database, when it runs in one: a lost connection is then part of the worker's
+        # one line per outage instead of lines of its own.
+        self.outage = outage
 
     @property
     def listen_dsn(self) -> str:
@@ -325,16 +331,22 @@ class Scheduler:
                     _, advanced = await self._tick()
                     wake_at = await self.next_wakeup()
                 if failures:
-                    log.info("%s: passes work again after %d failed one(s)", self.name, failures)
+                    if self.outage is not None and self.outage.down:
+                        self.outage.restored("scheduler pass")
+                    else:
+                        log.info("%s: passes work again after %d failed one(s)", self.name, failures)
                 failures = 0
             except (psycopg.Error, OSError, PgJobsError, TimeoutError) as exc:
                 # The database is unreachable or refused (not migrated yet ...): keep trying, with backoff,
                 # rather than bring down the worker this scheduler runs in.
                 failures += 1
-                delay = min(0.5 * 2**failures, self.max_sleep)
-                # once per outage at WARNING (its retries at DEBUG), and once at INFO when a pass works again
-                level = logging.WARNING if failures == 1 else logging.DEBUG
-                log.log(level, "%s: pass failed (%s); retrying in %.1fs", self.name, _first_line(exc), delay)
+                delay = min(0.5 * 2**failures, self.max_sleep, RETRY_CAP)
+                if self.outage is not None and isinstance(exc, psycopg.OperationalError | OSError):
+                    self.outage.lost("scheduler pass", exc, delay)
+                else:
+                    # once per outage at WARNING (its retries at DEBUG), and once at INFO when a pass works again
+                    level = logging.WARNING if failures == 1 else logging.DEBUG
+                    log.log(level, "%s: pass failed (%s); retrying in %.1fs", self.name, _first_line(exc), delay)
             else:
                 if wake_at is None:
                     delay = self.max_sleep
@@ -357,24 +369,35 @@ class Scheduler:
                     await conn.execute(LISTEN_SCHEDULES_SQL)
                     backoff = 0.5
                     if failures:
-                        log.info("%s: LISTEN connection back after %d failed attempt(s)", self.name, failures)
+                        if self.outage is not None and self.outage.down:
+                            self.outage.restored("scheduler LISTEN")
+                        else:
+                            log.info("%s: LISTEN connection back after %d failed attempt(s)", self.name, failures)
                     failures = 0
                     self._wakeup.set()  # changes made while we were not listening: look again
                     async for _ in conn.notifies():
                         self._wakeup.set()
             except (psycopg.Error, OSError) as exc:
                 failures += 1
-                # one WARNING per outage, its retries at DEBUG
-                level = logging.WARNING if failures == 1 else logging.DEBUG
-                log.log(
-                    level,
-                    "%s: LISTEN connection lost (%s); reconnecting in %.1fs",
-                    self.name,
-                    _first_line(exc),
-                    backoff,
-                )
+                if self.outage is not None and isinstance(exc, psycopg.OperationalError | OSError):
+                    self.outage.lost("scheduler LISTEN", exc, backoff)
+                else:
+                    # one WARNING per outage, its retries at DEBUG
+                    level = logging.WARNING if failures == 1 else logging.DEBUG
+                    log.log(
+                        level,
+                        "%s: LISTEN connection lost (%s); reconnecting in %.1fs",
+                        self.name,
+                        _first_line(exc),
+                        backoff,
+                    )
                 await anyio.sleep(backoff)
-                backoff = min(backoff * 2, 30.0)
+                backoff = min(backoff * 2, RETRY_CAP)
+
+
+# The longest pause between two tries while the database is unreachable: after a failover (a multi-host DSN
+# that finds the promoted standby) the schedules fire again within seconds, not after a doubled minute.
+RETRY_CAP = 5.0
 
 
 def _first_line(exc: BaseException) -> str:

@@ -311,7 +311,9 @@ class Worker(WorkerState):
         ``scheduler=True``."""
         if not self.scheduler:
             return
-        sched = Scheduler(self.app, self.dsn, pool=self._pool, name=self.name, listen_dsn=self.listen_dsn)
+        sched = Scheduler(
+            self.app, self.dsn, pool=self._pool, name=self.name, listen_dsn=self.listen_dsn, outage=self.outage
+        )
         await tg.start(sched.run)
 
     async def _drain(self, jobs: TaskGroup) -> None:

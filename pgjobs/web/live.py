@@ -188,7 +188,7 @@ class Hub:
         assert self.listen_dsn is not None and self._hinted is not None
         listener = Listener(
             self.listen_dsn, [STATUS_CHANNEL], application_name=self.application_name,
-            on_error=lambda exc, delay: None,
+            on_error=lambda exc, delay: None, standby_ok=True,  # a standby (--read-dsn): the poll reads
         )  # fmt: skip
         events = listener.events()
         try:

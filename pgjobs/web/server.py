@@ -35,7 +35,14 @@ def register(subparsers: Any) -> None:
         help="a Host name the dashboard answers to besides the bound host, localhost and 127.0.0.1 (repeatable)",
     )
     p.add_argument("--read-only", action="store_true", help="hide and refuse every action")
-    p.add_argument("--reader-dsn", default=None, help="DSN for reading (e.g. a user in pgjobs_reader)")
+    p.add_argument(
+        "--read-dsn",
+        "--reader-dsn",
+        dest="reader_dsn",
+        default=None,
+        help="DSN for reading: pages and the live stream (a hot standby, or a user in pgjobs_reader); actions"
+        " still go to the primary (--dsn or --admin-dsn)",
+    )
     p.add_argument("--admin-dsn", default=None, help="DSN for actions (e.g. a user in pgjobs_admin)")
     p.add_argument("--role", default=None, help="role the reading connections take (-c role=...): pgjobs_reader")
     p.add_argument("--admin-role", default=None, help="role the action connections take: pgjobs_admin")

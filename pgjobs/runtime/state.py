@@ -2,7 +2,9 @@
 
 :class:`WorkerState` is the base of :class:`pgjobs.runtime.worker.Worker`; the parts (``claimer``,
 ``runner``, ``completer``, ``leases``, ``listener``) are functions over it, each in its own module, so each
-part reads the state the others write without importing them back.
+part reads the state the others write without importing them back. What they share is public and declared on
+the class with its type; a name with a leading underscore stays in the module that defines it
+(tests/test_layout.py checks it).
 """
 
 from __future__ import annotations

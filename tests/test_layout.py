@@ -8,7 +8,11 @@
 * SQL text only in ``pgjobs/client/`` and ``pgjobs/ops/``: no string constant elsewhere that reads as a SQL
   statement or a call of a ``pgjobs.`` function (docstrings aside);
 * no module over 500 lines, no function over 80 lines;
-* every repository file a module cites (``pgjobs/...py``, ``tests/...py`` ...) exists.
+* every repository file a module cites (``pgjobs/...py``, ``tests/...py`` ...) exists;
+* no module reaches into another's private names: an attribute ``x._name`` (one leading underscore) is read or
+  written only in the module that defines ``_name`` (a ``self._name`` assignment, a class attribute, a
+  function or class of that name), so what the worker's parts share is the public, typed interface of
+  ``pgjobs.runtime.state.WorkerState``.
 """
 
 from __future__ import annotations
@@ -30,6 +34,18 @@ MAX_FUNCTION_LINES = 80
 # must name the issue that removes it; test_the_size_allow_list_names_existing_files keeps each one real.
 SIZE_ALLOWED: tuple[str, ...] = ()
 SQL_ALLOWED: tuple[str, ...] = ()
+# Private names a module may use though another module defines them: (path pattern, name), each with its reason.
+# test_the_private_allow_list_is_in_use keeps each entry needed.
+PRIVATE_ALLOWED: tuple[tuple[str, str], ...] = (
+    # the client's operation classes over their runner base (pgjobs/client/_call.py: SyncRunner, AsyncRunner)
+    *(("pgjobs/client/*.py", name) for name in ("_run", "_run_fast", "_fetch", "_pool", "_prepare")),
+    # the scheduler and the test kit run calls through a client's runner, which has no public name for it yet
+    ("pgjobs/runtime/scheduler.py", "_run"),
+    ("pgjobs/testing/__init__.py", "_run"),
+    ("pgjobs/testing/__init__.py", "_enqueue_defaults"),
+    # the embedded server package's bookkeeping, which it offers no public call to clear
+    *(("pgjobs/ops/embedded.py", name) for name in ("_postmaster_info", "_cleanup", "_instances")),
+)
 
 # A statement, not a word in a message: the keyword followed by what only SQL puts after it.
 _SQL = re.compile(
@@ -307,3 +323,85 @@ def test_test_files_have_unique_names() -> None:
         names.setdefault(path.name, []).append(str(path.relative_to(ROOT)))
     shared = {name: paths for name, paths in names.items() if len(paths) > 1}
     assert not shared, f"test files sharing a name: {shared}"
+
+
+def _is_private(name: str) -> bool:
+    return name.startswith("_") and not name.startswith("__")
+
+
+def _defined(tree: ast.Module) -> set[str]:
+    """The private names a module defines: functions and classes, names assigned or declared in a class body or
+    at module level, and attributes it assigns through ``self`` or ``cls`` (an assignment through any other
+    name writes into someone else's object, and defines nothing)."""
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            names.add(node.name)
+        if isinstance(node, ast.Module | ast.ClassDef):
+            for stmt in node.body:
+                targets = stmt.targets if isinstance(stmt, ast.Assign) else [getattr(stmt, "target", None)]
+                names.update(t.id for t in targets if isinstance(t, ast.Name))
+        is_store = isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store)
+        if is_store and isinstance(node.value, ast.Name) and node.value.id in ("self", "cls"):
+            names.add(node.attr)
+    return {n for n in names if _is_private(n)}
+
+
+def private_reaches(source: str) -> list[tuple[int, str]]:
+    """(line, ``x._name``) of every private attribute ``source`` uses but does not define."""
+    tree = ast.parse(source)
+    defined = _defined(tree)
+    found = {
+        (node.lineno, f"{ast.unparse(node.value)}.{node.attr}")
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Attribute) and _is_private(node.attr) and node.attr not in defined
+    }
+    return sorted(found)
+
+
+def test_the_private_scan_finds_a_reach_into_another_module() -> None:
+    source = (
+        "class A(Base):\n"
+        "    _declared: int\n"
+        "    _counter = 0\n"
+        "    def __init__(self) -> None:\n"
+        "        self._mine = 1\n"
+        "    def _helper(self) -> int:\n"
+        "        return self._mine + self._declared + self._counter + self.__class__.__hash__()\n"
+        "    def uses_the_base(self) -> int:\n"
+        "        return self._inherited\n"
+        "def f(w: A) -> None:\n"
+        "    w._written_here = w._mine + w._helper() + w.public\n"
+        "    w._theirs()\n"
+    )
+    assert private_reaches(source) == [(9, "self._inherited"), (11, "w._written_here"), (12, "w._theirs")]
+    assert private_reaches("class B:\n    def __init__(self) -> None:\n        self._x = self.__y\n") == []
+
+
+def _private_reaches() -> list[tuple[str, str, str]]:
+    """(file, name, where) of every private name a module uses and another defines."""
+    return [
+        (rel, where.rpartition(".")[2], f"{rel}:{line}: {where}")
+        for path in sorted(PACKAGE.rglob("*.py"))
+        for rel in [_rel(path)]
+        for line, where in private_reaches(path.read_text())
+    ]
+
+
+def test_no_module_reaches_into_another_modules_private_names() -> None:
+    wrong = [
+        where
+        for rel, name, where in _private_reaches()
+        if not any(Path(rel).match(pattern) and name == allowed for pattern, allowed in PRIVATE_ALLOWED)
+    ]
+    assert not wrong, "private names used outside the module that defines them:\n" + "\n".join(wrong)
+
+
+def test_the_private_allow_list_is_in_use() -> None:
+    used = {
+        (pattern, allowed)
+        for rel, name, _ in _private_reaches()
+        for pattern, allowed in PRIVATE_ALLOWED
+        if Path(rel).match(pattern) and name == allowed
+    }
+    assert not set(PRIVATE_ALLOWED) - used, f"allowed but no longer used: {sorted(set(PRIVATE_ALLOWED) - used)}"

@@ -131,7 +131,7 @@ class SyncRunner:
 
     _pool: ConnectionPool[Any]
     _read_pool: ConnectionPool[Any] | None = None
-    _quiet_outages: bool = False  # a caller that logs outages itself (the worker's scheduler)
+    quiet_outages: bool = False  # a caller that logs outages itself (the worker's scheduler)
     _prepare: bool = True  # the client's ``prepare`` flag (Client(..., prepare=False) turns it off)
 
     def _run(self, call: Call[T], conn: SyncConn | None = None) -> T:
@@ -146,7 +146,7 @@ class SyncRunner:
             return call.parse(rows)
         except psycopg.Error as exc:
             if conn is None and isinstance(exc, psycopg.OperationalError):
-                _sync_outage(pool, exc, self._quiet_outages)
+                _sync_outage(pool, exc, self.quiet_outages)
             raise translate(exc, call.query) from exc
 
     def _run_fast(self, call: FastCall[T], conn: SyncConn | None = None) -> T:
@@ -173,7 +173,7 @@ class SyncRunner:
             return call.parse(tuples)
         except psycopg.Error as exc:
             if conn is None and isinstance(exc, psycopg.OperationalError):
-                _sync_outage(self._pool, exc, self._quiet_outages)
+                _sync_outage(self._pool, exc, self.quiet_outages)
             raise translate(exc, call.query) from exc
 
     @staticmethod
@@ -188,7 +188,7 @@ class AsyncRunner:
 
     _pool: AsyncConnectionPool[Any]
     _read_pool: AsyncConnectionPool[Any] | None = None
-    _quiet_outages: bool = False  # a caller that logs outages itself (the worker's scheduler)
+    quiet_outages: bool = False  # a caller that logs outages itself (the worker's scheduler)
     _prepare: bool = True
 
     async def _run(self, call: Call[T], conn: AsyncConn | None = None) -> T:
@@ -203,7 +203,7 @@ class AsyncRunner:
             return call.parse(rows)
         except psycopg.Error as exc:
             if conn is None and isinstance(exc, psycopg.OperationalError):
-                await _async_outage(pool, exc, self._quiet_outages)
+                await _async_outage(pool, exc, self.quiet_outages)
             raise translate(exc, call.query) from exc
 
     async def _run_fast(self, call: FastCall[T], conn: AsyncConn | None = None) -> T:
@@ -224,7 +224,7 @@ class AsyncRunner:
             return call.parse(tuples)
         except psycopg.Error as exc:
             if conn is None and isinstance(exc, psycopg.OperationalError):
-                await _async_outage(self._pool, exc, self._quiet_outages)
+                await _async_outage(self._pool, exc, self.quiet_outages)
             raise translate(exc, call.query) from exc
 
     @staticmethod

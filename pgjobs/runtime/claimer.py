@@ -40,11 +40,11 @@ log = logging.getLogger("pgjobs.worker")
 
 
 def _kind_limits(w: WorkerState, free: int) -> str:
-    text = w._limits_cache.get(free)
+    text = w.limits_cache.get(free)
     if text is None:
         text = json.dumps({k: free for k in w.app.handlers})
-        if len(w._limits_cache) < 4096:
-            w._limits_cache[free] = text
+        if len(w.limits_cache) < 4096:
+            w.limits_cache[free] = text
     return text
 
 
@@ -85,7 +85,7 @@ async def _open(w: WorkerState, failures: int) -> tuple[psycopg.AsyncConnection[
     """The claim connection and its cursor. Back from a connection failure (an outage?): the leases of the jobs
     we hold ran on meanwhile, and the next claim would take our own expired jobs back (attempt + 1, run twice),
     so they are renewed first, on this connection that just proved the server is back."""
-    conn = await w._connect("claim", CLAIM_OPTIONS)
+    conn = await w.connect("claim", CLAIM_OPTIONS)
     if failures:
         await renew_held(w, conn)
     return conn, conn.cursor()
@@ -112,7 +112,7 @@ async def claim_loop(w: WorkerState, q: QueueState) -> None:
     lease = f"{w.lease} seconds"
     handlers = w.app.handlers
     try:
-        while not w._stopping:
+        while not w.stopping:
             free = q.capacity - q.running - q.reserved
             if free <= 0 or not q.more or not handlers:
                 await _sleep(q, free)
@@ -150,14 +150,14 @@ async def claim_loop(w: WorkerState, q: QueueState) -> None:
                 continue
             except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
                 failures += 1
-                w._cut_off_at = anyio.current_time()
+                w.cut_off_at = anyio.current_time()
                 delay = backoff_delay(failures, 0.05, RECONNECT_CAP)
                 w.outage.lost(f"claim on queue {q.name!r}", exc, delay)
                 if conn is not None:
                     await conn.close()
                     conn = None
                 q.mark("retry")
-                await w._backoff(delay)
+                await w.backoff(delay)
                 continue
             except psycopg.Error as exc:
                 raise translate(exc) from exc
@@ -165,13 +165,13 @@ async def claim_loop(w: WorkerState, q: QueueState) -> None:
                 q.reserved -= want
             if len(rows) >= want:
                 q.wake("full")  # (poke: a sibling claimer may take more meanwhile)
-            if rows and w._stopping:
+            if rows and w.stopping:
                 # The answer of a claim that was on its way when the stop began: the slots may be gone already.
                 await _release_claimed(w, cur, rows)
                 continue
             if rows:
                 parents = None
-                if w._wants_parents and any((h := handlers.get(r[1])) is not None and h.parent_results for r in rows):
+                if w.wants_parents and any((h := handlers.get(r[1])) is not None and h.parent_results for r in rows):
                     parents = await _parent_results(w, cur, rows)
                 dispatch(w, q, rows, parents)
     finally:
@@ -225,7 +225,7 @@ async def _parent_results(w: WorkerState, cur: psycopg.AsyncCursor[Any], rows: l
 def dispatch(w: WorkerState, q: QueueState, rows: list[tuple[Any, ...]], parents: dict[int, str] | None = None) -> None:
     """Claimed rows become held jobs in the queue's ``ready`` line; one parked slot is woken."""
     handlers = w.app.handlers
-    jobs = w._jobs
+    jobs = w.jobs
     ready = q.ready
     n = 0
     for row in rows:
@@ -252,7 +252,7 @@ def dispatch(w: WorkerState, q: QueueState, rows: list[tuple[Any, ...]], parents
         n += 1
     q.running += n
     w.claimed += n
-    if w._stopping:  # claimed by a call that was in flight when stop() came: give them back
+    if w.stopping:  # claimed by a call that was in flight when stop() came: give them back
         for job in list(ready)[-n:]:
             job.stop_reason = "shutdown"
     parked = q.parked

@@ -65,18 +65,18 @@ class Completer:
         w = self.w
         try:
             while True:
-                if not w._done:
-                    if w._stopping and not w._jobs:
+                if not w.done:
+                    if w.stopping and not w.jobs:
                         return
-                    w._completer_wait = anyio.Event()
-                    with anyio.move_on_after(0.5 if w._stopping else math.inf):
-                        await w._completer_wait.wait()
-                    w._completer_wait = None
+                    w.completer_wait = anyio.Event()
+                    with anyio.move_on_after(0.5 if w.stopping else math.inf):
+                        await w.completer_wait.wait()
+                    w.completer_wait = None
                     continue
-                batch, w._done = w._done, []
-                w._in_flight = batch
+                batch, w.done = w.done, []
+                w.in_flight = batch
                 await self._send(batch)
-                w._in_flight = []
+                w.in_flight = []
         finally:
             if self.conn is not None:
                 with anyio.CancelScope(shield=True):
@@ -91,7 +91,7 @@ class Completer:
             try:
                 if self.conn is None or self.conn.closed or self.cur is None:
                     options = SESSION_OPTIONS if w.durable_completions else CLAIM_OPTIONS
-                    self.conn = await w._connect("complete", options)
+                    self.conn = await w.connect("complete", options)
                     self.cur = self.conn.cursor()
                 cur = self.cur
                 with anyio.CancelScope(shield=True):
@@ -121,18 +121,18 @@ class Completer:
                 await w.lost_race(f"complete_many of {len(batch)} job(s)", exc, raced, give_up=False)
             except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
                 self.failures += 1
-                w._cut_off_at = anyio.current_time()
+                w.cut_off_at = anyio.current_time()
                 delay = backoff_delay(self.failures, 0.05, RECONNECT_CAP)
                 w.outage.lost(f"complete_many of {len(batch)} job(s)", exc, delay)
                 if self.conn is not None:
                     await self.conn.close()
                     self.conn = None
-                if w._stopping and self.failures >= 5:
+                if w.stopping and self.failures >= 5:
                     # A stopping worker does not wait forever for the database: these jobs stay leased
                     # and run again elsewhere once their leases expire (at least once, not lost).
                     log.error("giving up on completing %d job(s) while stopping: %s", len(batch), exc)
                     return
-                await w._backoff(delay)
+                await w.backoff(delay)
             except psycopg.Error as exc:
                 raise translate(exc) from exc
 
@@ -140,13 +140,13 @@ class Completer:
         """The complete_many call in a settle span linked to the attempt span of every job it completes."""
         w = self.w
         assert w.tracer is not None and self.cur is not None
-        held = [w._spans.get(b[0]) for b in batch]
+        held = [w.spans.get(b[0]) for b in batch]
         queues = {h[1] for h in held if h is not None}
         with w.tracer.settle_batch(queues.pop() if len(queues) == 1 else None, [h[0] for h in held if h]):
             await self.cur.execute(query, params, prepare=w.prepare)
             row = await self.cur.fetchone()
         for b in batch:
-            w._spans.pop(b[0], None)
+            w.spans.pop(b[0], None)
         return row
 
 
@@ -167,8 +167,8 @@ async def _report(w: WorkerState, job: HeldJob, call: Call[T], op: str) -> T | N
         try:
             if job.span is not None and w.tracer is not None:
                 with w.tracer.settle(job.span, job.queue.name, job.id, op):
-                    return await w._call(call)
-            return await w._call(call)
+                    return await w.call(call)
+            return await w.call(call)
         except Exception as exc:
             log.error("job %s (%s): reporting its outcome failed: %s", job.id, job.kind, exc)
             return None
@@ -181,7 +181,7 @@ async def fail(w: WorkerState, job: HeldJob, error: str, retry_at: datetime | No
     w.failed += 1
     job.queue.ended()
     if state == JobState.SCHEDULED:
-        w._poke_poller()
+        w.poke_poller()
     return state
 
 
@@ -191,7 +191,7 @@ async def release(w: WorkerState, job: HeldJob, run_at: datetime | None) -> None
         w.released += 1
     job.queue.ended()
     if run_at is not None:
-        w._poke_poller()
+        w.poke_poller()
 
 
 async def ack_cancel(w: WorkerState, job: HeldJob) -> None:

@@ -49,19 +49,19 @@ async def renewer(w: WorkerState) -> None:
         # After a failed renewal (the database restarting) try again soon rather than a third of a lease
         # later: the leases ran on while the server was away, and a claimer elsewhere may take them.
         if failures:
-            await w._backoff(min(interval, backoff_delay(failures, 0.05, 1.0)))
-        elif w._renew_busy:
+            await w.backoff(min(interval, backoff_delay(failures, 0.05, 1.0)))
+        elif w.renew_busy:
             # Some held jobs were busy (not renewed): ask again soon, so a row that stays busy for a while (a
             # transaction that holds it) is still renewed in time; backing off while it stays busy.
             busy += 1
-            await w._backoff(min(interval, BUSY_RETRY_CAP, BUSY_RETRY * 2 ** min(busy - 1, 8)))
+            await w.backoff(min(interval, BUSY_RETRY_CAP, BUSY_RETRY * 2 ** min(busy - 1, 8)))
         else:
             busy = 0
             # every lease/3, or at once when a pgjobs_cancel hint names a job we hold (listener.on_notify)
-            w._renewer_wait = anyio.Event()
+            w.renewer_wait = anyio.Event()
             with anyio.move_on_after(interval):
-                await w._renewer_wait.wait()
-            w._renewer_wait = None
+                await w.renewer_wait.wait()
+            w.renewer_wait = None
         failures = 0 if await renew_held(w) else failures + 1
 
 
@@ -70,20 +70,20 @@ async def renew_held(w: WorkerState, conn: psycopg.AsyncConnection[Any] | None =
     when the database could not be reached. Jobs whose outcome is being reported (FINISHING, or waiting in
     the completer) are renewed too: a report that retries through an outage must not let the lease lapse
     and the job run again."""
-    held = list(w._jobs.values())
-    pending = list(w._in_flight) + list(w._done)
+    held = list(w.jobs.values())
+    pending = list(w.in_flight) + list(w.done)
     if not held and not pending:
-        w._renew_busy = False
+        w.renew_busy = False
         return True
     ids = [j.id for j in held] + [p[0] for p in pending]
     tokens = [j.token for j in held] + [p[1] for p in pending]
     try:
         if conn is not None:
-            rows = await (await conn.execute(RENEW_LEASES_SQL, (ids, tokens, w._lease_td))).fetchall()
+            rows = await (await conn.execute(RENEW_LEASES_SQL, (ids, tokens, w.lease_td))).fetchall()
         else:
-            assert w._pool is not None
-            async with w._pool.connection() as pooled:
-                rows = await (await pooled.execute(RENEW_LEASES_SQL, (ids, tokens, w._lease_td))).fetchall()
+            assert w.pool is not None
+            async with w.pool.connection() as pooled:
+                rows = await (await pooled.execute(RENEW_LEASES_SQL, (ids, tokens, w.lease_td))).fetchall()
     except TRANSIENT_ERRORS as exc:
         # A lost race (40001/40P01, see state.TRANSIENT_SQLSTATES): the renewer runs it again soon, as after a
         # connection error, but this is no outage (no reconnect, no hold on reaping).
@@ -96,23 +96,23 @@ async def renew_held(w: WorkerState, conn: psycopg.AsyncConnection[Any] | None =
         else:
             log.warning("lease renewal of %d job(s) failed: %s", len(ids), exc)
         if conn is None and isinstance(exc, psycopg.OperationalError | psycopg.InterfaceError):
-            w._cut_off_at = anyio.current_time()
-            await w._check_pool()
+            w.cut_off_at = anyio.current_time()
+            await w.check_pool()
         return False
     still = {r[0]: (r[1], r[2]) for r in rows}
     busy = False
     for job in held:
         if job.id not in still:
             # Reclaimed elsewhere (or settled): this attempt's outcome no longer counts.
-            if w._jobs.get(job.id) is job and job.phase == RUNNING:
+            if w.jobs.get(job.id) is job and job.phase == RUNNING:
                 job.interrupt("lease lost")
         elif not still[job.id][1]:
             # Busy in another transaction, not renewed this time: kept (its lease still runs), asked again soon.
-            busy = busy or w._jobs.get(job.id) is job
+            busy = busy or w.jobs.get(job.id) is job
         elif still[job.id][0]:
             job.cancel_requested()
     # (a busy job among those whose outcome is being reported is its own completion: nothing to ask again)
-    w._renew_busy = busy
+    w.renew_busy = busy
     return True
 
 
@@ -130,7 +130,7 @@ def worker_meta(w: WorkerState) -> dict[str, Any]:
 
 
 async def heartbeat_once(w: WorkerState) -> None:
-    await w._call(worker_heartbeat_call(w.name, worker_meta(w)))
+    await w.call(worker_heartbeat_call(w.name, worker_meta(w)))
 
 
 async def heartbeat(w: WorkerState) -> None:
@@ -146,19 +146,19 @@ async def heartbeat(w: WorkerState) -> None:
             await report_unhandled(w)
         except Exception as exc:
             _failed(w, "unhandled_kinds", exc)
-        cut_off_at = w._cut_off_at
+        cut_off_at = w.cut_off_at
         if cut_off_at is not None and anyio.current_time() - cut_off_at < w.reap_after:
             # We could not reach the database a moment ago: nor could the others, probably, and their
             # heartbeats are as stale as ours was. Reaping now would take running jobs from live workers.
             continue
         try:
-            reaped = await w._call(reap_workers_after_restart_call(stale_after))
+            reaped = await w.call(reap_workers_after_restart_call(stale_after))
         except Exception as exc:
             _failed(w, "reap_workers", exc)
             continue
         if reaped:
             log.info("reaped %d silent worker(s); their jobs are claimable now", reaped)
-            w._wake_all("reaped")
+            w.wake_all("reaped")
 
 
 def _failed(w: WorkerState, what: str, exc: BaseException) -> None:
@@ -175,7 +175,7 @@ async def deregister(w: WorkerState) -> None:
     the worker then goes stale and is reaped as if it had crashed."""
     with anyio.move_on_after(5.0, shield=True):
         try:
-            gone = await w._call(deregister_worker_call(w.name))
+            gone = await w.call(deregister_worker_call(w.name))
         except Exception as exc:
             log.warning("could not deregister (%s); the worker will be reaped as stale", exc)
             return

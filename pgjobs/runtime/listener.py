@@ -30,8 +30,8 @@ CANCEL_CHANNEL = "pgjobs_cancel"
 def make_listener(w: WorkerState) -> Listener:
     async def on_connect() -> None:
         # Notifications sent while the connection was down are lost: look again at every queue.
-        w._wake_all("listen")
-        w._retry_now()  # the database is back: claimers and the completer in a backoff retry at once
+        w.wake_all("listen")
+        w.retry_now()  # the database is back: claimers and the completer in a backoff retry at once
         if w.outage.down:
             w.outage.restored("LISTEN")
 
@@ -52,7 +52,7 @@ def make_listener(w: WorkerState) -> Listener:
 
 def on_notify(w: WorkerState, channel: str, payload: str) -> None:
     if channel == WAKE_CHANNEL:
-        q = w._by_queue.get(payload)
+        q = w.queue_by_name.get(payload)
         if q is not None:
             q.wake("wake")
     elif channel == CANCEL_CHANNEL:
@@ -60,11 +60,11 @@ def on_notify(w: WorkerState, channel: str, payload: str) -> None:
         # hold, renew the leases now: renew_leases reports cancel_requested from the row, and only that
         # cancels (leases.renew_held), a round trip after the hint.
         try:
-            held = int(payload) in w._jobs
+            held = int(payload) in w.jobs
         except ValueError:
             return
         if held:
-            w._poke_renewer()
+            w.poke_renewer()
 
 
 async def poller(w: WorkerState) -> None:
@@ -72,7 +72,7 @@ async def poller(w: WorkerState) -> None:
     while True:
         delay = w.poll_interval
         try:
-            due_in = await w._call(next_due_in_call(names, within=w.poll_interval))
+            due_in = await w.call(next_due_in_call(names, within=w.poll_interval))
         except Exception as exc:
             if isinstance(exc, psycopg.OperationalError | psycopg.InterfaceError):
                 w.outage.lost("next_due_at", exc)
@@ -81,12 +81,12 @@ async def poller(w: WorkerState) -> None:
             due_in = None
         if due_in is not None and due_in > 0:
             delay = min(delay, due_in + 0.002)
-        w._poller_wait = anyio.Event()
+        w.poller_wait = anyio.Event()
         with anyio.move_on_after(delay) as scope:
-            await w._poller_wait.wait()
-        w._poller_wait = None
+            await w.poller_wait.wait()
+        w.poller_wait = None
         if scope.cancelled_caught:
-            w._wake_all("poll")
+            w.wake_all("poll")
 
 
 async def read_caps(w: WorkerState) -> None:
@@ -95,14 +95,14 @@ async def read_caps(w: WorkerState) -> None:
     in-process (``QueueState.ended``), and every worker's ends send ``pgjobs_wake`` (sql/notify.sql), which also
     covers a cap configured since the last read. A failed read keeps what was known (logged, never raised)."""
     try:
-        names: list[str] = await w._call(capped_queues_call(list(w.queues)))
+        names: list[str] = await w.call(capped_queues_call(list(w.queues)))
     except Exception as exc:
         if isinstance(exc, psycopg.OperationalError | psycopg.InterfaceError):
             w.outage.lost("capped_queues", exc)
         else:
             log.warning("could not read which queues have a cap (%s); their claims wait for a wake", exc)
         return
-    for q in w._queues:
+    for q in w.queue_states:
         q.capped = q.name in names
 
 

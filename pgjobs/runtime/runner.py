@@ -48,12 +48,12 @@ async def slot(w: WorkerState, q: QueueState) -> None:
             finally:
                 _ended(w, job)
             continue
-        if w._stopping and not q.running > 0:
+        if w.stopping and not q.running > 0:
             return
         ev = anyio.Event()
         parked.append(ev)
         await ev.wait()
-        if w._stopping and not ready and not q.running > 0:
+        if w.stopping and not ready and not q.running > 0:
             return
 
 
@@ -87,11 +87,11 @@ def _ended(w: WorkerState, job: HeldJob) -> None:
     """The job left its slot, however it ended: the slot is free."""
     q = job.queue
     # Only this attempt's entry: after a re-claim of the same job (see dispatch) the entry is the new one's.
-    if w._jobs.get(job.id) is job:
-        del w._jobs[job.id]
+    if w.jobs.get(job.id) is job:
+        del w.jobs[job.id]
     q.running -= 1
     q.poke("slot")
-    if w._stopping and q.running == 0:
+    if w.stopping and q.running == 0:
         for ev in q.parked:  # the last job of a stopping worker: parked slots may exit now
             ev.set()
         q.parked.clear()
@@ -113,7 +113,7 @@ async def _execute(w: WorkerState, job: HeldJob) -> None:
     telemetry.job_started(w, job)
     # The timeout is a loop timer, not a scope deadline, so ctx.cancelled says "timeout" before the
     # handler sees the cancellation (and a sync handler in its thread can notice it).
-    timer = None if timeout is None else w._loop_call_later(timeout, job.interrupt, "timeout")
+    timer = None if timeout is None else w.call_later(timeout, job.interrupt, "timeout")
     try:
         with scope, telemetry.current_span(w, job):
             if handler.is_async:
@@ -121,9 +121,9 @@ async def _execute(w: WorkerState, job: HeldJob) -> None:
                 if inspect.isawaitable(result):  # (a wrapper of an async def may be a plain def)
                     result = await result
             else:
-                assert w._limiter is not None
+                assert w.limiter is not None
                 result = await anyio.to_thread.run_sync(
-                    partial(handler.func, payload, ctx), abandon_on_cancel=True, limiter=w._limiter
+                    partial(handler.func, payload, ctx), abandon_on_cancel=True, limiter=w.limiter
                 )
     except Parked as exc:  # a durable sleep or wait gave the job back (sql/durable.sql)
         parked = exc
@@ -149,8 +149,8 @@ async def _execute(w: WorkerState, job: HeldJob) -> None:
             why = TypeError(f"the handler's result is not JSON-serializable: {exc}")
             outcome = await _failed(w, job, why)
         else:
-            w._done.append((job.id, job.token, encoded, job.queue))
-            w._poke_completer()
+            w.done.append((job.id, job.token, encoded, job.queue))
+            w.poke_completer()
             outcome = "succeeded"
     else:
         outcome = await _failed(w, job, error)
@@ -161,7 +161,7 @@ def _parked(w: WorkerState, outcome: str) -> str:
     """A handler stopped by a durable sleep or wait: the SQL call already ended the attempt."""
     if outcome == "parked":
         w.released += 1  # (a park is a release that keeps the job's place in its handler)
-        w._poke_poller()  # its resume time may be the next due run_at
+        w.poke_poller()  # its resume time may be the next due run_at
         return "parked"
     if outcome == "cancelled":
         w.cancelled += 1

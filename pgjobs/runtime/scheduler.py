@@ -170,7 +170,7 @@ class Scheduler:
             self.client = AsyncClient(pool=dsn_or_pool)
         else:
             raise InvalidArgument(f"Scheduler needs a DSN, an AsyncConnectionPool or an AsyncClient: {dsn_or_pool!r}")
-        self.client._quiet_outages = True  # its passes log each outage once themselves
+        self.client.quiet_outages = True  # its passes log each outage once themselves
         self.name = name or "scheduler"
         self.app = app
         self.clock = clock
@@ -304,11 +304,11 @@ class Scheduler:
             async with anyio.create_task_group() as tg:
                 tg.start_soon(self._listen)
                 task_status.started()
-                await self._loop()
+                await self.loop()
         finally:
             await self.close()
 
-    async def _loop(self) -> None:
+    async def loop(self) -> None:
         failures = 0
         synced = self.app is None
         while True:

@@ -2,7 +2,9 @@
 
 :class:`WorkerState` is the base of :class:`pgjobs.runtime.worker.Worker`; the parts (``claimer``,
 ``runner``, ``completer``, ``leases``, ``listener``) are functions over it, each in its own module, so each
-part reads the state the others write without importing them back.
+part reads the state the others write without importing them back. What they share is public and declared on
+the class with its type; a name with a leading underscore stays in the module that defines it
+(tests/test_layout.py checks it).
 """
 
 from __future__ import annotations
@@ -51,7 +53,7 @@ RECONNECT_CAP = 2.0
 # The worker's pool: how long a call waits for a connection (PoolTimeout is retried by call()), and how long the
 # pool retries a failed connect before giving up on it (the next call that needs one tries again, at once).
 POOL_WAIT = 5.0
-# How long one pooled round trip may hold off a cancellation (WorkerState._call): the pool's wait plus a margin
+# How long one pooled round trip may hold off a cancellation (WorkerState.call): the pool's wait plus a margin
 # for the statement; a bound for a database that stopped answering, never reached by a healthy one.
 CALL_SHIELD = 30.0
 POOL_RECONNECT = 3.0
@@ -216,7 +218,7 @@ def seconds(value: float | timedelta) -> float:
 
 class WorkerState:
     """The state every part of a worker reads and writes, and the helpers they share (connections, the
-    pooled call with retries, the backoff pause, the wake-ups). Set up by :meth:`_init_state`."""
+    pooled call with retries, the backoff pause, the wake-ups). Set up by :meth:`init_state`."""
 
     app: App
     dsn: str
@@ -236,28 +238,48 @@ class WorkerState:
     metrics_host: str
     tracing: bool | None
 
-    def _init_state(self) -> None:
-        self._queues = [QueueState(q, n, self._claimers_for(n)) for q, n in self.queues.items()]
-        self._by_queue = {q.name: q for q in self._queues}
-        self._jobs: dict[int, HeldJob] = {}
-        self._done: list[Done] = []  # awaiting complete_many
-        self._in_flight: list[Done] = []  # in the complete_many call now
-        self._completer_wait: anyio.Event | None = None
+    # What the parts share (set by init_state; the Worker sets the run's loop, pool and limiter in run()).
+    queue_states: list[QueueState]  # one per served queue, in the order of ``queues``
+    queue_by_name: dict[str, QueueState]
+    jobs: dict[int, HeldJob]  # the jobs this worker holds, by id
+    done: list[Done]  # ended jobs awaiting complete_many
+    in_flight: list[Done]  # in the complete_many call now
+    spans: dict[int, Any]  # attempt spans of jobs awaiting complete_many (tracing only)
+    completer_wait: anyio.Event | None  # set to send the completions now (poke_completer)
+    poller_wait: anyio.Event | None  # set to end the poller's sleep now (poke_poller)
+    renewer_wait: anyio.Event | None  # set to renew the leases now: a cancel hint came (poke_renewer)
+    renew_busy: bool  # the last renewal found held jobs busy (not renewed): renew again soon
+    stopping: bool  # stop() was called: no more claims
+    hard_stop: bool  # stop(graceful=False): no grace period
+    loop: asyncio.AbstractEventLoop | None  # the loop run() runs on
+    pool: AsyncConnectionPool[Any] | None  # the pool of call(), open while run() runs
+    limiter: anyio.CapacityLimiter | None  # the threads of sync handlers
+    lease_td: timedelta  # ``lease`` as an interval, for the lease calls
+    limits_cache: dict[int, str]  # claim's per-kind limits (JSON) by free capacity (claimer)
+    wants_parents: bool  # any handler with parent_results=True (set when run() starts)
+    cut_off_at: float | None  # anyio time of this worker's last failure to reach the database
+
+    def init_state(self) -> None:
+        self.queue_states = [QueueState(q, n, self.claimers_for(n)) for q, n in self.queues.items()]
+        self.queue_by_name = {q.name: q for q in self.queue_states}
+        self.jobs = {}
+        self.done = []
+        self.in_flight = []
+        self.completer_wait = None
         self._backoff_wait: anyio.Event | None = None  # set when connection retries should not wait any longer
-        self._poller_wait: anyio.Event | None = None
-        self._renewer_wait: anyio.Event | None = None  # set to renew the leases now (a cancel hint came)
-        self._renew_busy = False  # the last renewal found held jobs busy (not renewed): renew again soon
-        self._stop_event: anyio.Event | None = None
-        self._stopping = False
-        self._hard_stop = False
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._pool: AsyncConnectionPool[Any] | None = None
-        self._limiter: anyio.CapacityLimiter | None = None
-        self._lease_td = timedelta(seconds=self.lease)
-        self._limits_cache: dict[int, str] = {}
-        self._wants_parents = False  # any handler with parent_results=True (set when run() starts)
+        self.poller_wait = None
+        self.renewer_wait = None
+        self.renew_busy = False
+        self.stopping = False
+        self.hard_stop = False
+        self.loop = None
+        self.pool = None
+        self.limiter = None
+        self.lease_td = timedelta(seconds=self.lease)
+        self.limits_cache = {}
+        self.wants_parents = False
         self.listener: Listener | None = None
-        self._cut_off_at: float | None = None  # anyio time of this worker's last failure to reach the database
+        self.cut_off_at = None
         self.started = threading.Event()  # set once connected, its claimers and slots running (public: README)
         self.claimed = self.completed = self.failed = self.released = self.cancelled = self.lost = 0
         self.claim_calls = self.complete_calls = 0
@@ -270,12 +292,12 @@ class WorkerState:
         # telemetry: None when off, so the hot path pays one `is None` test (set up by Worker.run)
         self.metrics: WorkerMetrics | None = None
         self.tracer: Tracer | None = None
-        self._spans: dict[int, Any] = {}  # attempt spans of jobs awaiting complete_many (tracing only)
+        self.spans = {}
         self.outage = Outage(log)
         self.heartbeats = 0  # heartbeats sent by the loop (runtime/unhandled.py checks every few)
         self.unhandled_seen: set[tuple[str, str]] = set()  # (queue, kind) pairs already reported as unhandled
 
-    def _claimers_for(self, capacity: int) -> int:
+    def claimers_for(self, capacity: int) -> int:
         """Claim connections per queue (``claimers``, default 1). Measured: two concurrent claims of half the
         capacity each halve the throughput of no-op jobs (each claim skips the rows the other locked, and the
         fixed cost of a claim is paid twice as often), so one claimer asking for all free capacity it is."""
@@ -283,11 +305,11 @@ class WorkerState:
 
     @property
     def active(self) -> int:
-        return sum(q.running for q in self._queues)
+        return sum(q.running for q in self.queue_states)
 
     # ------------------------------------------------------------------------------------------ connections
 
-    def _conn_kwargs(self, options: str | None) -> dict[str, Any]:
+    def conn_kwargs(self, options: str | None) -> dict[str, Any]:
         """Connection options. Without ``prepare`` (PgBouncer in transaction mode): no startup ``options``
         (PgBouncer refuses the parameter: set jit = off on the role instead) and none of psycopg's automatic
         prepared statements (a statement prepared on one server connection is missing on the next)."""
@@ -295,24 +317,24 @@ class WorkerState:
             return {"prepare_threshold": None}
         return {} if options is None else {"options": options}
 
-    async def _connect(self, role: str, options: str | None = None) -> psycopg.AsyncConnection[Any]:
+    async def connect(self, role: str, options: str | None = None) -> psycopg.AsyncConnection[Any]:
         return await psycopg.AsyncConnection.connect(
             self.dsn, autocommit=True, application_name=f"pgjobs-{role}:{self.name}", connect_timeout=10,
-            **self._conn_kwargs(options),
+            **self.conn_kwargs(options),
         )  # fmt: skip
 
-    async def _call(self, call: Call[T]) -> T:
+    async def call(self, call: Call[T]) -> T:
         """One round trip on the pool; connection errors are retried with backoff (every call is a lease-token
         CAS, so a replay after a lost reply changes nothing); gives up after ~30 s."""
         failures = raced = 0
         while True:
-            assert self._pool is not None
+            assert self.pool is not None
             try:
                 # Shielded: a stop (or a cancelled handler) that arrives during the round trip waits for its
                 # end. Interrupted, psycopg cancels the query, is interrupted again, throws the connection away
                 # and logs a warning (stop() right after run()), and the call's outcome is unknown.
                 with anyio.CancelScope(shield=True), anyio.fail_after(CALL_SHIELD):
-                    async with self._pool.connection() as conn:
+                    async with self.pool.connection() as conn:
                         result = await run_on(conn, call)
                 if self.outage.down:
                     self.outage.restored("pool")
@@ -322,10 +344,10 @@ class WorkerState:
                 await self.lost_race(_call_name(call.query), exc, raced)
             except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
                 failures += 1
-                self._cut_off_at = anyio.current_time()
+                self.cut_off_at = anyio.current_time()
                 if failures > 8:
                     raise
-                await self._check_pool()
+                await self.check_pool()
                 delay = backoff_delay(failures, 0.1, 5.0)
                 self.outage.lost("database call", exc, delay)
                 await anyio.sleep(delay)
@@ -345,10 +367,10 @@ class WorkerState:
                 str(exc).splitlines()[0] if str(exc) else type(exc).__name__)  # fmt: skip
         await anyio.sleep(transient_delay(min(failures, TRANSIENT_TRIES)))
 
-    async def _check_pool(self) -> None:
+    async def check_pool(self) -> None:
         """After a connection error: drop every broken idle connection of the pool at once. A server restart
         breaks them all, and without this each one would fail one more call (a renewal, a report) in turn."""
-        pool = self._pool
+        pool = self.pool
         if pool is None:
             return
         with anyio.move_on_after(5.0), contextlib.suppress(Exception):
@@ -356,13 +378,13 @@ class WorkerState:
 
     # ------------------------------------------------------------------------------------------ wake-ups
 
-    def _retry_now(self) -> None:
+    def retry_now(self) -> None:
         ev = self._backoff_wait
         if ev is not None:
             self._backoff_wait = None
             ev.set()
 
-    async def _backoff(self, delay: float) -> None:
+    async def backoff(self, delay: float) -> None:
         """The pause after a connection error: ``delay`` seconds, or less when the LISTEN connection is
         re-established meanwhile (the server is back) or the worker is asked to stop."""
         if self._backoff_wait is None:
@@ -371,44 +393,44 @@ class WorkerState:
         with anyio.move_on_after(delay):
             await ev.wait()
 
-    def _wake_all(self, why: str) -> None:
-        for q in self._queues:
+    def wake_all(self, why: str) -> None:
+        for q in self.queue_states:
             q.wake(why)
 
-    def _poke_completer(self) -> None:
-        ev = self._completer_wait
+    def poke_completer(self) -> None:
+        ev = self.completer_wait
         if ev is not None:
             ev.set()
 
-    def _poke_poller(self) -> None:
-        if self._poller_wait is not None:
-            self._poller_wait.set()
+    def poke_poller(self) -> None:
+        if self.poller_wait is not None:
+            self.poller_wait.set()
 
-    def _poke_renewer(self) -> None:
-        if self._renewer_wait is not None:
-            self._renewer_wait.set()
+    def poke_renewer(self) -> None:
+        if self.renewer_wait is not None:
+            self.renewer_wait.set()
 
-    def _loop_call_later(self, delay: float, fn: Any, *args: Any) -> asyncio.TimerHandle:
-        assert self._loop is not None
-        return self._loop.call_later(delay, fn, *args)
+    def call_later(self, delay: float, fn: Any, *args: Any) -> asyncio.TimerHandle:
+        assert self.loop is not None
+        return self.loop.call_later(delay, fn, *args)
 
     # ------------------------------------------------------------------------------------------ JobRuntime
     # What a handler's ctx.save_checkpoint / report_progress / add_to_batch run (on the event loop). A value of
     # None goes out as JSON null (Jsonb), not SQL NULL, as it always did.
 
     async def checkpoint(self, id: int, lease_token: str, value: Any) -> bool:
-        ok: bool = await self._call(checkpoint_call(id, lease_token, Jsonb(value)))
+        ok: bool = await self.call(checkpoint_call(id, lease_token, Jsonb(value)))
         return bool(ok)
 
     async def progress(self, id: int, lease_token: str, value: Any) -> bool:
-        ok: bool = await self._call(progress_call(id, lease_token, Jsonb(value)))
+        ok: bool = await self.call(progress_call(id, lease_token, Jsonb(value)))
         return bool(ok)
 
     async def run_call(self, call: Call[T]) -> T:
-        return await self._call(call)
+        return await self.call(call)
 
     async def add_to_batch(
         self, id: int, lease_token: str, spec: Mapping[str, Any], before_continuations: bool
     ) -> int | None:
-        added = await self._call(add_to_batch_call(id, lease_token, spec, before_continuations))
+        added = await self.call(add_to_batch_call(id, lease_token, spec, before_continuations))
         return None if added is None else int(added)

@@ -37,7 +37,7 @@ def start(w: WorkerState) -> None:
     port = w.metrics_port
     if port is not None:
         m = WorkerMetrics(w.name, _version())
-        for q in w._queues:
+        for q in w.queue_states:
             m.watch_queue(q.name, q.capacity, lambda q=q: float(q.running))  # type: ignore[misc]
         m.watch_connection(
             lambda: 1.0 if w.listener is not None and w.listener.connected else 0.0,
@@ -61,9 +61,9 @@ def close(w: WorkerState) -> None:
 
 
 def stop_requested(w: WorkerState) -> None:
-    running = len(w._jobs)
+    running = len(w.jobs)
     grace = w.grace_period
-    hard = w._hard_stop
+    hard = w.hard_stop
     log.info(
         "stop requested: no more claims; %d job(s) %s",
         running, "released now" if hard else f"finishing (up to {grace:g} s, then released)",
@@ -124,7 +124,7 @@ def job_ended(w: WorkerState, job: HeldJob, outcome: str, error: BaseException |
     if span is not None and w.tracer is not None:
         w.tracer.end_process(span, outcome, error if isinstance(error, BaseException) else None)
         if outcome == "succeeded":
-            w._spans[job.id] = (span, queue)  # the complete_many span links it
+            w.spans[job.id] = (span, queue)  # the complete_many span links it
     level = logging.INFO if outcome in _INFO_OUTCOMES else logging.WARNING
     if log.isEnabledFor(level):
         _log_end(job, outcome, duration, error, level)

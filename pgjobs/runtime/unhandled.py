@@ -24,7 +24,7 @@ async def report_unhandled(w: WorkerState) -> None:
     w.heartbeats += 1
     if (w.heartbeats - 1) % CHECK_EVERY:
         return
-    for row in await w._call(unhandled_kinds_call(sorted(w.queues), SAMPLE)):
+    for row in await w.call(unhandled_kinds_call(sorted(w.queues), SAMPLE)):
         key = (row.queue, row.kind)
         if key in w.unhandled_seen:
             continue

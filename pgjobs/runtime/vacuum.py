@@ -36,10 +36,10 @@ async def vacuumer(w: WorkerState) -> None:
 
 async def vacuum_once(w: WorkerState, horizon: str | None) -> str | None:
     """One pass: the tables due, each vacuumed; returns the horizon to pass next time."""
-    due = await w._call(vacuum_due_call(horizon))
+    due = await w.call(vacuum_due_call(horizon))
     if not due:
         return horizon
-    conn = await w._connect("vacuum")
+    conn = await w.connect("vacuum")
     try:
         took = await vacuum_tables_async(conn, due)
     finally:

@@ -150,18 +150,19 @@ class Worker(WorkerState):
 
         self.claimers = claimers
         self._exit_stack: contextlib.AsyncExitStack | None = None  # async with Worker(...)
+        self._stop_event: anyio.Event | None = None  # set by stop(): the drain begins
         self.stop_signal: int | None = None  # the first SIGINT/SIGTERM run_sync received
-        self._init_state()
+        self.init_state()
 
     # ------------------------------------------------------------------------------------------ control
 
     def stop(self, graceful: bool = True) -> None:
         """Asks the worker to stop: no more claims, running jobs get ``grace_period`` to finish (none when
         ``graceful`` is False), the rest are released. Safe from any thread and from signal handlers."""
-        self._stopping = True
+        self.stopping = True
         if not graceful:
-            self._hard_stop = True
-        loop = self._loop
+            self.hard_stop = True
+        loop = self.loop
         if loop is None or loop.is_closed():
             return
         # Always through the loop's queue: stop() may run in another thread or in a signal handler that
@@ -174,8 +175,8 @@ class Worker(WorkerState):
             if not self._stop_event.is_set():
                 telemetry.stop_requested(self)
             self._stop_event.set()
-        self._retry_now()
-        for q in self._queues:
+        self.retry_now()
+        for q in self.queue_states:
             q.poke("any")
 
     def run_sync(self) -> int:
@@ -186,7 +187,7 @@ class Worker(WorkerState):
         def on_signal(signum: int, frame: Any) -> None:
             if self.stop_signal is None:
                 self.stop_signal = signum
-            if self._stopping:
+            if self.stopping:
                 log.warning("second signal: releasing running jobs now")
                 self.stop(graceful=False)
             else:
@@ -234,33 +235,33 @@ class Worker(WorkerState):
             kwargs={
                 "autocommit": True,
                 "application_name": f"pgjobs-worker:{self.name}",
-                **self._conn_kwargs(SESSION_OPTIONS),
+                **self.conn_kwargs(SESSION_OPTIONS),
             },
             open=False,
             name=f"pgjobs-worker-{self.name}",
             # After a long outage psycopg_pool's own reconnect backoff (doubling up to reconnect_timeout, 5 min
             # by default) left the pool empty for ~30 s after the server was back, and every call waited out
             # the 30 s default timeout. Short attempts that give up and start again on demand, and a short
-            # wait that _call retries, bring pooled calls back within a second or two of the server.
+            # wait that call() retries, bring pooled calls back within a second or two of the server.
             timeout=POOL_WAIT,
             reconnect_timeout=POOL_RECONNECT,
         )
 
     async def run(self) -> None:
         """Runs until :meth:`stop`; raises on fatal errors (schema missing, database unreachable at start)."""
-        self._loop = asyncio.get_running_loop()
+        self.loop = asyncio.get_running_loop()
         self._stop_event = anyio.Event()
-        if self._stopping:
+        if self.stopping:
             self._stop_event.set()
-        self._limiter = anyio.CapacityLimiter(max(1, sum(self.queues.values())))
-        self._wants_parents = any(h.parent_results for h in self.app.handlers.values())
+        self.limiter = anyio.CapacityLimiter(max(1, sum(self.queues.values())))
+        self.wants_parents = any(h.parent_results for h in self.app.handlers.values())
         pool = self._new_pool()
-        self._pool = pool
+        self.pool = pool
         started_at = anyio.current_time()
         telemetry.start(self)
         try:
             # One direct connect first: an unreachable server fails with its own clear error, not a pool timeout.
-            probe = await self._connect("probe")
+            probe = await self.connect("probe")
             await probe.close()
             await pool.open(wait=True, timeout=15)
             await leases.heartbeat_once(self)  # fails fast on a missing schema or an unreachable database
@@ -283,7 +284,7 @@ class Worker(WorkerState):
         finally:
             with anyio.CancelScope(shield=True):
                 await pool.close()
-            self._pool = None
+            self.pool = None
             telemetry.close(self)
 
     async def _work(self) -> None:
@@ -292,19 +293,19 @@ class Worker(WorkerState):
         async with anyio.create_task_group() as work:
             work.start_soon(Completer(self).run)
             async with anyio.create_task_group() as jobs:
-                for q in self._queues:
+                for q in self.queue_states:
                     for _ in range(q.capacity):
                         jobs.start_soon(runner.slot, self, q)
-                    for _ in range(self._claimers_for(q.capacity)):
+                    for _ in range(self.claimers_for(q.capacity)):
                         jobs.start_soon(claimer.claim_loop, self, q)
                 self.started.set()
                 await self._stop_event.wait()
                 await self._drain(jobs)
             # every slot ended: flush the last completions, then stop the completer
-            if self._jobs:
-                log.warning("%d job(s) could not be released; their leases will expire", len(self._jobs))
-                self._jobs.clear()
-            self._poke_completer()
+            if self.jobs:
+                log.warning("%d job(s) could not be released; their leases will expire", len(self.jobs))
+                self.jobs.clear()
+            self.poke_completer()
 
     async def _start_scheduler(self, tg: TaskGroup) -> None:
         """The recurring-jobs scheduler (pgjobs/runtime/scheduler.py), started in the worker's task group when
@@ -312,40 +313,40 @@ class Worker(WorkerState):
         if not self.scheduler:
             return
         sched = Scheduler(
-            self.app, self.dsn, pool=self._pool, name=self.name, listen_dsn=self.listen_dsn, outage=self.outage
+            self.app, self.dsn, pool=self.pool, name=self.name, listen_dsn=self.listen_dsn, outage=self.outage
         )
         await tg.start(sched.run)
 
     async def _drain(self, jobs: TaskGroup) -> None:
-        """Graceful end: claimers stop (they see _stopping), running jobs get the grace period, the rest are
+        """Graceful end: claimers stop (they see stopping), running jobs get the grace period, the rest are
         released; then the slots exit."""
-        self._stopping = True
-        for q in self._queues:
+        self.stopping = True
+        for q in self.queue_states:
             q.poke("any")
-        deadline = anyio.current_time() + (0.0 if self._hard_stop else self.grace_period)
-        while self._jobs and anyio.current_time() < deadline and not self._hard_stop:
+        deadline = anyio.current_time() + (0.0 if self.hard_stop else self.grace_period)
+        while self.jobs and anyio.current_time() < deadline and not self.hard_stop:
             await anyio.sleep(min(0.05, max(0.0, deadline - anyio.current_time())))
-        if self._jobs:
+        if self.jobs:
             log.info(
-                "grace period over: releasing %d running job(s)", len(self._jobs),
-                extra={"event": "worker.releasing", "jobs": len(self._jobs)},
+                "grace period over: releasing %d running job(s)", len(self.jobs),
+                extra={"event": "worker.releasing", "jobs": len(self.jobs)},
             )  # fmt: skip
-            for job in list(self._jobs.values()):
+            for job in list(self.jobs.values()):
                 if job.phase == QUEUED:
                     job.stop_reason = "shutdown"
                 job.interrupt("shutdown")
             before = self.released
             # releases take one round trip each; bounded so a dead database cannot hold the exit
             with anyio.move_on_after(max(5.0, self.lease / 3)):
-                while self._jobs or self.active:
+                while self.jobs or self.active:
                     await anyio.sleep(0.01)
             log.info(
                 "released %d job(s)", self.released - before,
                 extra={"event": "worker.released", "jobs": self.released - before},
             )  # fmt: skip
-        for q in self._queues:
+        for q in self.queue_states:
             for ev in q.parked:
                 ev.set()
             q.parked.clear()
-        if self._jobs or self.active:
+        if self.jobs or self.active:
             jobs.cancel_scope.cancel()

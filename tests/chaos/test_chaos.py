@@ -688,7 +688,7 @@ def test_a_job_the_same_worker_claims_again_after_its_lease_ran_out(chaos_dsn: s
             assert worker.lost == 1  # the first attempt: interrupted when its job was claimed again
             worker.stop()
             with anyio.fail_after(10):  # hung forever before the fix: a slot waited for a job that had ended
-                while worker._pool is not None:
+                while worker.pool is not None:
                     await anyio.sleep(0.02)
 
     anyio.run(main)

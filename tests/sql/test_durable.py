@@ -283,7 +283,7 @@ def test_explain_names_what_a_parked_job_waits_for(conn: Conn) -> None:
 
     waiter = started(conn)
     assert wait(conn, waiter, "ship", "shipped:7") == ("parked", None)
-    why = scalar(conn, "SELECT pgjobs.explain(%s)", [waiter["id"]])
+    why = scalar(conn, "explain", id=waiter["id"])
     assert why["reason"] == "waiting_dependencies" and why["waiting_on"] == []
     assert why["parked"]["kind"] == "signal" and why["parked"]["key"] == "shipped:7"
     assert why["parked"]["until"] is None
@@ -293,10 +293,10 @@ def test_explain_names_what_a_parked_job_waits_for(conn: Conn) -> None:
     conn.execute(
         "SELECT pgjobs.sleep_until(%s, %s, 'nap', now() + interval '1 hour')", [sleeper["id"], sleeper["lease_token"]]
     )
-    why = scalar(conn, "SELECT pgjobs.explain(%s)", [sleeper["id"]])
+    why = scalar(conn, "explain", id=sleeper["id"])
     assert why["reason"] == "scheduled" and why["parked"]["kind"] == "sleep" and why["parked"]["name"] == "nap"
     assert Explanation.from_json(sleeper["id"], why).describe().startswith("sleeping ('nap') until")
 
-    assert scalar(conn, "SELECT pgjobs.signal('shipped:7', '{}')") == 1
-    why = scalar(conn, "SELECT pgjobs.explain(%s)", [waiter["id"]])
+    assert scalar(conn, "signal", key="shipped:7", payload={}) == 1
+    why = scalar(conn, "explain", id=waiter["id"])
     assert "parked" not in why and why["reason"] in ("claimable", "no_worker", "behind_others")

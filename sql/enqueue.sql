@@ -213,7 +213,7 @@ BEGIN
     IF v_state = 'pending' THEN
         PERFORM pg_notify('pgjobs_wake', enqueue.queue);
         -- A run_at in the past (explicit, or the start of a transaction that began a while ago) may
-        -- sort below a claimer's scan floor: tell the claimers (claim.sql, "Scan floors").
+        -- sort below a fair claimer's head floor: tell them (fairness.sql, "Head floors").
         IF coalesce(enqueue.run_at, now()) < clock_timestamp() - interval '150 ms' THEN
             PERFORM _claim_floor_note(coalesce(enqueue.run_at, now()));
         END IF;
@@ -384,7 +384,7 @@ BEGIN
           FROM spec AS s
         RETURNING j.id, j.kind, j.queue, j.state, j.run_at
     ), noted AS (
-        -- Pending jobs with an old run_at may sort below a claimer's floor (claim.sql, "Scan floors").
+        -- Pending jobs with an old run_at may sort below a fair claimer's head floor (fairness.sql, "Head floors").
         SELECT _claim_floor_note(min(i.run_at)) AS n FROM ins AS i WHERE i.state = 'pending'
     ), sent AS (
         -- The status events: one append to the event log (stream.sql), in the specs' order (ids
@@ -495,7 +495,7 @@ BEGIN
     SELECT s.id FROM spec AS s
      WHERE (SELECT count(*) FROM sent) IS NOT NULL AND (SELECT count(*) FROM woke) IS NOT NULL;
     -- Every job is pending at this transaction's start: from a transaction that began a while ago it
-    -- may sort below a claimer's scan floor (claim.sql, "Scan floors"; the helper tests the age).
+    -- may sort below a fair claimer's head floor (fairness.sql, "Head floors"; the helper tests the age).
     PERFORM _claim_floor_note(v_now);
 END;
 $$;
@@ -813,7 +813,7 @@ BEGIN
           FROM ins;
     END IF;
     PERFORM _wake(v_wake);
-    PERFORM _claim_floor_note(v_oldest);  -- an old run_at may sort below a claimer's floor (claim.sql)
+    PERFORM _claim_floor_note(v_oldest);  -- an old run_at may sort below a fair claimer's head floor (fairness.sql)
     -- The status events: one append to the event log (stream.sql), status_events filtered there.
     PERFORM _log_events(v_created, v_states, v_queues, v_kinds,
                         array_fill(0, ARRAY[coalesce(cardinality(v_created), 0)]), v_batches);
@@ -1025,7 +1025,7 @@ BEGIN
         v_groups := v_groups + 1;
         IF v_group.state = 'pending' THEN
             v_wake := v_wake || v_group.queue;
-            PERFORM _claim_floor_note(v_group.oldest);  -- claim.sql, "Scan floors"
+            PERFORM _claim_floor_note(v_group.oldest);  -- fairness.sql, "Head floors"
         END IF;
         IF v_group.queue <> ALL (v_quiet) THEN
             -- The group's status events, appended to the event log after the loop (one call).

@@ -131,6 +131,39 @@
 -- a second on a busy queue), each leaving dead entries that claims pass (the look above while it runs,
 -- _forget_group's active check) and sending claims to the walk.
 
+-- The claim epoch of the fair queues' head floors (claim_floor_epoch; "Head floors" below): a statement
+-- made jobs claimable with run_at older than 150 ms (an explicit past run_at, a dependency released, a
+-- scheduled job promoted late, a producer transaction that began a while ago), which may sort below a
+-- head floor: tell the fair claimers. (The plain claim reads filings instead: claim.sql, "Floors".)
+CREATE OR REPLACE FUNCTION pgjobs._claim_floor_note(run_at timestamptz)
+RETURNS boolean
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pgjobs, pg_temp
+AS $$
+BEGIN
+    IF _claim_floor_note.run_at < clock_timestamp() - interval '150 ms'
+       AND to_regclass('pgjobs.claim_floor_epoch') IS NOT NULL THEN  -- (absent: nothing to tell)
+        PERFORM nextval('pgjobs.claim_floor_epoch');
+        RETURN true;
+    END IF;
+    RETURN false;
+END;
+$$;
+
+-- Leases moved into the past, or rows made claimable by another path (as above).
+CREATE OR REPLACE FUNCTION pgjobs._claim_floor_bump()
+RETURNS boolean
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pgjobs, pg_temp
+AS $$
+BEGIN
+    IF to_regclass('pgjobs.claim_floor_epoch') IS NOT NULL THEN  -- (absent: nothing to tell)
+        PERFORM nextval('pgjobs.claim_floor_epoch');
+    END IF;
+    RETURN true;
+END;
+$$;
+
 -- Due scheduled jobs and expired leases of a controlled queue become pending before the pick, so
 -- the pick reads one index per group, and an expired job no longer counts as active (the lease
 -- expiry is recorded as the plain path's reclaim records it; the next lease is a new attempt).
@@ -174,8 +207,7 @@ BEGIN
      WHERE j.id = due.id AND j.state = ANY ('{waiting,scheduled,pending,active}'::job_state[])
     RETURNING j.run_at
     )
-    -- their run_at may sort below a fair claimer's head floors (_fair_floors) or a plain
-    -- claimer's scan floors: tell them (claim.sql, "Scan floors")
+    -- their run_at may sort below a fair claimer's head floors (_fair_floors): tell them
     SELECT _claim_floor_note(min(upd.run_at)) INTO v_noted FROM upd;
 END;
 $$;

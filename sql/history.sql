@@ -37,8 +37,7 @@
 --     row left jobs_live the token no longer holds it: false/NULL; when it is still held (a 40001 of another
 --     cause), the statement again. renew_lease and add_to_batch answer false/NULL;
 --   * complete_many, renew_leases, claim (a wrapper here around claim.sql's _claim_once): the statement
---     again (the moved job is not active any more); claim's next try walks the dead entries before its
---     scans from the front in a statement apart that locks nothing (claim.sql, _claim_front_ranges);
+--     again (the moved job is not active any more; claim's next try starts from the same floor);
 --     renew_leases SKIPs LOCKED rows (a job being completed needs no renewal; it reports them busy:
 --     renewed = false);
 --   * complete_many also runs without sequential scans: on a small table without statistics its generic
@@ -494,15 +493,9 @@ BEGIN
     FOR i IN 1..20 LOOP
         BEGIN
             RETURN QUERY SELECT * FROM _claim_once(worker, queues, max_jobs, lease, kind_limits);
-            IF i > 1 THEN
-                PERFORM set_config('pgjobs.claim_lost_race', '', true);
-            END IF;
             RETURN;
         EXCEPTION WHEN serialization_failure THEN
             PERFORM _lost_race(i, SQLERRM);  -- (sql/history.sql, ROW MOVEMENT)
-            -- The next try's scans from the front walk the dead entries in a statement of their own
-            -- (_claim_front_ranges, claim.sql): a long walk in the locking statement loses again.
-            PERFORM set_config('pgjobs.claim_lost_race', 'on', true);
         END;
     END LOOP;
 END;

@@ -6,6 +6,19 @@
 CREATE TYPE pgjobs.batch_state AS ENUM ('executing', 'succeeded', 'failed', 'cancelled');
 CREATE TYPE pgjobs.dep_trigger AS ENUM ('success', 'failure', 'complete');
 CREATE TYPE pgjobs.job_state AS ENUM ('waiting', 'scheduled', 'pending', 'active', 'succeeded', 'failed', 'cancelled');
+CREATE TYPE pgjobs.claim_plan AS (
+    kinds text[],
+    caps integer[],
+    any_kinds text[],
+    key text,
+    seq bigint,
+    snap pg_snapshot,
+    p smallint[],
+    t timestamp with time zone[],
+    i bigint[],
+    s timestamp with time zone[],
+    l timestamp with time zone[]
+);
 CREATE TYPE pgjobs.claimed_job AS (
     id bigint,
     kind text,
@@ -56,6 +69,7 @@ CREATE TYPE pgjobs.job_status AS (
 );
 
 CREATE SEQUENCE pgjobs.claim_floor_epoch AS bigint;
+CREATE SEQUENCE pgjobs.claim_floors_seq AS bigint;
 CREATE SEQUENCE pgjobs.event_id_seq AS bigint;
 CREATE SEQUENCE pgjobs.event_inbox_seq AS bigint;
 CREATE SEQUENCE pgjobs.event_tick_seq AS bigint;
@@ -81,6 +95,23 @@ CREATE TABLE pgjobs.batches (
     completed_at   timestamp with time zone,
     CONSTRAINT batches_pkey PRIMARY KEY (id)
 );
+
+CREATE TABLE pgjobs.claim_floors (
+    slot  smallint NOT NULL,
+    seq   bigint NOT NULL,
+    queue text NOT NULL,
+    kinds text NOT NULL,
+    snap  pg_snapshot NOT NULL,
+    own   xid8 NOT NULL,
+    p     smallint,
+    t     timestamp with time zone,
+    i     bigint,
+    sched timestamp with time zone,
+    lease timestamp with time zone
+) PARTITION BY LIST (slot);
+CREATE INDEX claim_floors_key ON ONLY pgjobs.claim_floors USING btree (queue, kinds, seq);
+CREATE TABLE pgjobs.claim_floors_0 PARTITION OF pgjobs.claim_floors FOR VALUES IN ('0');
+CREATE TABLE pgjobs.claim_floors_1 PARTITION OF pgjobs.claim_floors FOR VALUES IN ('1');
 
 CREATE TABLE pgjobs.continuation_holds (
     job_id     bigint NOT NULL,
@@ -334,8 +365,10 @@ CREATE TABLE pgjobs.jobs (
     schedule_name    text,
     cancel_requested boolean NOT NULL DEFAULT false,
     has_dependents   boolean NOT NULL DEFAULT false,
+    filed_xid        xid8 DEFAULT pg_current_xact_id(),
     CONSTRAINT jobs_valid CHECK (((kind <> ''::text) AND (queue <> ''::text) AND (max_attempts >= 1) AND ((state <> 'active'::pgjobs.job_state) OR (lease_token IS NOT NULL))))
 ) PARTITION BY LIST (state);
+CREATE TRIGGER jobs_filed BEFORE UPDATE ON pgjobs.jobs FOR EACH ROW WHEN (((new.state = ANY ('{pending,scheduled,active}'::pgjobs.job_state[])) AND ((new.state <> old.state) OR (new.priority <> old.priority) OR (new.run_at <> old.run_at) OR (new.queue <> old.queue) OR (new.kind <> old.kind) OR (new.lease_expires_at < old.lease_expires_at) OR ((new.lease_expires_at IS NULL) <> (old.lease_expires_at IS NULL))))) EXECUTE FUNCTION pgjobs._job_filed();
 CREATE TABLE pgjobs.jobs_failed PARTITION OF pgjobs.jobs FOR VALUES IN ('failed', 'cancelled') PARTITION BY RANGE (completed_at);
 CREATE INDEX jobs_failed_batch_idx ON ONLY pgjobs.jobs_failed USING btree (batch_id) WHERE (batch_id IS NOT NULL);
 CREATE INDEX jobs_failed_id_idx ON ONLY pgjobs.jobs_failed USING btree (id);
@@ -345,6 +378,7 @@ CREATE TABLE pgjobs.jobs_failed_default PARTITION OF pgjobs.jobs_failed DEFAULT 
 CREATE TABLE pgjobs.jobs_live PARTITION OF pgjobs.jobs (CONSTRAINT jobs_pkey PRIMARY KEY (id)) FOR VALUES IN ('waiting', 'scheduled', 'pending', 'active') WITH (fillfactor=85, autovacuum_vacuum_scale_factor=0.02, autovacuum_vacuum_insert_scale_factor=0.05, autovacuum_analyze_scale_factor=0.02, autovacuum_vacuum_cost_delay=1);
 CREATE INDEX jobs_active_idx ON pgjobs.jobs_live USING btree (queue, lease_expires_at) WHERE (state = 'active'::pgjobs.job_state);
 CREATE INDEX jobs_batch_idx ON pgjobs.jobs_live USING btree (batch_id) WHERE (batch_id IS NOT NULL);
+CREATE INDEX jobs_filed_idx ON pgjobs.jobs_live USING btree (queue, filed_xid) WHERE ((filed_xid IS NOT NULL) AND (state = ANY ('{pending,scheduled,active}'::pgjobs.job_state[])));
 CREATE INDEX jobs_group_idx ON pgjobs.jobs_live USING btree (queue, group_key, priority, run_at, id) WITH (deduplicate_items=off) WHERE ((state = 'pending'::pgjobs.job_state) AND (group_key IS NOT NULL));
 CREATE INDEX jobs_group_later_idx ON pgjobs.jobs_live USING btree (queue, group_key) WHERE ((group_key IS NOT NULL) AND (state = ANY ('{waiting,scheduled}'::pgjobs.job_state[])));
 CREATE INDEX jobs_pending_idx ON pgjobs.jobs_live USING btree (queue, priority, run_at, id) WITH (deduplicate_items=off) WHERE (state = 'pending'::pgjobs.job_state);

@@ -66,7 +66,7 @@ BEGIN
                 RETURNING j.queue)
             SELECT array_agg(DISTINCT freed.queue) INTO v_queues FROM freed;
             IF v_queues IS NOT NULL THEN
-                -- Leases moved into the past, below the claimers' lease floors (claim.sql, "Scan floors").
+                -- Leases moved into the past, below the fair claimers' floors (fairness.sql, "Head floors").
                 PERFORM _claim_floor_bump();
             END IF;
             PERFORM _wake(v_queues);
@@ -154,7 +154,7 @@ BEGIN
                 RETURNING j.queue)
             SELECT array_agg(DISTINCT freed.queue) INTO v_queues FROM freed;
             IF v_queues IS NOT NULL THEN
-                -- Leases moved into the past, below the claimers' lease floors (claim.sql, "Scan floors").
+                -- Leases moved into the past, below the fair claimers' floors (fairness.sql, "Head floors").
                 PERFORM _claim_floor_bump();
             END IF;
             PERFORM _wake(v_queues);

@@ -30,7 +30,11 @@ CATALOG_QUERIES = {
          WHERE c.relnamespace = 'pgjobs'::regnamespace AND c.relkind IN ('r', 'p', 'v', 'm', 'S')
          ORDER BY 1""",
     "columns": """
-        SELECT c.relname, a.attnum, a.attname, format_type(a.atttypid, a.atttypmod), a.attnotnull,
+        SELECT c.relname,
+               -- the column's place among the live ones: a column dropped by a revert and added again by a
+               -- deploy keeps its place though it takes a new attnum
+               row_number() OVER (PARTITION BY c.oid ORDER BY a.attnum), a.attname,
+               format_type(a.atttypid, a.atttypmod), a.attnotnull,
                coalesce(pg_get_expr(d.adbin, d.adrelid), ''), a.attidentity::text,
                a.attcompression::text
           FROM pg_attribute AS a

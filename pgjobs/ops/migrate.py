@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -127,6 +128,9 @@ SCHEMA_FILE = "schema.sql"
 # Run after every function file, in this order: the comments name functions by name alone (so every
 # function must exist, stale overloads dropped), then the grants of what the others created.
 _LAST_FILES = (COMMENTS_FILE, ROLES_FILE)
+# The longest an install waits for the calls that were running at its commit before it drops the internal
+# routines the new files no longer define (a call still running then may fail; its transaction rolls back).
+DRAIN_SECONDS = 30.0
 
 
 def sql_files() -> list[Path]:
@@ -203,7 +207,7 @@ def _backend(dsn: str, conn: psycopg.Connection[Any]) -> Iterator[Any]:
         backend.connection.close()
 
 
-def _validate_routines(conn: psycopg.Connection[Any]) -> None:
+def _validate_routines(conn: psycopg.Connection[Any], skip: list[str]) -> None:
     """Checks every pgjobs routine body with its language's validator, inside the installing transaction.
 
     The files are installed with ``check_function_bodies = off`` (a function may call one that a later file
@@ -215,7 +219,9 @@ def _validate_routines(conn: psycopg.Connection[Any]) -> None:
     conn.execute("SET LOCAL search_path = pg_catalog, pgjobs, pg_temp")
     rows = conn.execute(
         "SELECT p.oid, l.lanvalidator::regproc::text FROM pg_proc AS p JOIN pg_language AS l ON l.oid = p.prolang"
-        " WHERE p.pronamespace = 'pgjobs'::regnamespace AND l.lanvalidator <> 0 ORDER BY p.oid"
+        " WHERE p.pronamespace = 'pgjobs'::regnamespace AND l.lanvalidator <> 0"
+        " AND p.oid::regprocedure::text <> ALL (%s) ORDER BY p.oid",
+        (skip,),
     ).fetchall()
     for oid, validator in rows:
         conn.execute(pgsql.SQL("SELECT pg_catalog.{}(%s)").format(pgsql.Identifier(validator)), (oid,))
@@ -231,17 +237,50 @@ def _run_sql_files(conn: psycopg.Connection[Any], files: list[Path]) -> None:
         conn.execute(f.read_text())
 
 
-def _drop_routines(conn: psycopg.Connection[Any], stale_only: bool) -> None:
-    """Drops pgjobs' routines: every one, or (``stale_only``) those this transaction did not (re)define,
-    i.e. whose pg_proc row was not written by one of its (sub)transaction ids."""
+def _stale_routines(conn: psycopg.Connection[Any]) -> list[str]:
+    """The signatures of pgjobs' routines this transaction did not (re)define: those whose pg_proc row was not
+    written by one of its (sub)transaction ids. Read after the function files ran, before roles.sql (whose
+    grants rewrite every row)."""
     rows = conn.execute(
         "SELECT p.oid::regprocedure::text FROM pg_proc p WHERE p.pronamespace = 'pgjobs'::regnamespace"
-        " AND NOT (%s AND p.xmin IN (SELECT l.transactionid FROM pg_locks AS l"
-        "                              WHERE l.pid = pg_backend_pid() AND l.locktype = 'transactionid'))",
-        (stale_only,),
+        " AND p.xmin NOT IN (SELECT l.transactionid FROM pg_locks AS l"
+        "                     WHERE l.pid = pg_backend_pid() AND l.locktype = 'transactionid')"
     ).fetchall()
-    for (signature,) in rows:
+    return [str(r[0]) for r in rows]
+
+
+def _all_routines(conn: psycopg.Connection[Any]) -> list[str]:
+    rows = conn.execute(
+        "SELECT p.oid::regprocedure::text FROM pg_proc p WHERE p.pronamespace = 'pgjobs'::regnamespace"
+    ).fetchall()
+    return [str(r[0]) for r in rows]
+
+
+def _drop(conn: psycopg.Connection[Any], signatures: list[str]) -> None:
+    for signature in signatures:
         conn.execute(pgsql.SQL("DROP ROUTINE IF EXISTS {} CASCADE").format(pgsql.SQL(signature)))
+
+
+def _is_internal(signature: str) -> bool:
+    """An internal routine (``pgjobs._name``): no client calls it by name, only other routines do."""
+    return signature.startswith("pgjobs._")
+
+
+def _wait_for_calls_before(conn: psycopg.Connection[Any], since: Any) -> None:
+    """Waits until every statement that was running in this database at ``since`` has ended (at most
+    DRAIN_SECONDS). A call that started before the new routines committed may still run an old body that
+    calls an old internal routine; those are dropped only once no such call is left."""
+    deadline = time.monotonic() + DRAIN_SECONDS
+    while time.monotonic() < deadline:
+        row = conn.execute(
+            "SELECT count(*) FROM pg_catalog.pg_stat_activity"
+            " WHERE datname = pg_catalog.current_database() AND pid <> pg_catalog.pg_backend_pid()"
+            " AND backend_type = 'client backend' AND state = 'active' AND query_start < %s",
+            (since,),
+        ).fetchone()
+        if row is None or row[0] == 0:
+            return
+        time.sleep(0.02)
 
 
 def install_functions(conn: psycopg.Connection[Any], force: bool = False) -> bool:
@@ -254,29 +293,37 @@ def install_functions(conn: psycopg.Connection[Any], force: bool = False) -> boo
         # In place first: CREATE OR REPLACE keeps each routine's oid, so a worker calling it while the
         # swap commits goes on with the new body. Dropping them all first made such a call fail with
         # "cache lookup failed for function" (XX000), or deadlock with the CASCADE's locks on the tables
-        # whose trigger it dropped, under load (tests/ops/test_migrations.py). Then the
-        # routines the files no longer define (a changed signature leaves its old overload) are dropped.
+        # whose trigger it dropped, under load (tests/ops/test_migrations.py). Routines the files no longer
+        # define (a changed signature leaves its old overload) are stale: the public ones go at once (the
+        # comments name functions by name alone), the internal ones once the calls running at the commit
+        # have ended (a call already inside an old body may still reach them: tests/ops/test_upgrade_under_load.py).
         # A change CREATE OR REPLACE refuses (result type, parameter names, defaults: 42P13) takes the old
         # way: everything dropped, then created. Either way one transaction, invisible until commit.
-        # (roles.sql, last, rewrites every routine's row with its grants: the stale ones are found before it;
-        # the comments come after the stale ones are gone, so a name they give is never ambiguous)
         files = sql_files()
         functions = [f for f in files if f.name not in _LAST_FILES]
         last = [f for f in files if f.name in _LAST_FILES]
         try:
             with conn.transaction():
                 _run_sql_files(conn, functions)
-                _drop_routines(conn, stale_only=True)
+                stale = _stale_routines(conn)
+                _drop(conn, [s for s in stale if not _is_internal(s)])
                 _run_sql_files(conn, last)
         except psycopg.errors.InvalidFunctionDefinition:
-            _drop_routines(conn, stale_only=False)
+            stale = []
+            _drop(conn, _all_routines(conn))
             _run_sql_files(conn, [*functions, *last])
-        _validate_routines(conn)
+        stale = [s for s in stale if _is_internal(s)]
+        _validate_routines(conn, skip=stale)
         conn.execute(
             "INSERT INTO pgjobs.sql_revision (digest) VALUES (%s) "
             "ON CONFLICT (singleton) DO UPDATE SET digest = EXCLUDED.digest, applied_at = now()",
             (digest,),
         )
+    if stale:
+        row = conn.execute("SELECT pg_catalog.clock_timestamp()").fetchone()
+        _wait_for_calls_before(conn, row[0] if row else None)
+        with conn.transaction():
+            _drop(conn, stale)
     return True
 
 

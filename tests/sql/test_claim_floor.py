@@ -90,7 +90,10 @@ def test_a_claim_reads_the_same_after_1000_and_after_20000_jobs_done_under_a_hel
             while done < target:
                 done += len(take(producer, n=100))
             take(conn, n=10)  # this session's plans made, as a worker's are
-            measured[target] = measured_claim(conn, "default", 1)
+            # A claim probes jobs_filed_idx once per transaction in progress in the whole cluster (its
+            # snapshot's in-progress list): other tests' transactions add buffers, not entries. The
+            # quietest of three probes is compared.
+            measured[target] = min((measured_claim(conn, "default", 1) for _ in range(3)), key=lambda m: m[2])
     (t1, e1, b1), (t2, e2, b2) = measured[1000], measured[20000]
     assert t1 == t2 == 1
     assert e2 <= e1 * 1.1, measured

@@ -54,12 +54,16 @@ READER = {
     # the dashboard's reads (sql/dashboard.sql)
     "dashboard_jobs", "dashboard_count_jobs", "dashboard_queues", "dashboard_throughput", "dashboard_groups",
     "dashboard_workers", "dashboard_state_counts", "durable_status",
+    # rate limits (sql/rate_limits.sql)
+    "list_rate_limits",
 }  # fmt: skip
 ADMIN_ONLY = {
     "cancel", "cancel_batch", "retry", "delete", "delete_batch", "purge", "configure_queue", "pause_schedule",
     "resume_schedule", "remove_schedule", "configure_stream", "maintain", "maintain_history",
     # the dashboard's actions (sql/dashboard.sql)
     "dashboard_bulk", "trigger_schedule", "purge_signals",
+    # rate limits (sql/rate_limits.sql)
+    "configure_rate_limit",
 }  # fmt: skip
 ALLOWED = {"pgjobs_producer": PRODUCER, "pgjobs_worker": WORKER, "pgjobs_reader": READER}
 KNOWN = PRODUCER | WORKER | READER | ADMIN_ONLY

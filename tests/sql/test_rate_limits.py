@@ -13,7 +13,19 @@ import psycopg
 import pytest
 from conftest import ConnectFactory
 
-from tests.helpers.foundation import call, claim, claim_index_visits, count, enqueue, enqueue_n, expire, raises_pj, run_threads, scalar, vacuum_clean
+from tests.helpers.foundation import (
+    call,
+    claim,
+    claim_index_visits,
+    count,
+    enqueue,
+    enqueue_n,
+    expire,
+    raises_pj,
+    run_threads,
+    scalar,
+    vacuum_clean,
+)
 
 Conn = psycopg.Connection[Any]
 LEASE = timedelta(seconds=600)
@@ -150,7 +162,7 @@ def test_removing_a_key_limit_releases_its_held_jobs(conn: Conn) -> None:
 
 def test_explain_names_the_limit_and_its_next_token(conn: Conn) -> None:
     limit(conn, "k", 1, "1 hour")
-    a, b = enqueue_n(conn, 2, "call", rate_key="k")
+    _a, b = enqueue_n(conn, 2, "call", rate_key="k")
     claim(conn, max_jobs=5)
     why = scalar(conn, "explain", id=b)
     assert why["reason"] == "rate_limited" and why["rate_key"] == "k", why
@@ -158,7 +170,7 @@ def test_explain_names_the_limit_and_its_next_token(conn: Conn) -> None:
     assert datetime.fromisoformat(why["next_token_at"]) == tat
     conn.execute("SELECT pgjobs.configure_queue('q', max_starts => 1, per => '1 hour')")
     enqueue_n(conn, 2, "call", queue="q")
-    first, second = (r[0] for r in conn.execute("SELECT id FROM pgjobs.jobs WHERE queue = 'q' ORDER BY id"))
+    _first, second = (r[0] for r in conn.execute("SELECT id FROM pgjobs.jobs WHERE queue = 'q' ORDER BY id"))
     claim(conn, queues=["q"])
     why = scalar(conn, "explain", id=second)
     assert why["reason"] == "rate_limited" and why["scope"] == "queue" and why["queue"] == "q", why

@@ -46,6 +46,8 @@ WORKER = {
     "next_schedule_at",
     # durable execution (sql/durable.sql)
     "record_step", "job_steps", "sleep_until", "await_signal",
+    # whether rate limits hold back the served queues (runtime/listener.py)
+    "list_rate_limits",
 }  # fmt: skip
 READER = {
     "job_status", "batch_status", "status_snapshot", "explain", "batch_graph", "stats", "list_jobs", "list_workers",

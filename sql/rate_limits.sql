@@ -300,7 +300,9 @@ END;
 $$;
 
 -- A limited queue's next token time in (lo, hi] (NULL: none): a due time for the poller (_next_due,
--- claim.sql). Only a time ahead counts: a token available now wakes nobody.
+-- claim.sql). A token available already (its time passed while the last claim and this read were on their
+-- way) with jobs pending: the next token interval from now, so the poller still wakes at the limit's pace,
+-- never faster (one wake per interval while the queue has pending jobs a claim did not take).
 CREATE OR REPLACE FUNCTION pgjobs._rate_next_due(queues text[], lo timestamptz, hi timestamptz)
 RETURNS timestamptz
 LANGUAGE plpgsql
@@ -311,9 +313,14 @@ BEGIN
     IF NOT EXISTS (SELECT 1 FROM rate_limits AS l WHERE l.scope = 'queue' AND l.key = ANY (queues)) THEN
         RETURN NULL;
     END IF;
-    RETURN (SELECT min(t.at) FROM (SELECT _next_token_at('queue', l.key, lo) AS at FROM rate_limits AS l
-                                    WHERE l.scope = 'queue' AND l.key = ANY (queues)) AS t
-             WHERE t.at > lo AND t.at <= hi);
+    RETURN (SELECT min(t.at) FROM (
+                SELECT CASE WHEN s.tat - s.burst * s.t > lo THEN s.tat - s.burst * s.t
+                            WHEN EXISTS (SELECT 1 FROM jobs AS j WHERE j.state = 'pending' AND j.queue = l.key)
+                            THEN lo + s.t END AS at
+                  FROM rate_limits AS l
+                 CROSS JOIN LATERAL _rate_state(l.scope, l.key, lo) AS s
+                 WHERE l.scope = 'queue' AND l.key = ANY (queues)) AS t
+             WHERE t.at <= hi);
 END;
 $$;
 

@@ -85,6 +85,9 @@ async def poller(w: WorkerState) -> None:
         if due_in is not None and due_in > 0:
             delay = min(delay, due_in + 0.002)
         w.poller_wait = anyio.Event()
+        if w.poller_poked:  # a poke while it asked: what it read may be older than the poke's news
+            w.poller_poked = False
+            w.poller_wait.set()
         with anyio.move_on_after(delay) as scope:
             await w.poller_wait.wait()
         w.poller_wait = None
@@ -108,7 +111,10 @@ async def read_caps(w: WorkerState) -> None:
     for q in w.queue_states:
         q.capped = q.name in names
     try:
-        w.rate_limited = await w.call(rate_limited_call(list(w.queues)))
+        limited = await w.call(rate_limited_call(list(w.queues)))
+        if limited and not w.rate_limited:
+            w.poke_poller()  # (claims made before this read did not re-arm it)
+        w.rate_limited = limited
     except Exception as exc:
         log.warning("could not read whether rate limits hold back the served queues (%s)", exc)
 

@@ -227,7 +227,8 @@ $$;
 -- with fewer tokens than the call's room is claimed alone, for its tokens. Key limits: _rate_admit checks
 -- what the claim took; a key that ran short has its backlog held back (_rate_hold) and the claim runs
 -- again, in a subtransaction that undid the first, so it returns the other claimable jobs (at most 8
--- turns; each holds back at least one job, or another claim took the tokens meanwhile).
+-- turns; each holds back at least one job, or another claim took the tokens meanwhile; a claim whose 8th
+-- turn still finds a key short returns nothing, and the next claim goes on from the jobs held back).
 CREATE OR REPLACE FUNCTION pgjobs._claim_rated(worker text, queues text[], max_jobs int, lease interval,
                                                kind_limits jsonb)
 RETURNS SETOF pgjobs.claimed_job
@@ -292,7 +293,9 @@ BEGIN
             RETURN QUERY SELECT * FROM unnest(v_rows);
             RETURN;
         EXCEPTION WHEN SQLSTATE 'PJ901' THEN
-            PERFORM _rate_hold(v_short, queues, greatest(1000, 4 * max_jobs));
+            -- (twice as many each turn: a backlog of a key in front of the other jobs, 255,000 deep at
+            -- most, is held back within the turns)
+            PERFORM _rate_hold(v_short, queues, greatest(1000, 4 * max_jobs) * (2 ^ (turn - 1))::int);
         END;
     END LOOP;
     PERFORM set_config('pgjobs.rate_inner', '', true);

@@ -9,8 +9,8 @@ took its token). Two figures a case, as ratios to the limit:
 * the most starts in any window of one second (sliding over the starts), over max_starts + burst: never
   above 1, or the limit was exceeded.
 
-The notes give how many claims held jobs back (``rate_held_until`` set), and the TAT rows written (one a claim
-that took tokens).
+The notes give how many jobs were held back at least once (``rate_held_until`` set), and the TAT rows left
+(one a claim that took tokens, less what the workers' maintenance deleted).
 """
 
 from __future__ import annotations
@@ -130,6 +130,7 @@ def run(dsn: str, quick: bool = False) -> dict[str, Any]:
         )  # fmt: skip
         notes.append(
             f"{name}: {len(ts)} starts over {span:.1f} s by {WORKERS} workers x {CONCURRENCY}; "
-            f"{held} jobs held back at least once; {tats} TAT rows (one a claim that took tokens)"
+            f"{held} jobs held back at least once; {tats} TAT rows left (one a claim that took tokens, less what "
+            "maintenance deleted)"
         )
     return {"suite": "rate_limits", "figures": figures, "notes": notes, "raw": raw}

@@ -279,7 +279,7 @@ Roles: pgjobs_admin.$$;
 
 COMMENT ON FUNCTION pgjobs.list_rate_limits IS $$Every rate limit (scope key: a rate_key; scope queue: a whole queue) with the tokens a claim could take now and when the next token is due.
 Errors: none.
-Roles: pgjobs_reader, pgjobs_worker, pgjobs_admin.$$;
+Roles: pgjobs_worker, pgjobs_reader, pgjobs_admin.$$;
 
 COMMENT ON FUNCTION pgjobs.configure_stream IS $$Sets the event log's retention and rotation period (NULL leaves one as it is); returns the settings in force as {"retention": ..., "rotate_every": ...}.
 Errors: PJ002 a period that is not positive or beyond the limits.

@@ -29,8 +29,10 @@ CATALOG_QUERIES = {
           FROM pg_class AS c
          WHERE c.relnamespace = 'pgjobs'::regnamespace AND c.relkind IN ('r', 'p', 'v', 'm', 'S')
          ORDER BY 1""",
+    # (the columns' order, not their attnum: a column a revert dropped and a deploy added again takes a new one)
     "columns": """
-        SELECT c.relname, a.attnum, a.attname, format_type(a.atttypid, a.atttypmod), a.attnotnull,
+        SELECT c.relname, rank() OVER (PARTITION BY c.oid ORDER BY a.attnum), a.attname,
+               format_type(a.atttypid, a.atttypmod), a.attnotnull,
                coalesce(pg_get_expr(d.adbin, d.adrelid), ''), a.attidentity::text,
                a.attcompression::text
           FROM pg_attribute AS a

@@ -12,6 +12,7 @@ from typing import Any
 
 import anyio
 import psycopg
+import pytest
 
 import pgjobs
 from pgjobs import App, AsyncClient, Client, Worker
@@ -82,3 +83,27 @@ def test_the_async_client_configures_limits_and_enqueues_with_a_key(dsn: str) ->
             assert await client.rate_limits() == []
 
     anyio.run(main)
+
+
+def test_a_declared_rate_key_applies_to_every_enqueue_path_and_an_explicit_one_wins(
+    dsn: str, conn: psycopg.Connection[Any]
+) -> None:
+    app = App()
+
+    @app.job("fixed", rate_key="shared")
+    async def fixed(payload: Any, ctx: pgjobs.JobContext) -> None: ...
+
+    @app.job("per_host", rate_key=lambda p: p.get("host"))
+    async def per_host(payload: Any, ctx: pgjobs.JobContext) -> None: ...
+
+    with Client(dsn, app=app) as client:
+        a = client.enqueue("fixed").id
+        b = client.enqueue("per_host", {"host": "h1"}).id
+        c = client.enqueue("per_host", {}).id  # the function gave None: no key
+        d = client.enqueue("fixed", rate_key="mine").id
+        many = [r.id for r in client.enqueue_many([{"kind": "per_host", "payload": {"host": "h2"}}, {"kind": "fixed"}])]
+        e = app.handlers["per_host"].enqueue(client, {"host": "h3"}).id
+    keys = dict(conn.execute("SELECT id, rate_key FROM pgjobs.jobs").fetchall())
+    assert [keys[i] for i in (a, b, c, d, *many, e)] == ["shared", "h1", None, "mine", "h2", "shared", "h3"]
+    with pytest.raises(ValueError, match="rate_key"):
+        app.job("bad", rate_key="")

@@ -223,3 +223,23 @@ def test_a_temp_table_no_longer_shadows_a_pgjobs_table(conn: Conn, logins: dict[
         call(admin, "configure_queue", queue="default", paused=True)
         assert admin.execute("SELECT count(*) FROM pg_temp.queues").fetchone() == (0,)
     assert conn.execute("SELECT paused FROM pgjobs.queues WHERE queue = 'default'").fetchone() == (True,)
+
+
+def test_rate_limits_are_configured_by_admins_and_named_by_producers(conn: Conn, logins: dict[str, str]) -> None:
+    """configure_rate_limit and configure_queue's limit are pgjobs_admin's; a producer names a key on enqueue; a
+    worker claims under the limit (the tokens are taken inside claim, with no table privilege of its own)."""
+    with (
+        psycopg.connect(logins["pgjobs_producer"], autocommit=True) as producer,
+        psycopg.connect(logins["pgjobs_worker"], autocommit=True) as worker,
+        psycopg.connect(logins["pgjobs_admin"], autocommit=True) as admin,
+    ):
+        for who in (producer, worker):
+            with pytest.raises(psycopg.errors.InsufficientPrivilege):
+                who.execute("SELECT pgjobs.configure_rate_limit('k', 1, '1 hour')")
+            with pytest.raises(psycopg.errors.InsufficientPrivilege):
+                who.execute("SELECT pgjobs.configure_queue('q', max_starts => 1, per => '1 hour')")
+        admin.execute("SELECT pgjobs.configure_rate_limit('k', 1, '1 hour')")
+        ids = [enqueue(producer, "roles", rate_key="k")["id"] for _ in range(2)]
+        assert [j["id"] for j in call(worker, "claim", worker="w1", max_jobs=2)] == ids[:1]
+        assert call(worker, "list_rate_limits")[0]["tokens"] == 0
+    assert conn.execute("SELECT count(*) FROM pgjobs.jobs WHERE rate_held_until IS NOT NULL").fetchone() == (1,)

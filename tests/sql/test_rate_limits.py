@@ -21,6 +21,7 @@ from tests.helpers.foundation import (
     enqueue,
     enqueue_n,
     expire,
+    held_snapshot,
     raises_pj,
     run_threads,
     scalar,
@@ -247,3 +248,44 @@ def test_maintenance_keeps_only_the_newest_tat_of_a_limit(conn: Conn) -> None:
     assert conn.execute("SELECT count(*) FROM pgjobs.rate_tats").fetchone() == (31,)
     conn.execute("SELECT * FROM pgjobs.maintain_history()")
     assert conn.execute("SELECT key, taken FROM pgjobs.rate_tats").fetchall() == [("k", 1)]
+
+
+def test_under_a_held_snapshot_reading_a_limit_s_tat_does_not_grow_with_the_claims_since(
+    conn: Conn, connect: ConnectFactory
+) -> None:
+    """Every claim that takes a token inserts a TAT row; the newest is one backward descent of rate_tats_newest,
+    so under a held snapshot (and after maintenance deleted the old rows, now dead to it) a claim reads two
+    entries there (one descent to check the tokens, one to take them), after 20 claims as after 400."""
+    limit(conn, "k", 1_000_000, "1 second")
+    enqueue_n(conn, 500, "call", rate_key="k")
+
+    def entries_per_claim() -> int:
+        conn.execute("BEGIN")
+        before = conn.execute("SELECT pg_stat_get_xact_tuples_returned('pgjobs.rate_tats_newest'::regclass)").fetchone()
+        assert len(claim(conn)) == 1
+        after = conn.execute("SELECT pg_stat_get_xact_tuples_returned('pgjobs.rate_tats_newest'::regclass)").fetchone()
+        conn.execute("COMMIT")
+        assert before is not None and after is not None
+        return int(after[0] - before[0])
+
+    with held_snapshot(connect):
+        for _ in range(20):
+            claim(conn)
+        early = entries_per_claim()
+        for _ in range(400):
+            claim(conn)
+        conn.execute("SELECT * FROM pgjobs.maintain_history()")
+        late = entries_per_claim()
+    assert early == late == 2, (early, late)
+
+
+def test_a_key_limit_holds_on_a_fair_queue_too(conn: Conn) -> None:
+    conn.execute("SELECT pgjobs.configure_queue('f', fair => true)")
+    limit(conn, "k", 1, "1 hour")
+    keyed = [enqueue(conn, "call", queue="f", group_key="g1", rate_key="k")["id"] for _ in range(5)]
+    other = [enqueue(conn, "call", queue="f", group_key="g2")["id"] for _ in range(3)]
+    got = {r["id"] for r in claim(conn, queues=["f"], max_jobs=10)}
+    assert got == {keyed[0], *other}
+    assert claim(conn, queues=["f"], max_jobs=10) == []
+    limit(conn, "k", 0, "1 hour")  # the held jobs are due at once
+    assert {r["id"] for r in claim(conn, queues=["f"], max_jobs=10)} == set(keyed[1:])

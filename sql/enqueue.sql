@@ -217,6 +217,9 @@ BEGIN
         END IF;
     END IF;
 
+    IF enqueue.rate_key IS NOT NULL THEN
+        PERFORM _rate_note_queues(ARRAY[enqueue.queue]);   -- (rate_limits.sql)
+    END IF;
     IF v_state = 'pending' THEN
         PERFORM pg_notify('pgjobs_wake', enqueue.queue);
         -- A run_at in the past (explicit, or the start of a transaction that began a while ago) may
@@ -248,6 +251,14 @@ SET jit = off
 AS $$
 #variable_conflict use_column
 BEGIN
+    -- Specs with a rate_key: their queues are noted for the claims (rate_limits.sql). A spec that is
+    -- refused below aborts the call, and the note with it.
+    IF jsonb_typeof(enqueue_many.jobs) = 'array'
+       AND jsonb_path_exists(enqueue_many.jobs, 'lax $[*].rate_key ? (@.type() == "string")') THEN
+        PERFORM _rate_note_queues(ARRAY(SELECT coalesce(e.spec ->> 'queue', 'default')
+                                          FROM jsonb_array_elements(enqueue_many.jobs) AS e(spec)
+                                         WHERE jsonb_typeof(e.spec -> 'rate_key') = 'string'));
+    END IF;
     -- The common bulk load (no batch, no dependency, no unique key, no bounded queue) takes the
     -- one-pass path; each of those needs reads or locks the plain insert does not take.
     IF NOT coalesce(enqueue_many.as_batch, false) AND jsonb_typeof(enqueue_many.jobs) = 'array'

@@ -103,8 +103,10 @@ BEGIN
 END;
 $$;
 
--- Whether a claim of these queues takes the rated path: a key limit exists (any job may name its key), or
--- one of the queues has a limit. Two probes of a table of a few rows; false inside _claim_rated's own call.
+-- Whether a claim of these queues takes the rated path: one of the queues has a limit, or a key limit exists
+-- and one of the queues ever had a job with a rate_key (rate_queues). Probes of tables of a few rows: a queue
+-- whose jobs never name a key pays only these, whatever keys other queues limit. False inside _claim_rated's
+-- own call.
 CREATE OR REPLACE FUNCTION pgjobs._rate_applies(queues text[])
 RETURNS boolean
 LANGUAGE plpgsql
@@ -113,8 +115,24 @@ SET search_path = pg_catalog, pgjobs, pg_temp
 AS $$
 BEGIN
     RETURN current_setting('pgjobs.rate_inner', true) IS DISTINCT FROM 'on'
-       AND (EXISTS (SELECT 1 FROM rate_limits AS l WHERE l.scope = 'key')
-            OR EXISTS (SELECT 1 FROM rate_limits AS l WHERE l.scope = 'queue' AND l.key = ANY (queues)));
+       AND (EXISTS (SELECT 1 FROM rate_limits AS l WHERE l.scope = 'queue' AND l.key = ANY (queues))
+            OR EXISTS (SELECT 1 FROM rate_limits AS l WHERE l.scope = 'key')
+               AND EXISTS (SELECT 1 FROM rate_queues AS r WHERE r.queue = ANY (queues)));
+END;
+$$;
+
+-- Notes the queues of jobs enqueued with a rate_key (enqueue, enqueue_many): a read, and a write only the
+-- first time a queue has one.
+CREATE OR REPLACE FUNCTION pgjobs._rate_note_queues(queues text[])
+RETURNS void
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pgjobs, pg_temp
+AS $$
+BEGIN
+    INSERT INTO rate_queues AS r (queue)
+    SELECT DISTINCT q.name FROM unnest(queues) AS q(name)
+     WHERE q.name IS NOT NULL AND NOT EXISTS (SELECT 1 FROM rate_queues AS x WHERE x.queue = q.name)
+    ON CONFLICT (queue) DO NOTHING;
 END;
 $$;
 

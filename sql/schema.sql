@@ -394,6 +394,11 @@ CREATE TABLE pgjobs.rate_limits (
     CONSTRAINT rate_limits_scope_check CHECK ((scope = ANY (ARRAY['key'::text, 'queue'::text])))
 );
 
+CREATE TABLE pgjobs.rate_queues (
+    queue text NOT NULL,
+    CONSTRAINT rate_queues_pkey PRIMARY KEY (queue)
+);
+
 CREATE TABLE pgjobs.rate_tats (
     scope    text NOT NULL,
     key      text NOT NULL,

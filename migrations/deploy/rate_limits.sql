@@ -34,6 +34,12 @@ CREATE TABLE pgjobs.rate_tats (
 ) WITH (autovacuum_vacuum_scale_factor = 0, autovacuum_vacuum_threshold = 1000);
 CREATE INDEX rate_tats_newest ON pgjobs.rate_tats (scope, key, tat);
 
+-- The queues that ever had a job with a rate_key (enqueue notes them): a claim of other queues never takes
+-- the rated path, whatever keys have limits. Never emptied: a queue noted once stays noted.
+CREATE TABLE pgjobs.rate_queues (
+    queue text PRIMARY KEY
+);
+
 -- The pending jobs of a key in claim order: what a claim holds back when the key ran out of tokens,
 -- without reading any other queue's or key's jobs. Partial: jobs without a rate_key never enter it.
 CREATE INDEX jobs_rate_pending_idx ON pgjobs.jobs_live (rate_key, priority, run_at, id)

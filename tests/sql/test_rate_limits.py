@@ -289,3 +289,25 @@ def test_a_key_limit_holds_on_a_fair_queue_too(conn: Conn) -> None:
     assert claim(conn, queues=["f"], max_jobs=10) == []
     limit(conn, "k", 0, "1 hour")  # the held jobs are due at once
     assert {r["id"] for r in claim(conn, queues=["f"], max_jobs=10)} == set(keyed[1:])
+
+
+def test_a_queue_whose_jobs_never_name_a_key_is_claimed_without_the_rated_path(conn: Conn) -> None:
+    """With a key limit configured, only the queues that ever had a job with a rate_key pay for the check
+    (rate_queues); the others are claimed as with no limit at all."""
+    limit(conn, "k", 10, "1 second")
+    enqueue_n(conn, 3, "call", queue="plain")
+    enqueue_n(conn, 3, "call", queue="keyed", rate_key="k")
+    call(conn, "enqueue_many", jobs=[{"kind": "call", "queue": "bulk", "rate_key": "k"}, {"kind": "call"}])
+    assert [r[0] for r in conn.execute("SELECT queue FROM pgjobs.rate_queues ORDER BY 1")] == ["bulk", "keyed"]
+    conn.execute("SET track_functions = 'pl'")
+
+    def rated_calls(queue: str) -> int:
+        conn.execute("BEGIN")
+        claim(conn, queues=[queue], max_jobs=3)
+        row = conn.execute("SELECT pg_stat_get_xact_function_calls('pgjobs._claim_rated'::regproc)").fetchone()
+        conn.execute("COMMIT")
+        assert row is not None
+        return int(row[0] or 0)
+
+    assert rated_calls("plain") == 0
+    assert rated_calls("keyed") == 1

@@ -287,20 +287,23 @@ BEGIN
         BEGIN
             v_rows := '{}';
             v_kinds := kind_limits;
-            IF cardinality(v_free) > 0 THEN
-                v_rows := ARRAY(SELECT c FROM claim(worker, v_free, max_jobs, lease, v_kinds) AS c);
-            END IF;
-            FOR i IN 1..coalesce(cardinality(v_lq), 0) LOOP
+            -- The limited queues first, each for its tokens, then the others together for the rest.
+            FOR i IN 1..coalesce(cardinality(v_lq), 0) + 1 LOOP
                 EXIT WHEN cardinality(v_rows) >= max_jobs;
-                IF v_kinds IS NOT NULL THEN   -- what was taken counts against the call's kind limits
+                CONTINUE WHEN i > coalesce(cardinality(v_lq), 0) AND cardinality(v_free) = 0;
+                IF v_kinds IS NOT NULL AND cardinality(v_rows) > 0 THEN   -- what was taken counts against them
                     SELECT jsonb_object_agg(l.key, (l.value::text)::numeric - coalesce(t.n, 0)) INTO v_kinds
                       FROM jsonb_each(kind_limits) AS l
                       LEFT JOIN (SELECT c.kind, count(*) AS n FROM unnest(v_rows) AS c GROUP BY c.kind) AS t
                         ON t.kind = l.key;
                 END IF;
-                v_more := ARRAY(SELECT c FROM claim(worker, ARRAY[v_lq[i]], least(v_lt[i], max_jobs - cardinality(v_rows)),
-                                                    lease, v_kinds) AS c);
-                PERFORM _take_tokens('queue', v_lq[i], cardinality(v_more), now());
+                IF i <= coalesce(cardinality(v_lq), 0) THEN
+                    v_more := ARRAY(SELECT c FROM claim(worker, ARRAY[v_lq[i]], least(v_lt[i], max_jobs - cardinality(v_rows)),
+                                                        lease, v_kinds) AS c);
+                    PERFORM _take_tokens('queue', v_lq[i], cardinality(v_more), now());
+                ELSE
+                    v_more := ARRAY(SELECT c FROM claim(worker, v_free, max_jobs - cardinality(v_rows), lease, v_kinds) AS c);
+                END IF;
                 v_rows := v_rows || v_more;
             END LOOP;
             v_short := CASE WHEN cardinality(v_rows) > 0 THEN _rate_admit(v_rows) END;

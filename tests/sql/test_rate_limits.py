@@ -147,6 +147,11 @@ def test_a_queue_limit_clamps_the_claim_and_0_removes_it(conn: Conn) -> None:
     assert claim(conn, queues=["q"], max_jobs=10) == []
     both = claim(conn, queues=["q", "free"], max_jobs=10)
     assert [r["queue"] for r in both] == ["free"] * 4, "the other queue is still claimed"
+    # a claim of a limited queue and others takes the limited queue's tokens, then the others' jobs
+    conn.execute("SELECT pgjobs.configure_queue('q2', max_starts => 1, per => '1 hour')")
+    enqueue_n(conn, 5, "call", queue="q2")
+    enqueue_n(conn, 5, "call", queue="free")
+    assert sorted(r["queue"] for r in claim(conn, queues=["free", "q2"], max_jobs=3)) == ["free", "free", "q2"]
     conn.execute("SELECT pgjobs.configure_queue('q', max_starts => 0)")
     assert len(claim(conn, queues=["q"], max_jobs=10)) == 9
     assert call(conn, "list_rate_limits") == []

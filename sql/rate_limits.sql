@@ -191,8 +191,10 @@ DECLARE
     v_n    int := 0;
     v_k    int;
 BEGIN
+    -- (No lock of the key: the times are estimates, and a lock taken here, outside the claim's turn, would be
+    -- held to the end of the transaction while the next turn locks other keys: an order of locks another
+    -- claim could take the other way round.)
     FOR r IN SELECT e.key, (e.value::text)::int AS tokens FROM jsonb_each(short) AS e ORDER BY e.key LOOP
-        PERFORM _rate_lock('key', r.key);
         s := _rate_state('key', r.key, now());
         CONTINUE WHEN s.t IS NULL;
         -- The first time no token is left for the jobs that stay: after the `tokens` the retry takes.
@@ -409,9 +411,15 @@ BEGIN
     IF scope <> 'key' THEN
         RETURN;
     END IF;
-    WITH upd AS (
-        UPDATE jobs_live AS j SET run_at = now(), rate_held_until = NULL
+    -- SKIP LOCKED: a held job a claim has locked is that claim's (and a wait here, under the key's lock,
+    -- for a claim that waits for the key's lock would be a deadlock).
+    WITH held AS (
+        SELECT j.id FROM jobs_live AS j
          WHERE j.rate_key = _rate_release.key AND j.state = 'scheduled' AND j.run_at = j.rate_held_until
+           FOR UPDATE SKIP LOCKED
+    ), upd AS (
+        UPDATE jobs_live AS j SET run_at = now(), rate_held_until = NULL
+          FROM held WHERE j.id = held.id
         RETURNING j.queue
     )
     SELECT array_agg(DISTINCT upd.queue) INTO v_queues FROM upd;

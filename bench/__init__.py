@@ -8,5 +8,6 @@ command line.
 
 SUITES = ("core", "worker", "workflows", "fairness", "recurring")
 # Run only when named (``--only stream``): the worker suite's subscriber rows alone, with more rounds; ``caps``:
-# capped queues at the cap's speed (bench/caps.py).
-EXTRA_SUITES = ("stream", "caps")
+# capped queues at the cap's speed (bench/caps.py); ``rate_limits``: rate limits at the limit's speed
+# (bench/rate_limits.py).
+EXTRA_SUITES = ("stream", "caps", "rate_limits")

@@ -134,6 +134,21 @@ class QueueSettings(_Row):
 
 
 @dataclass(frozen=True, slots=True)
+class RateLimit(_Row):
+    """One limit: at most ``max_starts`` starts in any window of ``per`` (+ ``burst``). ``scope``: ``key`` (a
+    ``rate_key``) or ``queue``. ``tokens``: the starts a claim could take now; ``next_token_at``: when the
+    next one is due (now, while tokens are left)."""
+
+    scope: str
+    key: str
+    max_starts: int
+    per: timedelta
+    burst: int
+    tokens: int | None = None
+    next_token_at: datetime | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class QueueStat(_Row):
     queue: str
     state: JobState

@@ -198,7 +198,9 @@ CREATE OR REPLACE FUNCTION pgjobs.configure_queue(
     max_active_per_group int DEFAULT NULL,
     max_active           int DEFAULT NULL,
     status_events        text DEFAULT NULL,
-    retention            interval DEFAULT NULL)
+    retention            interval DEFAULT NULL,
+    max_starts           int DEFAULT NULL,
+    per                  interval DEFAULT NULL)
 RETURNS pgjobs.queues
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pgjobs, pg_temp
@@ -228,6 +230,10 @@ BEGIN
             MESSAGE = format('status_events must be ''all'', ''terminal'' or ''none'', got %s', _shown(status_events));
     END IF;
 
+    -- The queue's rate limit (rate_limits.sql): NULL keeps it, max_starts 0 removes it.
+    IF configure_queue.max_starts IS NOT NULL OR configure_queue.per IS NOT NULL THEN
+        PERFORM _rate_configure('queue', configure_queue.queue, configure_queue.max_starts, configure_queue.per, NULL);
+    END IF;
     INSERT INTO queues AS q (queue) VALUES (configure_queue.queue) ON CONFLICT (queue) DO NOTHING;
     SELECT q.paused INTO v_was_paused FROM queues AS q WHERE q.queue = configure_queue.queue FOR UPDATE;
     UPDATE queues AS q

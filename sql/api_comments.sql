@@ -10,11 +10,11 @@
 -- Producing work
 
 COMMENT ON FUNCTION pgjobs.enqueue IS $$Inserts one job and returns its id, whether this call created it, and its state.
-With a unique_key, a second enqueue of the same (kind, unique_key) returns the existing job with created = false, also when two callers race; unique_live_only makes the key block only while its holder is not terminal. Joins the caller's transaction: the job exists only if it commits. A job due now sends pgjobs_wake.
+With a unique_key, a second enqueue of the same (kind, unique_key) returns the existing job with created = false, also when two callers race; unique_live_only makes the key block only while its holder is not terminal. rate_key names the rate limit the job's starts draw tokens from (configure_rate_limit; a key without a limit is unlimited). Joins the caller's transaction: the job exists only if it commits. A job due now sends pgjobs_wake.
 Errors: PJ001 the queue is at its max_length; PJ002 an invalid argument (empty kind or queue, NULL payload, max_attempts < 1, a value beyond the limits).
 Roles: pgjobs_producer, pgjobs_admin.$$;
 
-COMMENT ON FUNCTION pgjobs.enqueue_many IS $$Inserts a JSON array of job specs (the enqueue arguments as keys, plus ref and depends_on), all or nothing, in one statement; returns one row per spec.
+COMMENT ON FUNCTION pgjobs.enqueue_many IS $$Inserts a JSON array of job specs (the enqueue arguments as keys, rate_key included, plus ref and depends_on), all or nothing, in one statement; returns one row per spec.
 depends_on: [{"ref" | "job" | "batch": ..., "on": "success" | "failure" | "complete"}] puts a job in waiting until its parents settle. as_batch makes the set one batch with counters and a state of its own.
 Errors: PJ001 a bounded queue is full; PJ002 a malformed spec or dependency (the message names the spec and the value); PJ005 an invalid graph (cycle, unknown ref, missing parent, duplicate edge).
 Roles: pgjobs_producer, pgjobs_admin.$$;
@@ -269,9 +269,17 @@ COMMENT ON FUNCTION pgjobs.purge IS $$Removes succeeded jobs finished before now
 Errors: PJ002 a negative interval or one beyond the limits.
 Roles: pgjobs_admin.$$;
 
-COMMENT ON FUNCTION pgjobs.configure_queue IS $$Sets a queue's settings and returns its row; NULL leaves a setting as it is, 0 removes a limit. max_length bounds its live jobs; paused stops claims; fair turns on fair selection between group_keys (noisy_share, noisy_min_active tune it); max_active_per_group and max_active cap running jobs; status_events is all, terminal or none; retention keeps finished jobs that long.
-Errors: PJ002 an invalid setting (a negative limit, noisy_share outside (0, 1], an unknown status_events value).
+COMMENT ON FUNCTION pgjobs.configure_queue IS $$Sets a queue's settings and returns its row; NULL leaves a setting as it is, 0 removes a limit. max_length bounds its live jobs; paused stops claims; fair turns on fair selection between group_keys (noisy_share, noisy_min_active tune it); max_active_per_group and max_active cap running jobs; status_events is all, terminal or none; retention keeps finished jobs that long; max_starts and per limit the starts of the queue's jobs to max_starts in any window of length per, across every worker (max_starts 0 removes the limit; the limit is not part of the returned row: list_rate_limits shows it).
+Errors: PJ002 an invalid setting (a negative limit, noisy_share outside (0, 1], an unknown status_events value, per not positive, a new rate limit without both max_starts and per).
 Roles: pgjobs_admin.$$;
+
+COMMENT ON FUNCTION pgjobs.configure_rate_limit IS $$Limits the starts of the jobs whose rate_key is key: at most max_starts attempts start in any window of length per, plus burst, counted across every worker (a retry is a start); max_starts 0 removes the limit. Exact: a claim takes a job only with a token, in its own transaction. Jobs of a key without tokens are held back (scheduled at the key's next token times) while the claim takes other jobs. Returns the limit's row (NULL when removed).
+Errors: PJ002 an empty key, a negative max_starts or burst, per not positive or missing, more than one start a microsecond.
+Roles: pgjobs_admin.$$;
+
+COMMENT ON FUNCTION pgjobs.list_rate_limits IS $$Every rate limit (scope key: a rate_key; scope queue: a whole queue) with the tokens a claim could take now and when the next token is due.
+Errors: none.
+Roles: pgjobs_worker, pgjobs_reader, pgjobs_admin.$$;
 
 COMMENT ON FUNCTION pgjobs.configure_stream IS $$Sets the event log's retention and rotation period (NULL leaves one as it is); returns the settings in force as {"retention": ..., "rotate_every": ...}.
 Errors: PJ002 a period that is not positive or beyond the limits.
@@ -289,7 +297,7 @@ COMMENT ON FUNCTION pgjobs.dashboard_bulk IS $$Cancels or retries many jobs: the
 Errors: PJ002 an unknown action or a value beyond the limits.
 Roles: pgjobs_admin.$$;
 
-COMMENT ON FUNCTION pgjobs.explain IS $$Why a job is not running, as {"reason": ..., ...details}: running (worker, lease end), terminal, waiting_dependencies (the open parents), scheduled (until), paused, queue_cap or group_cap (n of m active), no_worker (no live worker serves its queue or kind), behind_others (how many jobs come first), claimable. Other blockers that also hold are listed under "also". NULL for an unknown id.
+COMMENT ON FUNCTION pgjobs.explain IS $$Why a job is not running, as {"reason": ..., ...details}: running (worker, lease end), terminal, waiting_dependencies (the open parents), scheduled (until), paused, queue_cap or group_cap (n of m active), rate_limited (the key's or queue's limit, next_token_at: when its next start token is due; held_until: the time a claim held the job back to), no_worker (no live worker serves its queue or kind), behind_others (how many jobs come first), claimable. Other blockers that also hold are listed under "also". NULL for an unknown id.
 Errors: none.
 Roles: pgjobs_producer, pgjobs_reader, pgjobs_admin.$$;
 

@@ -654,6 +654,8 @@ BEGIN
             SELECT (SELECT min(j.lease_expires_at) FROM jobs AS j
                      WHERE j.state = 'active' AND j.queue = q.name AND j.lease_expires_at BETWEEN lo AND hi)
               FROM unnest(_next_due.queues) AS q(name)
+            UNION ALL
+            SELECT _rate_next_due(_next_due.queues, lo, hi)   -- a limited queue's next token (rate_limits.sql)
         ) AS s);
 END;
 $$;

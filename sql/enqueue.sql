@@ -117,7 +117,8 @@ CREATE OR REPLACE FUNCTION pgjobs.enqueue(
     unique_key       text DEFAULT NULL,
     unique_live_only boolean DEFAULT false,
     group_key        text DEFAULT NULL,
-    meta             jsonb DEFAULT '{}')
+    meta             jsonb DEFAULT '{}',
+    rate_key         text DEFAULT NULL)
 RETURNS TABLE (id bigint, created boolean, state pgjobs.job_state)
 LANGUAGE plpgsql
 -- (No plan_cache_mode: its statements plan the same either way, and a SET clause costs every call.)
@@ -141,9 +142,14 @@ BEGIN
        OR enqueue.max_attempts IS NULL OR enqueue.max_attempts < 1
        OR octet_length(enqueue.kind) > 1000 OR octet_length(enqueue.queue) > 1000
        OR octet_length(enqueue.unique_key) > 1000 OR octet_length(enqueue.group_key) > 1000
+       OR enqueue.rate_key = '' OR octet_length(enqueue.rate_key) > 1000
        OR NOT (enqueue.run_at >= '0001-01-01 00:00:00+00' AND enqueue.run_at < '10000-01-01 00:00:00+00') THEN
         PERFORM _check_job_args(enqueue.kind, enqueue.queue, enqueue.payload, enqueue.max_attempts, 'job',
                                 enqueue.unique_key, enqueue.group_key, enqueue.run_at);
+        IF enqueue.rate_key = '' THEN   -- (NULL: no key; '' names none either, and is refused)
+            RAISE EXCEPTION USING ERRCODE = 'PJ002', MESSAGE = 'job: rate_key must be a non-empty string or NULL, got ''''';
+        END IF;
+        PERFORM _check_name('job: rate_key', enqueue.rate_key, 1000, true);
     END IF;
     SELECT q.max_length, q.status_events INTO v_max, v_events FROM queues AS q WHERE q.queue = enqueue.queue;
 
@@ -154,10 +160,10 @@ BEGIN
         END IF;
         -- Through the parent: the identity default draws the id (see "Inserts" above).
         INSERT INTO jobs AS j (kind, queue, payload, meta, state, priority, run_at, max_attempts,
-                               unique_live_only, group_key)
+                               unique_live_only, group_key, rate_key)
         VALUES (enqueue.kind, enqueue.queue, enqueue.payload, coalesce(enqueue.meta, '{}'), v_state,
                 coalesce(enqueue.priority, 0), coalesce(enqueue.run_at, now()), enqueue.max_attempts,
-                coalesce(enqueue.unique_live_only, false), enqueue.group_key)
+                coalesce(enqueue.unique_live_only, false), enqueue.group_key, enqueue.rate_key)
         RETURNING j.id INTO v_id;
     ELSE
         FOR i IN 1..10 LOOP
@@ -193,10 +199,11 @@ BEGIN
             ON CONFLICT (kind, unique_key) DO NOTHING;
             IF FOUND THEN
                 INSERT INTO jobs_live AS j (id, kind, queue, payload, meta, state, priority, run_at, max_attempts,
-                                            unique_key, unique_live_only, group_key)
+                                            unique_key, unique_live_only, group_key, rate_key)
                 VALUES (v_id, enqueue.kind, enqueue.queue, enqueue.payload, coalesce(enqueue.meta, '{}'), v_state,
                         coalesce(enqueue.priority, 0), coalesce(enqueue.run_at, now()), enqueue.max_attempts,
-                        enqueue.unique_key, coalesce(enqueue.unique_live_only, false), enqueue.group_key);
+                        enqueue.unique_key, coalesce(enqueue.unique_live_only, false), enqueue.group_key,
+                        enqueue.rate_key);
                 EXIT;
             END IF;
             v_id := NULL;
@@ -210,6 +217,9 @@ BEGIN
         END IF;
     END IF;
 
+    IF enqueue.rate_key IS NOT NULL THEN
+        PERFORM _rate_note_queues(ARRAY[enqueue.queue]);   -- (rate_limits.sql)
+    END IF;
     IF v_state = 'pending' THEN
         PERFORM pg_notify('pgjobs_wake', enqueue.queue);
         -- A run_at in the past (explicit, or the start of a transaction that began a while ago) may
@@ -241,6 +251,14 @@ SET jit = off
 AS $$
 #variable_conflict use_column
 BEGIN
+    -- Specs with a rate_key: their queues are noted for the claims (rate_limits.sql). A spec that is
+    -- refused below aborts the call, and the note with it.
+    IF jsonb_typeof(enqueue_many.jobs) = 'array'
+       AND jsonb_path_exists(enqueue_many.jobs, 'lax $[*].rate_key ? (@.type() == "string")') THEN
+        PERFORM _rate_note_queues(ARRAY(SELECT coalesce(e.spec ->> 'queue', 'default')
+                                          FROM jsonb_array_elements(enqueue_many.jobs) AS e(spec)
+                                         WHERE jsonb_typeof(e.spec -> 'rate_key') = 'string'));
+    END IF;
     -- The common bulk load (no batch, no dependency, no unique key, no bounded queue) takes the
     -- one-pass path; each of those needs reads or locks the plain insert does not take.
     IF NOT coalesce(enqueue_many.as_batch, false) AND jsonb_typeof(enqueue_many.jobs) = 'array'
@@ -350,13 +368,15 @@ BEGIN
                          OR octet_length(x.e ->> 'kind') > 1000 OR octet_length(x.e ->> 'queue') > 1000
                       THEN _refuse_spec(jobs, x.e)
                     WHEN x.lean THEN true
-                    WHEN x.e - '{kind,payload,queue,run_at,priority,max_attempts,unique_key,unique_live_only,group_key,meta,ref}'::text[] <> '{}'
+                    WHEN x.e - '{kind,payload,queue,run_at,priority,max_attempts,unique_key,unique_live_only,group_key,rate_key,meta,ref}'::text[] <> '{}'
                          OR jsonb_typeof(x.e -> 'meta') <> 'object'
                          OR jsonb_typeof(x.e -> 'run_at') NOT IN ('string', 'null')
                          -- a string key took the other path; any other non-null one is wrong
                          OR jsonb_typeof(x.e -> 'unique_key') <> 'null'
                          OR jsonb_typeof(x.e -> 'group_key') NOT IN ('string', 'null')
                          OR octet_length(x.e ->> 'group_key') > 1000
+                         OR jsonb_typeof(x.e -> 'rate_key') NOT IN ('string', 'null') OR x.e ->> 'rate_key' = ''
+                         OR octet_length(x.e ->> 'rate_key') > 1000
                          OR jsonb_typeof(x.e -> 'unique_live_only') NOT IN ('boolean', 'null')
                          OR jsonb_typeof(x.e -> 'ref') NOT IN ('string', 'number', 'null')
                          OR CASE jsonb_typeof(x.e -> 'priority')
@@ -371,7 +391,7 @@ BEGIN
                     ELSE true END
     ), ins AS (
         INSERT INTO jobs_live AS j (id, kind, queue, payload, meta, state, priority, run_at, max_attempts,
-                                    unique_live_only, group_key)
+                                    unique_live_only, group_key, rate_key)
         SELECT s.id, s.e ->> 'kind', coalesce(s.e ->> 'queue', 'default'), coalesce(s.e -> 'payload', '{}'),
                CASE WHEN s.lean THEN '{}' ELSE coalesce(s.e -> 'meta', '{}') END,
                CASE WHEN s.lean THEN 'pending'::job_state
@@ -380,7 +400,8 @@ BEGIN
                CASE WHEN s.lean THEN v_now ELSE coalesce((s.e ->> 'run_at')::timestamptz, v_now) END,
                CASE WHEN s.lean THEN 20 ELSE coalesce((s.e ->> 'max_attempts')::numeric::int, 20) END,
                CASE WHEN s.lean THEN false ELSE coalesce((s.e ->> 'unique_live_only')::boolean, false) END,
-               CASE WHEN s.lean THEN NULL ELSE s.e ->> 'group_key' END
+               CASE WHEN s.lean THEN NULL ELSE s.e ->> 'group_key' END,
+               CASE WHEN s.lean THEN NULL ELSE s.e ->> 'rate_key' END
           FROM spec AS s
         RETURNING j.id, j.kind, j.queue, j.state, j.run_at
     ), noted AS (
@@ -544,9 +565,9 @@ BEGIN
               FROM jsonb_array_elements(jobs) AS e(spec)
              CROSS JOIN LATERAL jsonb_to_record(CASE WHEN jsonb_typeof(e.spec) = 'object' THEN e.spec ELSE '{}' END)
                    AS r(kind jsonb, queue jsonb, payload jsonb, meta jsonb, priority jsonb, max_attempts jsonb,
-                        unique_key jsonb, unique_live_only jsonb, group_key jsonb, ref jsonb)
+                        unique_key jsonb, unique_live_only jsonb, group_key jsonb, rate_key jsonb, ref jsonb)
              WHERE jsonb_typeof(e.spec) <> 'object'
-                OR e.spec - '{kind,payload,queue,run_at,priority,max_attempts,unique_key,unique_live_only,group_key,meta,ref,depends_on}'::text[] <> '{}'
+                OR e.spec - '{kind,payload,queue,run_at,priority,max_attempts,unique_key,unique_live_only,group_key,rate_key,meta,ref,depends_on}'::text[] <> '{}'
                 OR jsonb_typeof(r.kind) IS DISTINCT FROM 'string' OR r.kind = '""'
                 OR (e.spec ? 'queue' AND (jsonb_typeof(r.queue) IS DISTINCT FROM 'string' OR r.queue = '""'))
                 -- (limits: checks.sql)
@@ -566,6 +587,7 @@ BEGIN
                 OR jsonb_typeof(e.spec -> 'run_at') <> 'null'
                 OR jsonb_typeof(r.unique_key) <> 'string'
                 OR jsonb_typeof(r.group_key) <> 'string'
+                OR jsonb_typeof(r.rate_key) <> 'string' OR r.rate_key = '""' OR octet_length(r.rate_key #>> '{}') > 1000
                 OR jsonb_typeof(r.unique_live_only) <> 'boolean'
                 OR jsonb_typeof(r.ref) NOT IN ('string', 'number')) THEN
         PERFORM _check_specs(jobs, label);
@@ -609,9 +631,9 @@ BEGIN
       FROM (SELECT s.n, s.spec,
                    CASE
                      WHEN jsonb_typeof(s.spec) <> 'object' THEN format('a job spec must be a JSON object, got %s', _shown(s.spec::text))
-                     WHEN s.spec - '{kind,payload,queue,run_at,priority,max_attempts,unique_key,unique_live_only,group_key,meta,ref,depends_on}'::text[] <> '{}'
+                     WHEN s.spec - '{kind,payload,queue,run_at,priority,max_attempts,unique_key,unique_live_only,group_key,rate_key,meta,ref,depends_on}'::text[] <> '{}'
                        THEN format('unknown key(s) %s', (SELECT left(string_agg(quote_literal(k), ', '), 200)
-                                                          FROM jsonb_object_keys(s.spec - '{kind,payload,queue,run_at,priority,max_attempts,unique_key,unique_live_only,group_key,meta,ref,depends_on}'::text[]) AS k))
+                                                          FROM jsonb_object_keys(s.spec - '{kind,payload,queue,run_at,priority,max_attempts,unique_key,unique_live_only,group_key,rate_key,meta,ref,depends_on}'::text[]) AS k))
                      WHEN jsonb_typeof(s.spec -> 'kind') IS DISTINCT FROM 'string' OR s.spec ->> 'kind' = ''
                        THEN format('kind must be a non-empty string, got %s', coalesce(_shown((s.spec -> 'kind')::text), 'nothing'))
                      WHEN s.spec ? 'queue' AND (jsonb_typeof(s.spec -> 'queue') <> 'string' OR s.spec ->> 'queue' = '')
@@ -649,6 +671,10 @@ BEGIN
                        THEN format('group_key must be a string, got %s', _shown((s.spec -> 'group_key')::text))
                      WHEN octet_length(s.spec ->> 'group_key') > 1000
                        THEN format('group_key must be at most 1000 bytes, got %s', _shown(s.spec ->> 'group_key'))
+                     WHEN jsonb_typeof(s.spec -> 'rate_key') NOT IN ('string', 'null') OR s.spec ->> 'rate_key' = ''
+                       THEN format('rate_key must be a non-empty string, got %s', _shown((s.spec -> 'rate_key')::text))
+                     WHEN octet_length(s.spec ->> 'rate_key') > 1000
+                       THEN format('rate_key must be at most 1000 bytes, got %s', _shown(s.spec ->> 'rate_key'))
                      WHEN jsonb_typeof(s.spec -> 'unique_live_only') NOT IN ('boolean', 'null')
                        THEN format('unique_live_only must be a boolean, got %s', _shown((s.spec -> 'unique_live_only')::text))
                      WHEN jsonb_typeof(s.spec -> 'ref') NOT IN ('string', 'number', 'null')
@@ -765,7 +791,7 @@ BEGIN
         END LOOP;
         WITH ins AS (
             INSERT INTO jobs_live AS j (id, kind, queue, payload, meta, state, priority, run_at, max_attempts,
-                                        unique_key, unique_live_only, group_key, batch_id, has_dependents)
+                                        unique_key, unique_live_only, group_key, batch_id, has_dependents, rate_key)
             SELECT v_ids[r.n], r.kind, coalesce(r.queue, 'default'), coalesce(r.payload, '{}'),
                    coalesce(r.meta, '{}'),
                    CASE WHEN coalesce(waiting[r.n], false) THEN 'waiting'::job_state
@@ -773,12 +799,13 @@ BEGIN
                         ELSE 'pending' END,
                    coalesce(r.priority::smallint, 0), coalesce(r.run_at, v_now), coalesce(r.max_attempts::int, 20),
                    r.unique_key, coalesce(r.unique_live_only, false), r.group_key, batch,
-                   coalesce(parents[r.n], false)
+                   coalesce(parents[r.n], false), r.rate_key
               FROM ROWS FROM (jsonb_to_recordset(jobs)
                        AS (kind text, queue text, payload jsonb, meta jsonb, run_at timestamptz, priority numeric,
-                           max_attempts numeric, unique_key text, unique_live_only boolean, group_key text))
+                           max_attempts numeric, unique_key text, unique_live_only boolean, group_key text,
+                           rate_key text))
                    WITH ORDINALITY AS r(kind, queue, payload, meta, run_at, priority, max_attempts, unique_key,
-                                        unique_live_only, group_key, n)
+                                        unique_live_only, group_key, rate_key, n)
              WHERE r.unique_key IS NULL OR v_ids[r.n] = ANY (v_keyed)
             RETURNING j.id, j.state, j.queue, j.kind, j.batch_id, j.run_at
         )
@@ -790,7 +817,7 @@ BEGIN
     ELSE
         WITH ins AS (
             INSERT INTO jobs_live AS j (id, kind, queue, payload, meta, state, priority, run_at, max_attempts,
-                                        unique_key, unique_live_only, group_key, batch_id, has_dependents)
+                                        unique_key, unique_live_only, group_key, batch_id, has_dependents, rate_key)
             SELECT v_ids[r.n], r.kind, coalesce(r.queue, 'default'), coalesce(r.payload, '{}'),
                    coalesce(r.meta, '{}'),
                    CASE WHEN coalesce(waiting[r.n], false) THEN 'waiting'::job_state
@@ -798,12 +825,13 @@ BEGIN
                         ELSE 'pending' END,
                    coalesce(r.priority::smallint, 0), coalesce(r.run_at, v_now), coalesce(r.max_attempts::int, 20),
                    r.unique_key, coalesce(r.unique_live_only, false), r.group_key, batch,
-                   coalesce(parents[r.n], false)
+                   coalesce(parents[r.n], false), r.rate_key
               FROM ROWS FROM (jsonb_to_recordset(jobs)
                        AS (kind text, queue text, payload jsonb, meta jsonb, run_at timestamptz, priority numeric,
-                           max_attempts numeric, unique_key text, unique_live_only boolean, group_key text))
+                           max_attempts numeric, unique_key text, unique_live_only boolean, group_key text,
+                           rate_key text))
                    WITH ORDINALITY AS r(kind, queue, payload, meta, run_at, priority, max_attempts, unique_key,
-                                        unique_live_only, group_key, n)
+                                        unique_live_only, group_key, rate_key, n)
             RETURNING j.id, j.state, j.queue, j.kind, j.batch_id, j.run_at
         )
         SELECT array_agg(ins.id), array_agg(ins.state), array_agg(ins.queue), array_agg(ins.kind),

@@ -45,7 +45,8 @@ BEGIN
     v_gate := _explain_gates(j, q);
     IF j.state = 'waiting' THEN
         v_out := _explain_dependencies(j) || _explain_parked(j);
-    ELSIF j.state = 'scheduled' AND j.run_at > now() THEN
+    ELSIF j.state = 'scheduled' AND j.run_at > now() AND j.run_at IS DISTINCT FROM j.rate_held_until THEN
+        -- (a job a rate limit held back is scheduled too, until its key's next token: rate_limited, a gate)
         v_out := _explain_scheduled(j) || _explain_parked(j);
     ELSIF cardinality(v_gate) > 0 THEN
         v_out := v_gate[1];
@@ -69,7 +70,6 @@ END;
 $$;
 
 -- The gates that hold back a job whose state lets a claim take it, in the order the reason is chosen.
--- (A rate limit's check joins them, between the caps and the workers: _explain_rate(j, q).)
 CREATE OR REPLACE FUNCTION pgjobs._explain_gates(j pgjobs.jobs, q pgjobs.queues)
 RETURNS jsonb[]
 LANGUAGE sql
@@ -80,6 +80,7 @@ AS $$
         CASE WHEN q.paused THEN jsonb_build_object('reason', 'paused', 'queue', j.queue) END,
         _explain_queue_cap(j, q),
         _explain_group_cap(j, q),
+        _explain_rate(j),   -- (rate_limits.sql)
         _explain_no_worker(j)
     ], NULL);
 $$;

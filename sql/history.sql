@@ -377,6 +377,7 @@ BEGIN
     BEGIN
         RETURN QUERY SELECT * FROM _premake_slices('200ms');
         RETURN QUERY SELECT * FROM _apply_retention('200ms');
+        RETURN QUERY SELECT * FROM _rate_prune();   -- (rate_limits.sql)
     EXCEPTION WHEN OTHERS THEN
         action := 'error'; target := 'history: ' || SQLERRM || ' (' || SQLSTATE || ')'; rows := NULL;
         RETURN NEXT;
@@ -490,6 +491,11 @@ LANGUAGE plpgsql
 SET search_path = pg_catalog, pgjobs, pg_temp
 AS $$
 BEGIN
+    -- Queues or jobs under a rate limit: the tokens are taken with the jobs (rate_limits.sql).
+    IF _rate_applies(queues) THEN
+        RETURN QUERY SELECT * FROM _claim_rated(worker, queues, max_jobs, lease, kind_limits);
+        RETURN;
+    END IF;
     FOR i IN 1..20 LOOP
         BEGIN
             RETURN QUERY SELECT * FROM _claim_once(worker, queues, max_jobs, lease, kind_limits);

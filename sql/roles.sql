@@ -48,6 +48,7 @@ DECLARE
         "explain": ["pgjobs_producer", "pgjobs_reader"],
         "signal": ["pgjobs_producer"],
         "durable_status": ["pgjobs_producer", "pgjobs_reader"],
+        "list_rate_limits": ["pgjobs_reader", "pgjobs_worker"],
 
         "claim": ["pgjobs_worker"],
         "renew_lease": ["pgjobs_worker"],

@@ -366,6 +366,8 @@ CREATE TABLE pgjobs.jobs (
     cancel_requested boolean NOT NULL DEFAULT false,
     has_dependents   boolean NOT NULL DEFAULT false,
     filed_xid        xid8 DEFAULT pg_current_xact_id(),
+    rate_key         text,
+    rate_held_until  timestamp with time zone,
     CONSTRAINT jobs_valid CHECK (((kind <> ''::text) AND (queue <> ''::text) AND (max_attempts >= 1) AND ((state <> 'active'::pgjobs.job_state) OR (lease_token IS NOT NULL))))
 ) PARTITION BY LIST (state);
 CREATE TRIGGER jobs_filed BEFORE UPDATE ON pgjobs.jobs FOR EACH ROW WHEN (((new.state = ANY ('{pending,scheduled,active}'::pgjobs.job_state[])) AND ((new.state <> old.state) OR (new.priority <> old.priority) OR (new.run_at <> old.run_at) OR (new.queue <> old.queue) OR (new.kind <> old.kind) OR (new.lease_expires_at < old.lease_expires_at) OR ((new.lease_expires_at IS NULL) <> (old.lease_expires_at IS NULL))))) EXECUTE FUNCTION pgjobs._job_filed();
@@ -382,6 +384,8 @@ CREATE INDEX jobs_filed_idx ON pgjobs.jobs_live USING btree (queue, filed_xid) W
 CREATE INDEX jobs_group_idx ON pgjobs.jobs_live USING btree (queue, group_key, priority, run_at, id) WITH (deduplicate_items=off) WHERE ((state = 'pending'::pgjobs.job_state) AND (group_key IS NOT NULL));
 CREATE INDEX jobs_group_later_idx ON pgjobs.jobs_live USING btree (queue, group_key) WHERE ((group_key IS NOT NULL) AND (state = ANY ('{waiting,scheduled}'::pgjobs.job_state[])));
 CREATE INDEX jobs_pending_idx ON pgjobs.jobs_live USING btree (queue, priority, run_at, id) WITH (deduplicate_items=off) WHERE (state = 'pending'::pgjobs.job_state);
+CREATE INDEX jobs_rate_held_idx ON pgjobs.jobs_live USING btree (rate_key, run_at) WHERE ((rate_key IS NOT NULL) AND (state = 'scheduled'::pgjobs.job_state));
+CREATE INDEX jobs_rate_pending_idx ON pgjobs.jobs_live USING btree (rate_key, priority, run_at, id) WHERE ((rate_key IS NOT NULL) AND (state = 'pending'::pgjobs.job_state));
 CREATE INDEX jobs_scheduled_idx ON pgjobs.jobs_live USING btree (queue, run_at) WHERE (state = 'scheduled'::pgjobs.job_state);
 CREATE INDEX jobs_waiting_idx ON pgjobs.jobs_live USING btree (queue) WHERE (state = 'waiting'::pgjobs.job_state);
 CREATE TABLE pgjobs.jobs_succeeded PARTITION OF pgjobs.jobs FOR VALUES IN ('succeeded') PARTITION BY RANGE (completed_at);
@@ -408,6 +412,35 @@ CREATE TABLE pgjobs.queues (
     CONSTRAINT queues_retention CHECK (((retention IS NULL) OR (retention >= '00:00:00'::interval))),
     CONSTRAINT queues_status_events CHECK ((status_events = ANY (ARRAY['all'::text, 'terminal'::text, 'none'::text])))
 );
+
+CREATE TABLE pgjobs.rate_limits (
+    scope      text NOT NULL,
+    key        text NOT NULL,
+    max_starts integer NOT NULL,
+    per        interval NOT NULL,
+    burst      integer NOT NULL DEFAULT 0,
+    updated_at timestamp with time zone NOT NULL DEFAULT now(),
+    CONSTRAINT rate_limits_pkey PRIMARY KEY (scope, key),
+    CONSTRAINT rate_limits_burst_check CHECK ((burst >= 0)),
+    CONSTRAINT rate_limits_key_check CHECK ((key <> ''::text)),
+    CONSTRAINT rate_limits_max_starts_check CHECK ((max_starts > 0)),
+    CONSTRAINT rate_limits_per_check CHECK ((per > '00:00:00'::interval)),
+    CONSTRAINT rate_limits_scope_check CHECK ((scope = ANY (ARRAY['key'::text, 'queue'::text])))
+);
+
+CREATE TABLE pgjobs.rate_queues (
+    queue text NOT NULL,
+    CONSTRAINT rate_queues_pkey PRIMARY KEY (queue)
+);
+
+CREATE TABLE pgjobs.rate_tats (
+    scope    text NOT NULL,
+    key      text NOT NULL,
+    tat      timestamp with time zone NOT NULL,
+    taken    integer NOT NULL,
+    taken_at timestamp with time zone NOT NULL DEFAULT now()
+) WITH (autovacuum_vacuum_scale_factor=0, autovacuum_vacuum_threshold=1000);
+CREATE INDEX rate_tats_newest ON pgjobs.rate_tats USING btree (scope, key, tat);
 
 CREATE TABLE pgjobs.schedules (
     name         text NOT NULL,

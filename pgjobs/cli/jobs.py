@@ -49,6 +49,9 @@ def register(sub: Any) -> None:
         "--max-attempts", type=positive_int, metavar="N", help="attempts (default: declared with --app, else 20)"
     )
     p.add_argument("--group-key", metavar="GROUP", help="fairness group (tenant, customer ...)")
+    p.add_argument(
+        "--rate-key", metavar="KEY", help="the rate limit its starts draw tokens from (pgjobs rate-limit KEY ...)"
+    )
     p.add_argument("--meta", type=parse_json, default=None, metavar="JSON", help="caller tags, trace context")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     p.set_defaults(func=cmd_enqueue, _needs=NEEDS_SCHEMA)
@@ -118,6 +121,7 @@ def cmd_enqueue(args: argparse.Namespace) -> int:
             unique_live_only=args.unique_live_only,
             group_key=args.group_key,
             meta=args.meta,
+            rate_key=args.rate_key,
         )
     if args.json:
         print_json(job)

@@ -151,10 +151,18 @@ def _plugins() -> list[Callable[[Any], None]]:
     from pgjobs.cli import explain as cli_explain
     from pgjobs.cli import maintain as cli_maintain
     from pgjobs.cli import queue as cli_queue
+    from pgjobs.cli import rates as cli_rates
     from pgjobs.cli import schedules as cli_schedules
     from pgjobs.web import server as web
 
-    return [cli_queue.register, cli_schedules.register, web.register, cli_maintain.register, cli_explain.register]
+    return [
+        cli_queue.register,
+        cli_schedules.register,
+        web.register,
+        cli_maintain.register,
+        cli_explain.register,
+        cli_rates.register,
+    ]
 
 
 def _global_split(argv: Sequence[str]) -> tuple[list[str], str | None, list[str]]:

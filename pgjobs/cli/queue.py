@@ -75,6 +75,10 @@ def register(subparsers: Any) -> None:
         metavar="AGE",
         help="keep finished jobs this long, then maintenance drops them (7d; 0: keep until purge)",
     )
+    p.add_argument(
+        "--max-starts", type=_non_negative_int, metavar="N", help="starts per --per, cluster-wide (0 removes)"
+    )
+    p.add_argument("--per", type=parse_duration, metavar="AGE", help="the window of --max-starts (1s, 1m, 1h)")
     pause = p.add_mutually_exclusive_group()
     pause.add_argument("--pause", dest="paused", action="store_true", default=None, help="stop handing out jobs")
     pause.add_argument("--resume", dest="paused", action="store_false", help="hand out jobs again")
@@ -112,6 +116,8 @@ def cmd_configure(args: argparse.Namespace) -> int:
             max_active=args.max_active,
             status_events=args.status_events,
             retention=args.retention,
+            max_starts=args.max_starts,
+            per=args.per,
         )
         live = _live(client, [settings.queue])
     if args.json:

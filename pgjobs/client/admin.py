@@ -43,12 +43,15 @@ def configure_queue_call(
     max_active: int | None = None,
     status_events: str | None = None,
     retention: timedelta | None = None,
+    max_starts: int | None = None,
+    per: float | timedelta | None = None,
 ) -> Call[QueueSettings]:
     return Call(
         "SELECT * FROM pgjobs.configure_queue(queue => %(queue)s, max_length => %(max_length)s,"
         " paused => %(paused)s, fair => %(fair)s, noisy_share => %(noisy_share)s::real,"
         " noisy_min_active => %(noisy_min_active)s, max_active_per_group => %(max_active_per_group)s,"
-        " max_active => %(max_active)s, status_events => %(status_events)s, retention => %(retention)s::interval)",
+        " max_active => %(max_active)s, status_events => %(status_events)s, retention => %(retention)s::interval,"
+        " max_starts => %(max_starts)s, per => %(per)s::interval)",
         {
             "queue": queue,
             "max_length": max_length,
@@ -60,6 +63,8 @@ def configure_queue_call(
             "max_active": max_active,
             "status_events": status_events,
             "retention": retention,
+            "max_starts": max_starts,
+            "per": timedelta(seconds=per) if isinstance(per, int | float) else per,
         },
         lambda rows: QueueSettings.from_row(rows[0]),
     )
@@ -104,10 +109,14 @@ class AdminOps(SyncRunner):
         max_active: int | None = None,
         status_events: str | None = None,
         retention: timedelta | None = None,
+        max_starts: int | None = None,
+        per: float | timedelta | None = None,
         conn: SyncConn | None = None,
     ) -> QueueSettings:
         """Changes a queue's settings: None leaves a setting as it is, 0 removes a limit (``retention``: how long
-        finished jobs are kept before maintenance drops them; ``timedelta(0)`` removes it)."""
+        finished jobs are kept before maintenance drops them; ``timedelta(0)`` removes it). ``max_starts`` and
+        ``per`` (seconds or a timedelta): at most that many of the queue's jobs start in any window of ``per``,
+        across every worker (``max_starts=0`` removes the limit; :meth:`rate_limits` shows it)."""
         return self._run(
             configure_queue_call(
                 queue,
@@ -120,6 +129,8 @@ class AdminOps(SyncRunner):
                 max_active=max_active,
                 status_events=status_events,
                 retention=retention,
+                max_starts=max_starts,
+                per=per,
             ),
             conn,
         )
@@ -160,6 +171,8 @@ class AsyncAdminOps(AsyncRunner):
         max_active: int | None = None,
         status_events: str | None = None,
         retention: timedelta | None = None,
+        max_starts: int | None = None,
+        per: float | timedelta | None = None,
         conn: AsyncConn | None = None,
     ) -> QueueSettings:
         return await self._run(
@@ -174,6 +187,8 @@ class AsyncAdminOps(AsyncRunner):
                 max_active=max_active,
                 status_events=status_events,
                 retention=retention,
+                max_starts=max_starts,
+                per=per,
             ),
             conn,
         )

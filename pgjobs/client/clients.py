@@ -20,6 +20,7 @@ from pgjobs.client.enqueue import AsyncEnqueueOps, EnqueueOps
 from pgjobs.client.explain import AsyncExplainOps, ExplainOps
 from pgjobs.client.graph import AsyncGraphOps, GraphOps
 from pgjobs.client.lifecycle import AsyncLifecycleOps, LifecycleOps
+from pgjobs.client.rates import AsyncRateOps, RateOps
 from pgjobs.client.recurring import AsyncRecurringOps, RecurringOps
 from pgjobs.client.status import AsyncStatusOps, StatusOps
 from pgjobs.client.stream import StreamOps, SyncStreamOps
@@ -38,6 +39,7 @@ class Client(
     ClaimOps,
     LifecycleOps,
     AdminOps,
+    RateOps,
     StatusOps,
     WorkerOps,
     RecurringOps,
@@ -115,6 +117,7 @@ class AsyncClient(
     AsyncClaimOps,
     AsyncLifecycleOps,
     AsyncAdminOps,
+    AsyncRateOps,
     AsyncStatusOps,
     AsyncExplainOps,
     AsyncWorkerOps,

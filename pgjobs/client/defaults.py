@@ -1,5 +1,6 @@
 """Per-kind enqueue defaults: ``pgjobs.Client(dsn, app=app)`` enqueues a declared kind with its handler's
-``queue``, ``priority`` and ``max_attempts`` unless the call says otherwise.
+``queue``, ``priority``, ``max_attempts`` and ``rate_key`` unless the call says otherwise (a declared
+``rate_key`` may be a function of the payload).
 
 The client layer does not import the runtime: ``app`` is anything with ``enqueue_defaults(kind) -> mapping``
 (:class:`pgjobs.App` is one). A kind the app does not declare gets the SQL defaults (``default``, 0, 20).
@@ -7,7 +8,7 @@ The client layer does not import the runtime: ``app`` is anything with ``enqueue
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, Protocol, runtime_checkable
 
 # the enqueue arguments a declaration may default; the others (unique_key, run_at ...) are per job
@@ -42,7 +43,33 @@ def fill_spec(defaults: EnqueueDefaults | None, spec: Mapping[str, Any]) -> dict
     kind = out.get("kind")
     if defaults is None or not isinstance(kind, str):
         return out
-    for key, value in defaults.enqueue_defaults(kind).items():
+    declared = defaults.enqueue_defaults(kind)
+    for key, value in declared.items():
         if key in DEFAULTABLE and out.get(key) is None and value is not None:
             out[key] = value
+    if out.get("rate_key") is None and declared.get("rate_key") is not None:
+        rate_key = rate_key_of(declared["rate_key"], out.get("payload", {}))
+        if rate_key is not None:
+            out["rate_key"] = rate_key
     return out
+
+
+RateKey = str | Callable[[Any], "str | None"] | None
+
+
+def rate_key_of(declared: RateKey, payload: Any) -> str | None:
+    """A declared ``rate_key`` for one job: the string, or what the function gives for the job's payload."""
+    if callable(declared):
+        key = declared(payload)
+        if key is not None and not isinstance(key, str):
+            raise TypeError(f"a rate_key function must return a str or None, got {key!r}")
+        return key
+    return declared
+
+
+def resolve_rate_key(defaults: EnqueueDefaults | None, kind: str, payload: Any, explicit: str | None) -> str | None:
+    """``rate_key`` for one enqueue: the explicit one when not None, else the kind's declared one (a function
+    of the payload, or a string), else None (no limit)."""
+    if explicit is not None or defaults is None:
+        return explicit
+    return rate_key_of(defaults.enqueue_defaults(kind).get("rate_key"), payload)

@@ -19,7 +19,7 @@ from psycopg.types.json import Jsonb
 from pgjobs.client import staging
 from pgjobs.client._call import AsyncConn, AsyncRunner, Call, FastCall, Rows, SyncConn, SyncRunner, Tuples, jsonb
 from pgjobs.client.arguments import NO_PAYLOAD, check_priority, payload_object, run_at_time
-from pgjobs.client.defaults import EnqueueDefaults, fill_spec, resolve
+from pgjobs.client.defaults import EnqueueDefaults, fill_spec, resolve, resolve_rate_key
 from pgjobs.client.tracecontext import traced_many, traced_many_async, traced_one, traced_one_async
 from pgjobs.errors import translate
 from pgjobs.records import Enqueued, EnqueuedSpec, JobState, slot_setters
@@ -36,7 +36,7 @@ _ENQUEUE_COMMON: LiteralString = "SELECT id, created, state FROM pgjobs.enqueue(
 _ENQUEUE_FULL: LiteralString = (
     "SELECT id, created, state FROM pgjobs.enqueue(kind => %s, payload => %s, queue => %s, run_at => %s,"
     " priority => %s::smallint, max_attempts => %s, unique_key => %s, unique_live_only => %s,"
-    " group_key => %s, meta => %s)"
+    " group_key => %s, meta => %s, rate_key => %s)"
 )
 
 
@@ -57,6 +57,7 @@ def enqueue_fast_call(
     group_key: str | None = None,
     meta: Mapping[str, Any] | None = None,
     defaults: EnqueueDefaults | None = None,
+    rate_key: str | None = None,
 ) -> FastCall[Enqueued]:
     """What ``enqueue`` sends (``pgjobs.enqueue`` with its arguments named; a declared kind's defaults applied)."""
     doc = Jsonb(payload_object(payload))
@@ -64,6 +65,7 @@ def enqueue_fast_call(
     if defaults is not None or queue is None or priority is None or max_attempts is None:
         options = resolve(defaults, kind, {"queue": queue, "priority": priority, "max_attempts": max_attempts})
         queue, priority, max_attempts = options["queue"], options["priority"], options["max_attempts"]
+    rate_key = resolve_rate_key(defaults, kind, doc.obj, rate_key)
     check_priority(priority)
     if (
         run_at is None
@@ -73,6 +75,7 @@ def enqueue_fast_call(
         and not unique_live_only
         and group_key is None
         and not meta
+        and rate_key is None
     ):
         return FastCall(_ENQUEUE_COMMON, (kind, doc, queue), _enqueued)
     params = (
@@ -86,6 +89,7 @@ def enqueue_fast_call(
         unique_live_only,
         group_key,
         Jsonb(dict(meta) if meta else {}),
+        rate_key,
     )
     return FastCall(_ENQUEUE_FULL, params, _enqueued)
 
@@ -127,6 +131,7 @@ _AT_DEFAULT: dict[str, Any] = {
     "unique_live_only": False,
     "group_key": None,
     "meta": None,
+    "rate_key": None,
 }
 _MAX_ARRAYS = 100_000  # (limits: sql/checks.sql) more goes as JSON, which refuses it
 _REF_TYPES = frozenset({str, type(None)})
@@ -336,16 +341,18 @@ class EnqueueOps(SyncRunner):
         unique_live_only: bool = False,
         group_key: str | None = None,
         meta: Mapping[str, Any] | None = None,
+        rate_key: str | None = None,
         conn: SyncConn | None = None,
     ) -> Enqueued:
         """Enqueues one job. With ``conn``, inside the caller's transaction. ``queue``/``priority``/
         ``max_attempts`` not given: the kind's declared defaults (``Client(app=...)``), else default/0/20.
         ``payload``: a dict (left out: ``{}``; ``None`` is refused); ``run_at``: a datetime or an ISO 8601
-        string (:mod:`pgjobs.client.arguments`)."""
+        string (:mod:`pgjobs.client.arguments`). ``rate_key``: the rate limit its starts draw tokens from
+        (:meth:`configure_rate_limit`; not given: the kind's declared one)."""
         return self._run_fast(
             enqueue_fast_call(
                 kind, payload, queue, run_at, priority, max_attempts, unique_key, unique_live_only, group_key, meta,
-                self._enqueue_defaults,
+                self._enqueue_defaults, rate_key,
             ),
             conn,
         )  # fmt: skip
@@ -405,12 +412,13 @@ class AsyncEnqueueOps(AsyncRunner):
         unique_live_only: bool = False,
         group_key: str | None = None,
         meta: Mapping[str, Any] | None = None,
+        rate_key: str | None = None,
         conn: AsyncConn | None = None,
     ) -> Enqueued:
         return await self._run_fast(
             enqueue_fast_call(
                 kind, payload, queue, run_at, priority, max_attempts, unique_key, unique_live_only, group_key, meta,
-                self._enqueue_defaults,
+                self._enqueue_defaults, rate_key,
             ),
             conn,
         )  # fmt: skip

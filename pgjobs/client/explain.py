@@ -147,8 +147,18 @@ def _behind(d: dict[str, Any]) -> str:
 
 
 def _rate(d: dict[str, Any]) -> str:
-    extra = ", ".join(f"{k} {_at(v) if k.endswith('_at') else v}" for k, v in d.items() if k != "lease_lapsed_at")
-    return "rate limited" + (f": {extra}" if extra else "")
+    """The limit (a key's or the queue's), its next token, and the time a claim held the job back to."""
+    if d.get("scope") == "queue":
+        text = f"queue {d.get('queue')!r} is at its rate limit"
+    elif d.get("rate_key") is not None:
+        text = f"rate key {d.get('rate_key')!r} is at its rate limit"
+    else:
+        text = "rate limited"
+    if d.get("next_token_at"):
+        text += f"; the next start token is due at {_at(d['next_token_at'])}"
+    if d.get("held_until"):
+        text += f"; held back until {_at(d['held_until'])}"
+    return text
 
 
 _SENTENCES: dict[Reason, Callable[[dict[str, Any]], str]] = {

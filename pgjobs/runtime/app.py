@@ -22,7 +22,8 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 from uuid import UUID
 
-from pgjobs.client.arguments import NO_PAYLOAD
+from pgjobs.client.arguments import NO_PAYLOAD, payload_object
+from pgjobs.client.defaults import RateKey, rate_key_of
 from pgjobs.runtime.context import CancelFlag, JobCancelled, JobContext, JobRuntime, SyncJobContext
 
 __all__ = [
@@ -88,6 +89,7 @@ class JobHandler:
     is_async: bool = True
     parent_results: bool = False
     priority: int | None = None
+    rate_key: RateKey = None
 
     def retry_at(self, attempt: int, now: datetime | None = None) -> datetime | None:
         """When the handler's own ``retry`` policy wants attempt ``attempt`` retried (None: the SQL backoff)."""
@@ -103,12 +105,15 @@ class JobHandler:
         return None if value is None else when_to_datetime(value, now)
 
     def enqueue_defaults(self) -> dict[str, Any]:
-        """``queue``, ``priority`` and ``max_attempts`` as declared, as keyword arguments of ``enqueue``."""
+        """``queue``, ``priority``, ``max_attempts`` and ``rate_key`` as declared (``rate_key`` may be a function
+        of the payload: :func:`pgjobs.client.defaults.rate_key_of` gives a job's key)."""
         out: dict[str, Any] = {"queue": self.queue}
         if self.priority is not None:
             out["priority"] = self.priority
         if self.max_attempts is not None:
             out["max_attempts"] = self.max_attempts
+        if self.rate_key is not None:
+            out["rate_key"] = self.rate_key
         return out
 
     def enqueue(self, client: Any, payload: Any = NO_PAYLOAD, **options: Any) -> Any:
@@ -116,7 +121,10 @@ class JobHandler:
         ``options`` has none: ``app.handlers["send_email"].enqueue(client, {...})``. With an
         :class:`~pgjobs.AsyncClient` it returns the coroutine to await."""
         given = {k: v for k, v in options.items() if v is not None}
-        return client.enqueue(self.kind, payload, **{**self.enqueue_defaults(), **given})
+        declared = self.enqueue_defaults()
+        if self.rate_key is not None:
+            declared["rate_key"] = rate_key_of(self.rate_key, payload_object(payload))
+        return client.enqueue(self.kind, payload, **{**declared, **given})
 
 
 def _is_async(func: Callable[..., Any]) -> bool:
@@ -146,6 +154,7 @@ class App:
         retry: RetryPolicy | None = None,
         parent_results: bool = False,
         priority: int | None = None,
+        rate_key: RateKey = None,
     ) -> Callable[[F], F]:
         """Registers the decorated function as the handler of ``kind``.
 
@@ -157,11 +166,15 @@ class App:
         delays in seconds by attempt (the last repeats), or ``f(attempt) -> seconds | timedelta | datetime``.
         ``parent_results=True``: the worker fills ``ctx.parent_results`` ({parent job id: result}, batch parents
         meaning every member) before the handler starts, one round trip per claim that took such jobs.
+        ``rate_key``: the rate limit (``configure_rate_limit``) this kind's jobs draw their start tokens from, a
+        string or ``f(payload) -> str | None`` (per customer, per API host ...); an enqueue's own ``rate_key`` wins.
         """
         if not kind:
             raise ValueError("kind must be a non-empty string")
         if not queue:
             raise ValueError("queue must be a non-empty string")
+        if rate_key == "":
+            raise ValueError("rate_key must be a non-empty string, a function of the payload, or None")
         if max_attempts is not None and max_attempts < 1:
             raise ValueError(f"max_attempts must be >= 1, got {max_attempts}")
         if priority is not None and not -32768 <= priority <= 32767:
@@ -183,6 +196,7 @@ class App:
                 is_async=_is_async(func),
                 parent_results=parent_results,
                 priority=priority,
+                rate_key=rate_key,
             )
             return func
 

@@ -165,6 +165,8 @@ async def claim_loop(w: WorkerState, q: QueueState) -> None:
                 q.reserved -= want
             if len(rows) >= want:
                 q.wake("full")  # (poke: a sibling claimer may take more meanwhile)
+            elif w.rate_limited:
+                w.poke_poller()  # the next due time may be a token this claim waited for (listener.read_caps)
             if rows and w.stopping:
                 # The answer of a claim that was on its way when the stop began: the slots may be gone already.
                 await _release_claimed(w, cur, rows)

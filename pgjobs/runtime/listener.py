@@ -7,7 +7,9 @@
 * the **poller**: wakes the claimers every ``poll_interval`` and at the next due ``run_at`` or lease expiry
   within it (``next_due_within``);
 * the **caps reader**: which served queues have a cap, at start and every ``heartbeat_interval``: the end of a
-  job of such a queue wakes its claimer in-process (``QueueState.ended``).
+  job of such a queue wakes its claimer in-process (``QueueState.ended``); and whether a rate limit may hold
+  back their jobs: then a claim that comes back short re-arms the poller (the claim may have held jobs back
+  to their next token times, or used up a queue's tokens), so it sleeps until the next token, not its interval.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import psycopg
 
 from pgjobs.client.claim import capped_queues_call, next_due_in_call
 from pgjobs.client.listen import Listener
+from pgjobs.client.rates import rate_limited_call
 from pgjobs.runtime.state import RECONNECT_CAP, WorkerState
 
 log = logging.getLogger("pgjobs.worker")
@@ -82,6 +85,9 @@ async def poller(w: WorkerState) -> None:
         if due_in is not None and due_in > 0:
             delay = min(delay, due_in + 0.002)
         w.poller_wait = anyio.Event()
+        if w.poller_poked:  # a poke while it asked: what it read may be older than the poke's news
+            w.poller_poked = False
+            w.poller_wait.set()
         with anyio.move_on_after(delay) as scope:
             await w.poller_wait.wait()
         w.poller_wait = None
@@ -104,6 +110,13 @@ async def read_caps(w: WorkerState) -> None:
         return
     for q in w.queue_states:
         q.capped = q.name in names
+    try:
+        limited = await w.call(rate_limited_call(list(w.queues)))
+        if limited and not w.rate_limited:
+            w.poke_poller()  # (claims made before this read did not re-arm it)
+        w.rate_limited = limited
+    except Exception as exc:
+        log.warning("could not read whether rate limits hold back the served queues (%s)", exc)
 
 
 async def caps_reader(w: WorkerState) -> None:

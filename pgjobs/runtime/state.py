@@ -247,6 +247,8 @@ class WorkerState:
     spans: dict[int, Any]  # attempt spans of jobs awaiting complete_many (tracing only)
     completer_wait: anyio.Event | None  # set to send the completions now (poke_completer)
     poller_wait: anyio.Event | None  # set to end the poller's sleep now (poke_poller)
+    rate_limited: bool  # a rate limit may hold back jobs of the served queues (listener.read_caps)
+    poller_poked: bool  # poke_poller came while the poller was not asleep
     renewer_wait: anyio.Event | None  # set to renew the leases now: a cancel hint came (poke_renewer)
     renew_busy: bool  # the last renewal found held jobs busy (not renewed): renew again soon
     stopping: bool  # stop() was called: no more claims
@@ -268,6 +270,8 @@ class WorkerState:
         self.completer_wait = None
         self._backoff_wait: anyio.Event | None = None  # set when connection retries should not wait any longer
         self.poller_wait = None
+        self.rate_limited = False
+        self.poller_poked = False
         self.renewer_wait = None
         self.renew_busy = False
         self.stopping = False
@@ -405,6 +409,8 @@ class WorkerState:
     def poke_poller(self) -> None:
         if self.poller_wait is not None:
             self.poller_wait.set()
+        else:  # (the poller is asking for its next due time: it asks again before it sleeps)
+            self.poller_poked = True
 
     def poke_renewer(self) -> None:
         if self.renewer_wait is not None:

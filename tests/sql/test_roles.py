@@ -46,6 +46,8 @@ WORKER = {
     "next_schedule_at",
     # durable execution (sql/durable.sql)
     "record_step", "job_steps", "sleep_until", "await_signal",
+    # whether rate limits hold back the served queues (runtime/listener.py)
+    "list_rate_limits",
 }  # fmt: skip
 READER = {
     "job_status", "batch_status", "status_snapshot", "explain", "batch_graph", "stats", "list_jobs", "list_workers",
@@ -54,12 +56,16 @@ READER = {
     # the dashboard's reads (sql/dashboard.sql)
     "dashboard_jobs", "dashboard_count_jobs", "dashboard_queues", "dashboard_throughput", "dashboard_groups",
     "dashboard_workers", "dashboard_state_counts", "durable_status",
+    # rate limits (sql/rate_limits.sql)
+    "list_rate_limits",
 }  # fmt: skip
 ADMIN_ONLY = {
     "cancel", "cancel_batch", "retry", "delete", "delete_batch", "purge", "configure_queue", "pause_schedule",
     "resume_schedule", "remove_schedule", "configure_stream", "maintain", "maintain_history",
     # the dashboard's actions (sql/dashboard.sql)
     "dashboard_bulk", "trigger_schedule", "purge_signals",
+    # rate limits (sql/rate_limits.sql)
+    "configure_rate_limit",
 }  # fmt: skip
 ALLOWED = {"pgjobs_producer": PRODUCER, "pgjobs_worker": WORKER, "pgjobs_reader": READER}
 KNOWN = PRODUCER | WORKER | READER | ADMIN_ONLY
@@ -217,3 +223,23 @@ def test_a_temp_table_no_longer_shadows_a_pgjobs_table(conn: Conn, logins: dict[
         call(admin, "configure_queue", queue="default", paused=True)
         assert admin.execute("SELECT count(*) FROM pg_temp.queues").fetchone() == (0,)
     assert conn.execute("SELECT paused FROM pgjobs.queues WHERE queue = 'default'").fetchone() == (True,)
+
+
+def test_rate_limits_are_configured_by_admins_and_named_by_producers(conn: Conn, logins: dict[str, str]) -> None:
+    """configure_rate_limit and configure_queue's limit are pgjobs_admin's; a producer names a key on enqueue; a
+    worker claims under the limit (the tokens are taken inside claim, with no table privilege of its own)."""
+    with (
+        psycopg.connect(logins["pgjobs_producer"], autocommit=True) as producer,
+        psycopg.connect(logins["pgjobs_worker"], autocommit=True) as worker,
+        psycopg.connect(logins["pgjobs_admin"], autocommit=True) as admin,
+    ):
+        for who in (producer, worker):
+            with pytest.raises(psycopg.errors.InsufficientPrivilege):
+                who.execute("SELECT pgjobs.configure_rate_limit('k', 1, '1 hour')")
+            with pytest.raises(psycopg.errors.InsufficientPrivilege):
+                who.execute("SELECT pgjobs.configure_queue('q', max_starts => 1, per => '1 hour')")
+        admin.execute("SELECT pgjobs.configure_rate_limit('k', 1, '1 hour')")
+        ids = [enqueue(producer, "roles", rate_key="k")["id"] for _ in range(2)]
+        assert [j["id"] for j in call(worker, "claim", worker="w1", max_jobs=2)] == ids[:1]
+        assert call(worker, "list_rate_limits")[0]["tokens"] == 0
+    assert conn.execute("SELECT count(*) FROM pgjobs.jobs WHERE rate_held_until IS NOT NULL").fetchone() == (1,)

@@ -1,15 +1,5 @@
 -- Managing work: cancel, retry, delete, purge, and per-queue settings.
 
-CREATE OR REPLACE FUNCTION pgjobs._not_found(what text, id bigint)
-RETURNS void
-LANGUAGE plpgsql
-SET search_path = pg_catalog, pgjobs, pg_temp
-AS $$
-BEGIN
-    RAISE EXCEPTION USING ERRCODE = 'PJ003', MESSAGE = format('%s %s not found', what, coalesce(id::text, 'NULL'));
-END;
-$$;
-
 -- Not yet running -> 'cancelled' (success/failure children cancelled in cascade by _propagate).
 -- Running -> cancel_requested, and its worker is told on pgjobs_cancel; it ends the job as
 -- 'cancelled' (ack_cancel), or a later fail/release/lease expiry does. Terminal -> false.
@@ -184,7 +174,7 @@ BEGIN
 END;
 $$;
 
--- purge(): sql/history.sql (whole history slices, rows only in the boundary slice).
+-- purge(): sql/maintain.sql (whole history slices, rows only in the boundary slice).
 
 -- configure_queue: NULL leaves a setting as it is; 0 removes a limit (retention '0': keep until purge).
 -- Returns the settings.

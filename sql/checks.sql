@@ -142,3 +142,13 @@ BEGIN
     END IF;
 END;
 $$;
+
+CREATE OR REPLACE FUNCTION pgjobs._not_found(what text, id bigint)
+RETURNS void
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pgjobs, pg_temp
+AS $$
+BEGIN
+    RAISE EXCEPTION USING ERRCODE = 'PJ003', MESSAGE = format('%s %s not found', what, coalesce(id::text, 'NULL'));
+END;
+$$;

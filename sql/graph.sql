@@ -201,7 +201,7 @@ BEGIN
     --    (add_to_batch(..., before_continuations)), locked in id order: see the header.
     -- A parent may be ending (a worker completing it). A row that moves to history while we wait
     -- on its lock fails the statement with 40001 in READ COMMITTED (history.sql): again, in a new snapshot that sees it moved.
-    -- After one lost race the locks are taken row by row (_lock_jobs_in_turn, history.sql): with workers completing
+    -- After one lost race the locks are taken row by row (_lock_jobs_in_turn, races.sql): with workers completing
     -- the parents all the time, the whole statement again could lose on every try.
     FOR i IN 1..20 LOOP
         BEGIN
@@ -903,4 +903,47 @@ AS $$
       FROM (SELECT DISTINCT u.id FROM unnest(parent_results_many.ids) AS u(id)) AS c
      WHERE EXISTS (SELECT 1 FROM edges AS e WHERE e.child_id = c.id)
      ORDER BY c.id;
+$$;
+
+-- Recounts batches from their members, under the batches' row locks (taken in id order, before
+-- counting: a member settling concurrently either committed before the lock, and is counted
+-- as settled, or updates the counters after us). Returns whether each batch went from settled
+-- back to executing.
+CREATE OR REPLACE FUNCTION pgjobs._recount_batches(ids bigint[])
+RETURNS TABLE (id bigint, reopened boolean)
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pgjobs, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_old bigint[];
+BEGIN
+    SELECT array_agg(l.id) FILTER (WHERE l.state <> 'executing') INTO v_old
+      FROM (SELECT b.id, b.state FROM batches AS b WHERE b.id = ANY (ids) ORDER BY b.id FOR NO KEY UPDATE) AS l;
+    RETURN QUERY
+    WITH cnt AS (
+        SELECT b.id,
+               count(j.id)::int AS total,
+               count(j.id) FILTER (WHERE j.state NOT IN ('succeeded', 'failed', 'cancelled'))::int AS pending,
+               count(j.id) FILTER (WHERE j.state = 'succeeded')::int AS succeeded,
+               count(j.id) FILTER (WHERE j.state = 'failed')::int AS failed,
+               count(j.id) FILTER (WHERE j.state = 'cancelled')::int AS cancelled
+          FROM unnest(ids) AS b(id)
+          LEFT JOIN jobs AS j ON j.batch_id = b.id
+         GROUP BY b.id
+    ), u AS (
+        UPDATE batches AS b
+           SET total = c.total, pending = c.pending, succeeded = c.succeeded, failed = c.failed,
+               cancelled = c.cancelled,
+               state = CASE WHEN c.pending > 0 THEN 'executing'::batch_state
+                            WHEN c.failed > 0 THEN 'failed'
+                            WHEN c.cancelled > 0 THEN 'cancelled'
+                            ELSE 'succeeded' END,
+               completed_at = CASE WHEN c.pending > 0 THEN NULL ELSE coalesce(b.completed_at, now()) END
+          FROM cnt AS c
+         WHERE b.id = c.id
+        RETURNING b.id, b.state
+    )
+    SELECT u.id, u.state = 'executing' AND u.id = ANY (coalesce(v_old, '{}')) FROM u;
+END;
 $$;

@@ -19,7 +19,7 @@
 --   calls pgjobs.claim again for the jobs (with pgjobs.rate_inner set, so the hook lets it through);
 -- * _next_due (claim.sql): a limited queue's next token time is a due time, so an idle worker's poller
 --   wakes then, not at its poll interval;
--- * _maintain_history (history.sql): _rate_prune deletes the TAT rows no claim reads again.
+-- * _maintain_history (maintain.sql): _rate_prune deletes the TAT rows no claim reads again.
 --
 -- Per-key limits hold back what they cannot start: a claim that took more jobs of a key than it has tokens
 -- for undoes its own work (a subtransaction) and files the key's pending jobs as scheduled, one token
@@ -496,7 +496,7 @@ BEGIN
 END;
 $$;
 
--- Maintenance's step (_maintain_history, history.sql): deletes the TAT rows no claim reads again: all but
+-- Maintenance's step (_maintain_history, maintain.sql): deletes the TAT rows no claim reads again: all but
 -- the newest of a limit, and every row of a limit that is gone (10,000 a pass). The rows below a limit's
 -- newest are the claims since the last pass: the pass is bounded by the claim rate times its interval.
 CREATE OR REPLACE FUNCTION pgjobs._rate_prune()

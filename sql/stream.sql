@@ -1,4 +1,7 @@
 -- The status stream: a durable, append-only, rotated event log read in order from a cursor.
+-- Every status event is written here, by one family: _append_events (the hot paths' one call), _log_events
+-- (the same after each queue's status_events setting), _log_event (one job), _notify_status (events as
+-- JSON) and _notify_status_rows (events as arrays). The maintenance pass (maintain) is in maintain.sql.
 --
 -- THE PROBLEM. Event ids must be handed out in an order a reader can follow with one cursor
 -- (`event_id > cursor`), yet a sequence hands out ids in call order, not commit order: a job
@@ -623,160 +626,6 @@ BEGIN
 END;
 $$;
 
--- One maintenance pass of the stream (see the header): empties the inbox partitions the log has
--- taken in, rotates the log once its period has passed and the next partition's events are past
--- retention, forgets expired follower marks. One at a time: a pass that finds another running
--- reports 'busy' and does nothing. Returns what it did, one row per action.
-CREATE OR REPLACE FUNCTION pgjobs.maintain()
-RETURNS TABLE (action text, target text, rows bigint)
-LANGUAGE plpgsql
-SECURITY DEFINER
-SET search_path = pg_catalog, pgjobs, pg_temp
-SET jit = off
-AS $$
-BEGIN
-    IF current_setting('transaction_isolation') <> 'read committed' THEN
-        RAISE EXCEPTION USING ERRCODE = 'PJ004',
-            MESSAGE = format('maintain needs READ COMMITTED, the transaction is %s', current_setting('transaction_isolation'));
-    END IF;
-    IF NOT pg_try_advisory_xact_lock(_stream_lock()) THEN
-        RETURN QUERY
-        SELECT 'busy'::text,
-               'another tick or maintenance pass holds the stream lock (pid '
-               || coalesce((SELECT string_agg(l.pid::text, ', ') FROM pg_locks AS l
-                             WHERE l.locktype = 'advisory' AND l.granted AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
-                               AND (l.classid::bigint << 32) + l.objid::bigint = _stream_lock()), '?') || ')',
-               NULL::bigint;
-        RETURN;
-    END IF;
-    RETURN QUERY SELECT * FROM _maintain();
-END;
-$$;
-
--- maintain()'s work; the caller holds the stream lock.
-CREATE OR REPLACE FUNCTION pgjobs._maintain()
-RETURNS TABLE (action text, target text, rows bigint)
-LANGUAGE plpgsql
-SET search_path = pg_catalog, pgjobs, pg_temp
-SET jit = off
-AS $$
-#variable_conflict use_column
-DECLARE
-    v_cur_inbox smallint := (floor(extract(epoch FROM clock_timestamp()) / 15)::bigint % 4)::smallint;
-    v_locked    smallint[] := '{}';
-    v_tick      record;
-    v_set       stream_settings;
-    v_rot       event_rotations;
-    v_next      smallint;
-    v_ended     timestamptz;
-    v_timeout   text := current_setting('lock_timeout');
-    v_n         bigint;
-    v_part      text;
-BEGIN
-    -- 1. Lock every non-current inbox partition that has rows; NOWAIT: one still held by a writer's
-    --    open transaction is left for a later pass (its rows are not committed, or not yet ticked).
-    FOR s IN 0..3 LOOP
-        CONTINUE WHEN s = v_cur_inbox;
-        CONTINUE WHEN NOT EXISTS (SELECT 1 FROM event_inbox AS i WHERE i.slot = s);
-        BEGIN
-            EXECUTE format('LOCK TABLE pgjobs.%I IN ACCESS EXCLUSIVE MODE NOWAIT', 'event_inbox_' || s);
-            v_locked := v_locked || s::smallint;
-        EXCEPTION WHEN lock_not_available THEN
-            action := 'skip'; target := 'event_inbox_' || s || ' (a transaction that wrote to it is still open)';
-            rows := NULL;
-            RETURN NEXT;
-        END;
-    END LOOP;
-    -- 2. Tick, in a snapshot taken after the locks: every row of the locked partitions is visible.
-    v_tick := _tick_events(true);
-    action := 'tick'; target := 'event_log'; rows := v_tick.events;
-    RETURN NEXT;
-    IF v_tick.events > 0 AND EXISTS (SELECT 1 FROM stream_followers AS f WHERE f.until > statement_timestamp()) THEN
-        PERFORM pg_notify('pgjobs_status', '{"event_id": ' || v_tick.newest || '}');
-    END IF;
-    -- 3. Empty the locked inbox partitions: all their rows are in the log now.
-    FOREACH v_next IN ARRAY v_locked LOOP
-        EXECUTE format('TRUNCATE pgjobs.%I', 'event_inbox_' || v_next);
-        action := 'truncate'; target := 'event_inbox_' || v_next; rows := NULL;
-        RETURN NEXT;
-    END LOOP;
-    -- 4. Rotate the log when its period has passed, into a partition past retention.
-    SELECT * INTO v_set FROM stream_settings;
-    SELECT * INTO v_rot FROM event_rotations AS r ORDER BY r.rotation_id DESC LIMIT 1;
-    IF clock_timestamp() - v_rot.started_at >= v_set.rotate_every THEN
-        v_next := (v_rot.slot + 1) % 16;
-        v_part := lpad(v_next::text, 2, '0');
-        -- When the next partition was last written to: the start of the rotation after its last use.
-        SELECT (SELECT r2.started_at FROM event_rotations AS r2 WHERE r2.rotation_id > r1.rotation_id
-                 ORDER BY r2.rotation_id LIMIT 1)
-          INTO v_ended
-          FROM event_rotations AS r1 WHERE r1.slot = v_next ORDER BY r1.rotation_id DESC LIMIT 1;
-        IF v_ended IS NOT NULL AND v_ended > clock_timestamp() - v_set.retention
-           AND EXISTS (SELECT 1 FROM event_log AS l WHERE l.slot = v_next) THEN
-            action := 'wait'; rows := NULL;
-            target := format('event_log_%s holds events until %s (retention %s)', v_part, v_ended + v_set.retention,
-                             v_set.retention);
-            RETURN NEXT;
-        ELSE
-            BEGIN
-                -- Readers hold the partition for a statement at a time: wait for them briefly only.
-                PERFORM set_config('lock_timeout', '200ms', true);
-                EXECUTE format('LOCK TABLE pgjobs.%I, pgjobs.%I IN ACCESS EXCLUSIVE MODE',
-                               'event_log_' || v_part, 'event_ticks_' || v_part);
-                PERFORM set_config('lock_timeout', v_timeout, true);
-                SELECT count(*) INTO v_n FROM event_log AS l WHERE l.slot = v_next;
-                EXECUTE format('TRUNCATE pgjobs.%I, pgjobs.%I', 'event_log_' || v_part, 'event_ticks_' || v_part);
-                INSERT INTO event_rotations (slot) VALUES (v_next);
-                action := 'rotate'; target := 'event_log_' || v_part; rows := v_n;
-                RETURN NEXT;
-            EXCEPTION WHEN lock_not_available THEN
-                PERFORM set_config('lock_timeout', v_timeout, true);
-                action := 'skip'; target := 'event_log_' || v_part || ' (readers held it; retried next pass)';
-                rows := NULL;
-                RETURN NEXT;
-            END;
-        END IF;
-    END IF;
-    -- 4b. Job history: slices ahead, queue retention (history.sql; never fails this pass).
-    RETURN QUERY SELECT * FROM _maintain_history();
-    -- 5. Forget what nobody needs (few rows: one per follower renewal, per rotation, per pass).
-    DELETE FROM stream_followers AS f WHERE f.until < clock_timestamp() - interval '1 minute';
-    GET DIAGNOSTICS v_n = ROW_COUNT;
-    IF v_n > 0 THEN
-        action := 'forget'; target := 'stream_followers'; rows := v_n;
-        RETURN NEXT;
-    END IF;
-    DELETE FROM event_rotations AS r
-     WHERE r.started_at < clock_timestamp() - greatest(interval '1 day', 2 * v_set.retention)
-       AND r.rotation_id < (SELECT max(r2.rotation_id) - 32 FROM event_rotations AS r2);
-    DELETE FROM stream_maintenance AS m WHERE m.at < clock_timestamp() - interval '1 hour';
-    INSERT INTO stream_maintenance DEFAULT VALUES;
-END;
-$$;
-
--- Maintenance from the workers: worker_heartbeat calls this; at most one pass every 5 seconds
--- across all workers, and never waits for another pass.
-CREATE OR REPLACE FUNCTION pgjobs._maintain_if_due()
-RETURNS void
-LANGUAGE plpgsql
-SET search_path = pg_catalog, pgjobs, pg_temp
-SET jit = off
-AS $$
-BEGIN
-    IF current_setting('transaction_isolation') <> 'read committed'
-       OR EXISTS (SELECT 1 FROM stream_maintenance AS m WHERE m.at > clock_timestamp() - interval '5 seconds')
-       OR NOT pg_try_advisory_xact_lock(_stream_lock()) THEN
-        RETURN;
-    END IF;
-    BEGIN
-        PERFORM count(*) FROM _maintain();
-    EXCEPTION WHEN OTHERS THEN
-        -- The heartbeat must not fail with it (a worker whose heartbeats fail is reaped by the others).
-        RAISE WARNING 'pgjobs status stream maintenance failed: % (%)', SQLERRM, SQLSTATE;
-    END;
-END;
-$$;
-
 -- The durable re-read of known jobs' current state (the subscriber's starting point).
 -- Returns the jobs in job_ids, plus the members of batch in_batch (only the live ones when live_only).
 CREATE OR REPLACE FUNCTION pgjobs.status_snapshot(job_ids bigint[] DEFAULT NULL, in_batch bigint DEFAULT NULL,
@@ -793,4 +642,47 @@ AS $$
         OR (j.batch_id = status_snapshot.in_batch
             AND (NOT status_snapshot.live_only OR j.state IN ('waiting', 'scheduled', 'pending', 'active')))
      ORDER BY j.id;
+$$;
+
+-- The status events of the colder paths (cancel, retry, fail, graph and batch settlement), as a
+-- JSON array of {"id","state","queue","kind","attempt","batch_id"[, "progress"]} objects: logged
+-- in the order given, after each queue's status_events setting (see _log_events above).
+CREATE OR REPLACE FUNCTION pgjobs._notify_status(events jsonb)
+RETURNS void
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pgjobs, pg_temp
+SET plan_cache_mode = force_generic_plan
+SET jit = off
+AS $$
+DECLARE
+    v record;
+BEGIN
+    IF events IS NULL OR jsonb_array_length(events) = 0 THEN
+        RETURN;
+    END IF;
+    SELECT array_agg((x.e ->> 'id')::bigint ORDER BY x.n) AS ids,
+           array_agg((x.e ->> 'state')::job_state ORDER BY x.n) AS states,
+           array_agg(x.e ->> 'queue' ORDER BY x.n) AS queues,
+           array_agg(x.e ->> 'kind' ORDER BY x.n) AS kinds,
+           array_agg(coalesce((x.e ->> 'attempt')::int, 0) ORDER BY x.n) AS attempts,
+           array_agg((x.e ->> 'batch_id')::bigint ORDER BY x.n) AS batch_ids,
+           CASE WHEN bool_or(x.e ? 'progress') THEN array_agg(x.e -> 'progress' ORDER BY x.n) END AS progress
+      INTO v
+      FROM jsonb_array_elements(events) WITH ORDINALITY AS x(e, n);
+    PERFORM _log_events(v.ids, v.states, v.queues, v.kinds, v.attempts, v.batch_ids, v.progress);
+END;
+$$;
+
+-- The same from parallel arrays (the columns a transition's RETURNING gives).
+CREATE OR REPLACE FUNCTION pgjobs._notify_status_rows(ids bigint[], states pgjobs.job_state[], queues text[],
+                                                      kinds text[], attempts int[], batch_ids bigint[])
+RETURNS void
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pgjobs, pg_temp
+SET plan_cache_mode = force_generic_plan
+SET jit = off
+AS $$
+BEGIN
+    PERFORM _log_events(ids, states, queues, kinds, attempts, batch_ids);
+END;
 $$;

@@ -11,7 +11,7 @@ BEGIN
     -- A NULL meta keeps what the worker reported before (EXCLUDED.meta is never NULL here).
     INSERT INTO workers AS w (id, meta) VALUES (worker, coalesce(meta, '{}'))
     ON CONFLICT (id) DO UPDATE SET last_seen = now(), meta = coalesce(worker_heartbeat.meta, w.meta);
-    PERFORM _maintain_if_due();  -- the status stream's upkeep (stream.sql), at most every few seconds
+    PERFORM _maintain_if_due();  -- the maintenance pass (maintain.sql), at most every few seconds
     RETURN now();
 END;
 $$;

@@ -1,4 +1,4 @@
-"""Managing work: cancel, retry, delete, purge and queue settings (sql/admin.sql)."""
+"""Managing work: cancel, retry, delete, purge and queue settings (sql/admin.sql; purge: sql/maintain.sql)."""
 
 from __future__ import annotations
 

@@ -54,7 +54,7 @@ def _text_list(rows: list[dict[str, object]]) -> list[str]:
 
 def capped_queues_call(queues: Sequence[str]) -> Call[list[str]]:
     """Which of ``queues`` have a cap (``max_active`` or ``max_active_per_group``): a worker claims again at
-    once after it ends a job of one of them (``pgjobs.capped_queues``, sql/notify.sql)."""
+    once after it ends a job of one of them (``pgjobs.capped_queues``, sql/wakeups.sql)."""
     return Call("SELECT pgjobs.capped_queues(%(queues)s::text[])", {"queues": list(queues)}, _text_list)
 
 

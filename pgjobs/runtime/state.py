@@ -186,7 +186,7 @@ class QueueState:
     def ended(self) -> None:
         """The end of one of its jobs has committed (or the job left this worker): under a cap that end made
         room, so the claimers claim again now. A claim the cap cut short otherwise sleeps until a wake, and
-        the worker's own completion would wake it only through the LISTEN connection (sql/notify.sql,
+        the worker's own completion would wake it only through the LISTEN connection (sql/wakeups.sql,
         _wake_capped)."""
         if self.capped:
             self.wake("ended")

@@ -7,7 +7,7 @@ timeout (40 s): every job finishing in time, with no claim started by the poll, 
 capped queue waited for the poll while the queue had a claimable job and the worker a free slot.
 
 Both wake paths are shown on their own: the worker's own ends (``QueueState.ended``) with its LISTEN wakes cut
-off, and the SQL's ``pgjobs_wake`` (sql/notify.sql) for a cap set after the worker read its queues' caps; and
+off, and the SQL's ``pgjobs_wake`` (sql/wakeups.sql) for a cap set after the worker read its queues' caps; and
 across processes, one worker's completion wakes the other.
 """
 

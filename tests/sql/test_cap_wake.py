@@ -1,4 +1,4 @@
-"""The end of an active job of a capped queue sends ``pgjobs_wake`` (sql/notify.sql, ``_wake_capped``).
+"""The end of an active job of a capped queue sends ``pgjobs_wake`` (sql/wakeups.sql, ``_wake_capped``).
 
 A claim that ``max_active`` or ``max_active_per_group`` cut short leaves its worker asleep until it is told;
 each call that ends an active job of a capped queue frees room under the cap, so it tells the queue's workers

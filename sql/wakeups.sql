@@ -1,12 +1,12 @@
--- Notifications. pg_notify is transactional: listeners hear nothing until commit, so a job is
--- always persisted before anyone is told about it. NOTIFY is not durable either: every
--- consumer heals a missed notification by reading durable state, so these are latency hints,
--- never truth.
+-- Wake-ups: pgjobs_wake, the notification that tells sleeping workers a queue has claimable work. pg_notify
+-- is transactional: listeners hear nothing until commit, so a job is always persisted before anyone is told
+-- about it. NOTIFY is not durable either: every consumer heals a missed wake by polling durable state, so
+-- these are latency hints, never truth.
 --
--- Cost: a transaction that notified takes a cluster-wide lock at commit. Hence at most one
--- wake per queue per call, and status changes no longer go out as NOTIFY payloads at all: they
--- are appended to the event log (stream.sql), and `pgjobs_status` is only a hint carrying the
--- newest event_id, sent only while someone follows the stream.
+-- Cost: a transaction that notified takes a cluster-wide lock at commit. Hence at most one wake per queue
+-- per call. Status changes are not NOTIFY payloads: they are appended to the event log (stream.sql, the
+-- status-event family), and `pgjobs_status` is only a hint carrying the newest event_id, sent from there
+-- only while someone follows the stream.
 
 -- pgjobs_wake: payload is the queue name; sent whenever a job becomes claimable now.
 -- (PL/pgSQL: a SQL function that cannot be inlined is parsed and planned again on every call.)
@@ -64,48 +64,5 @@ BEGIN
               FROM queues AS q
              WHERE q.queue = ANY (capped_queues.queues)
                AND (q.max_active IS NOT NULL OR q.max_active_per_group IS NOT NULL));
-END;
-$$;
-
--- The status events of the colder paths (cancel, retry, fail, graph and batch settlement), as a
--- JSON array of {"id","state","queue","kind","attempt","batch_id"[, "progress"]} objects: logged
--- in the order given, after each queue's status_events setting (see _log_events in stream.sql).
-CREATE OR REPLACE FUNCTION pgjobs._notify_status(events jsonb)
-RETURNS void
-LANGUAGE plpgsql
-SET search_path = pg_catalog, pgjobs, pg_temp
-SET plan_cache_mode = force_generic_plan
-SET jit = off
-AS $$
-DECLARE
-    v record;
-BEGIN
-    IF events IS NULL OR jsonb_array_length(events) = 0 THEN
-        RETURN;
-    END IF;
-    SELECT array_agg((x.e ->> 'id')::bigint ORDER BY x.n) AS ids,
-           array_agg((x.e ->> 'state')::job_state ORDER BY x.n) AS states,
-           array_agg(x.e ->> 'queue' ORDER BY x.n) AS queues,
-           array_agg(x.e ->> 'kind' ORDER BY x.n) AS kinds,
-           array_agg(coalesce((x.e ->> 'attempt')::int, 0) ORDER BY x.n) AS attempts,
-           array_agg((x.e ->> 'batch_id')::bigint ORDER BY x.n) AS batch_ids,
-           CASE WHEN bool_or(x.e ? 'progress') THEN array_agg(x.e -> 'progress' ORDER BY x.n) END AS progress
-      INTO v
-      FROM jsonb_array_elements(events) WITH ORDINALITY AS x(e, n);
-    PERFORM _log_events(v.ids, v.states, v.queues, v.kinds, v.attempts, v.batch_ids, v.progress);
-END;
-$$;
-
--- The same from parallel arrays (the columns a transition's RETURNING gives).
-CREATE OR REPLACE FUNCTION pgjobs._notify_status_rows(ids bigint[], states pgjobs.job_state[], queues text[],
-                                                      kinds text[], attempts int[], batch_ids bigint[])
-RETURNS void
-LANGUAGE plpgsql
-SET search_path = pg_catalog, pgjobs, pg_temp
-SET plan_cache_mode = force_generic_plan
-SET jit = off
-AS $$
-BEGIN
-    PERFORM _log_events(ids, states, queues, kinds, attempts, batch_ids);
 END;
 $$;

@@ -152,6 +152,7 @@ class Scheduler:
         name: str | None = None,
         listen_dsn: str | None = None,
         outage: Outage | None = None,
+        prepare: bool = True,
     ) -> None:
         if batch_size < 1:
             raise InvalidArgument(f"batch_size must be >= 1, got {batch_size}")
@@ -160,7 +161,7 @@ class Scheduler:
             dsn_or_pool, app = app, dsn_or_pool
         self._owns_client = False
         if pool is not None:
-            self.client = AsyncClient(dsn_or_pool if isinstance(dsn_or_pool, str) else None, pool=pool)
+            self.client = AsyncClient(dsn_or_pool if isinstance(dsn_or_pool, str) else None, pool=pool, prepare=prepare)
         elif isinstance(dsn_or_pool, AsyncClient):
             self.client = dsn_or_pool
         elif isinstance(dsn_or_pool, str):

@@ -138,8 +138,15 @@ class Listener:
 
     async def _listen(self, conn: AsyncConn) -> bool:
         try:
-            for channel in self.channels:
-                await conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel)))
+            # Shielded, bounded by the connect timeout: a cancellation that arrives during the round trip waits
+            # for its end (interrupted, psycopg cancels the query, is interrupted again, throws the connection
+            # away and logs a warning).
+            deadline = anyio.current_time() + self.connect_timeout
+            with anyio.CancelScope(shield=True, deadline=deadline) as scope:
+                for channel in self.channels:
+                    await conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel)))
+            if scope.cancelled_caught:
+                raise psycopg.OperationalError(f"LISTEN did not answer within {self.connect_timeout:g} s")
         except psycopg.errors.ReadOnlySqlTransaction:
             if not self.standby_ok:
                 raise

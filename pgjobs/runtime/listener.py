@@ -68,9 +68,17 @@ def on_notify(w: WorkerState, channel: str, payload: str) -> None:
 
 
 async def poller(w: WorkerState) -> None:
+    """Sleeps until the poll interval or the next due time of its queues (a ``run_at`` or a lease expiry), then
+    wakes their claimers. The read of the next due time comes before the claims it starts: next_due_within
+    looks from the read's own time on, so a job falling due between a claim and a later read would be in
+    neither, and wait for the poll. Read first, every job due after the read is in it, and every job due
+    before the claim is claimed."""
     names = list(w.queues)
+    woke = False
     while True:
-        delay = w.poll_interval
+        # Made before the read: a job parked or rescheduled while the read runs pokes it, and the sleep below
+        # ends at once for another read. Made after the read, that poke found no event and was lost.
+        woken = w.poller_wait = anyio.Event()
         try:
             due_in = await w.call(next_due_in_call(names, within=w.poll_interval))
         except Exception as exc:
@@ -79,14 +87,14 @@ async def poller(w: WorkerState) -> None:
             else:
                 log.warning("next_due_at failed: %s", exc)
             due_in = None
-        if due_in is not None and due_in > 0:
-            delay = min(delay, due_in + 0.002)
-        w.poller_wait = anyio.Event()
-        with anyio.move_on_after(delay) as scope:
-            await w.poller_wait.wait()
-        w.poller_wait = None
-        if scope.cancelled_caught:
+        if woke:
             w.wake_all("poll")
+        delay = w.poll_interval
+        if due_in is not None:
+            delay = min(delay, max(due_in, 0.0) + 0.002)
+        with anyio.move_on_after(delay):
+            await woken.wait()
+        woke = True
 
 
 async def read_caps(w: WorkerState) -> None:

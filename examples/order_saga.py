@@ -55,8 +55,11 @@ async def main() -> None:
         job = await client.enqueue("order", {"order": 42, "cents": 1999, "email": "ada@example.com"})
         signalled = False
         async for event in client.subscribe(job_ids=[job.id]):
-            parked = None if signalled else await client.durable_status(job.id)
-            if parked and parked["waiting_for"]:  # ('scheduled' at its timeout; 'waiting' had it none)
+            # the park: 'scheduled' at its timeout ('waiting' had it none); a busy machine may deliver the
+            # earlier events after the job parked, so the state comes from the event, not from the moment
+            parking = not signalled and event.state.value in ("scheduled", "waiting")
+            parked = await client.durable_status(job.id) if parking else None
+            if parked and parked["waiting_for"]:
                 print(f"order 42 parked ({event.state.value}), waiting for {parked['waiting_for']['key']}")
                 woke = await anyio.to_thread.run_sync(ship_from_psql, "shipped:42")
                 print(f"psql: signal woke {woke} job(s)")

@@ -55,10 +55,10 @@ async def main() -> None:
         job = await client.enqueue("order", {"order": 42, "cents": 1999, "email": "ada@example.com"})
         signalled = False
         async for event in client.subscribe(job_ids=[job.id]):
-            # A parked job is 'scheduled' (at its timeout; 'waiting' had it none); its 'active' event
-            # may be read after the park committed, so the state is checked, not only the wait.
-            parked_state = event.state.value in ("scheduled", "waiting")
-            parked = await client.durable_status(job.id) if parked_state and not signalled else None
+            # the park: 'scheduled' at its timeout ('waiting' had it none); a busy machine may deliver the
+            # earlier events after the job parked, so the state comes from the event, not from the moment
+            parking = not signalled and event.state.value in ("scheduled", "waiting")
+            parked = await client.durable_status(job.id) if parking else None
             if parked and parked["waiting_for"]:
                 print(f"order 42 parked ({event.state.value}), waiting for {parked['waiting_for']['key']}")
                 woke = await anyio.to_thread.run_sync(ship_from_psql, "shipped:42")

@@ -68,7 +68,8 @@ def add_worker_ops_flags(parser: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--no-prepare",
         action="store_true",
-        help="no server-side prepared statements and no session options: for PgBouncer before 1.21 in transaction mode",
+        help="no server-side prepared statements and no session options from the start (PgBouncer before 1.21 in"
+        " transaction mode is also found by the error it gives)",
     )
 
 

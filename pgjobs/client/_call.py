@@ -19,6 +19,7 @@ from psycopg.rows import dict_row, tuple_row
 from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
+from pgjobs.client.pooler import announce, first_switch, lost_prepared
 from pgjobs.errors import translate
 
 log = logging.getLogger("pgjobs.client")
@@ -135,25 +136,29 @@ class SyncRunner:
     _prepare: bool = True  # the client's ``prepare`` flag (Client(..., prepare=False) turns it off)
 
     def _run(self, call: Call[T], conn: SyncConn | None = None) -> T:
+        prepared = self._prepare
         try:
             if conn is not None:
-                return call.parse(self._fetch(conn, call, self._prepare))
+                return call.parse(self._fetch(conn, call, prepared))
             pool = self._read_pool if call.read and self._read_pool is not None else self._pool
             with pool.connection() as pooled:
-                rows = self._fetch(pooled, call, self._prepare)
+                rows = self._fetch(pooled, call, prepared)
             if _OUTAGES:
                 _OUTAGES.discard(id(pool))  # the server answers again: the next outage is logged anew
             return call.parse(rows)
         except psycopg.Error as exc:
+            if prepared and unprepared(self, exc, conn):
+                return self._run(call, conn)
             if conn is None and isinstance(exc, psycopg.OperationalError):
                 _sync_outage(pool, exc, self.quiet_outages)
             raise translate(exc, call.query) from exc
 
     def _run_fast(self, call: FastCall[T], conn: SyncConn | None = None) -> T:
+        prepared = self._prepare
         try:
             if conn is not None:
                 cur = conn.cursor(row_factory=tuple_row)
-                cur.execute(call.query, call.params, prepare=self._prepare)
+                cur.execute(call.query, call.params, prepare=prepared)
                 return call.parse(cur.fetchall())
             # getconn/putconn rather than pool.connection(): the context manager adds a commit() (a no-op
             # on these autocommit connections, taken under the connection's lock) and a generator frame:
@@ -164,7 +169,7 @@ class SyncRunner:
             try:
                 # Row factory named: a pool (or caller's connection) may default to another.
                 cur = pooled.cursor(row_factory=tuple_row)
-                cur.execute(call.query, call.params, prepare=self._prepare)
+                cur.execute(call.query, call.params, prepare=prepared)
                 tuples = cur.fetchall()
             finally:
                 self._pool.putconn(pooled)
@@ -172,6 +177,8 @@ class SyncRunner:
                 _OUTAGES.discard(id(self._pool))
             return call.parse(tuples)
         except psycopg.Error as exc:
+            if prepared and unprepared(self, exc, conn):
+                return self._run_fast(call, conn)
             if conn is None and isinstance(exc, psycopg.OperationalError):
                 _sync_outage(self._pool, exc, self.quiet_outages)
             raise translate(exc, call.query) from exc
@@ -192,30 +199,34 @@ class AsyncRunner:
     _prepare: bool = True
 
     async def _run(self, call: Call[T], conn: AsyncConn | None = None) -> T:
+        prepared = self._prepare
         try:
             if conn is not None:
-                return call.parse(await self._fetch(conn, call, self._prepare))
+                return call.parse(await self._fetch(conn, call, prepared))
             pool = self._read_pool if call.read and self._read_pool is not None else self._pool
             async with pool.connection() as pooled:
-                rows = await self._fetch(pooled, call, self._prepare)
+                rows = await self._fetch(pooled, call, prepared)
             if _OUTAGES:
                 _OUTAGES.discard(id(pool))  # the server answers again: the next outage is logged anew
             return call.parse(rows)
         except psycopg.Error as exc:
+            if prepared and unprepared(self, exc, conn):
+                return await self._run(call, conn)
             if conn is None and isinstance(exc, psycopg.OperationalError):
                 await _async_outage(pool, exc, self.quiet_outages)
             raise translate(exc, call.query) from exc
 
     async def _run_fast(self, call: FastCall[T], conn: AsyncConn | None = None) -> T:
+        prepared = self._prepare
         try:
             if conn is not None:
                 cur = conn.cursor(row_factory=tuple_row)
-                await cur.execute(call.query, call.params, prepare=self._prepare)
+                await cur.execute(call.query, call.params, prepare=prepared)
                 return call.parse(await cur.fetchall())
             pooled = await self._pool.getconn()  # (see SyncRunner._run_fast)
             try:
                 cur = pooled.cursor(row_factory=tuple_row)
-                await cur.execute(call.query, call.params, prepare=self._prepare)
+                await cur.execute(call.query, call.params, prepare=prepared)
                 tuples = await cur.fetchall()
             finally:
                 await self._pool.putconn(pooled)
@@ -223,6 +234,8 @@ class AsyncRunner:
                 _OUTAGES.discard(id(self._pool))
             return call.parse(tuples)
         except psycopg.Error as exc:
+            if prepared and unprepared(self, exc, conn):
+                return await self._run_fast(call, conn)
             if conn is None and isinstance(exc, psycopg.OperationalError):
                 await _async_outage(self._pool, exc, self.quiet_outages)
             raise translate(exc, call.query) from exc
@@ -234,7 +247,19 @@ class AsyncRunner:
             return await cur.fetchall() if cur.description else []
 
 
-async def run_on(conn: AsyncConn, call: Call[T]) -> T:
+def unprepared(runner: SyncRunner | AsyncRunner, exc: psycopg.Error, conn: SyncConn | AsyncConn | None) -> bool:
+    """True when ``exc`` says a pooler lost the runner's prepared statement (client/pooler.py) and the call may run
+    again: the statement did not run (the error comes from Parse or Bind), and the connection is a pooled
+    autocommit one or the caller's, outside a transaction (inside one the error has aborted it: the caller gets
+    the error and runs the transaction again). The runner prepares nothing from then on."""
+    if not lost_prepared(exc):
+        return False
+    if first_switch(runner):
+        announce(f"pgjobs client (pool {runner._pool.name})", exc)
+    return conn is None or conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+
+
+async def run_on(conn: AsyncConn, call: Call[T], prepare: bool = True) -> T:
     """Runs ``call`` on ``conn`` and parses its rows; psycopg errors propagate untranslated (the worker
     retries connection errors itself, then translates the rest)."""
-    return call.parse(await AsyncRunner._fetch(conn, call))
+    return call.parse(await AsyncRunner._fetch(conn, call, prepare))

@@ -52,8 +52,9 @@ class Client(
 
     ``app=``: a :class:`pgjobs.App` (or any :class:`~pgjobs.client.defaults.EnqueueDefaults`) whose declared
     ``queue``/``priority``/``max_attempts`` apply when an enqueue of a declared kind does not give them.
-    ``prepare=True`` (the default) runs the hot calls as server-side prepared statements; pass
-    ``prepare=False`` behind PgBouncer < 1.21 in transaction mode (no statement is then prepared).
+    ``prepare=True`` (the default) runs the hot calls as server-side prepared statements; behind a pooler that
+    cannot keep them (PgBouncer < 1.21 in transaction mode) the client finds it by the error, logs it once and
+    prepares nothing from then on (client/pooler.py); ``prepare=False`` prepares nothing from the start.
 
     ``read_dsn=`` (or ``read_pool=``): where the read calls go (job_status, batch_status, stats, list_jobs,
     read_events, ...): a hot standby, or several (``host=s1,s2 target_session_attrs=prefer-standby``). Every

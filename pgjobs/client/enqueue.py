@@ -17,7 +17,18 @@ from psycopg.rows import tuple_row
 from psycopg.types.json import Jsonb
 
 from pgjobs.client import staging
-from pgjobs.client._call import AsyncConn, AsyncRunner, Call, FastCall, Rows, SyncConn, SyncRunner, Tuples, jsonb
+from pgjobs.client._call import (
+    AsyncConn,
+    AsyncRunner,
+    Call,
+    FastCall,
+    Rows,
+    SyncConn,
+    SyncRunner,
+    Tuples,
+    jsonb,
+    unprepared,
+)
 from pgjobs.client.arguments import NO_PAYLOAD, check_priority, payload_object, run_at_time
 from pgjobs.client.defaults import EnqueueDefaults, fill_spec, resolve, resolve_rate_key
 from pgjobs.client.tracecontext import traced_many, traced_many_async, traced_one, traced_one_async
@@ -386,12 +397,15 @@ class EnqueueOps(SyncRunner):
         staged = staging.stage(specs)
         if staged is None:
             return self._run(enqueue_many_call(specs, as_batch), conn)
+        prepared = self._prepare
         try:
             if conn is not None:
-                return _spec_rows(_copy_sync(conn, staged, as_batch, self._prepare))
+                return _spec_rows(_copy_sync(conn, staged, as_batch, prepared))
             with self._pool.connection() as pooled:
-                return _spec_rows(_copy_sync(pooled, staged, as_batch, self._prepare))
+                return _spec_rows(_copy_sync(pooled, staged, as_batch, prepared))
         except psycopg.Error as exc:
+            if prepared and unprepared(self, exc, conn):  # its transaction rolled back: nothing was enqueued
+                return self.enqueue_copy(specs, as_batch=as_batch, conn=conn)
             raise translate(exc) from exc
 
 
@@ -445,10 +459,13 @@ class AsyncEnqueueOps(AsyncRunner):
         staged = staging.stage(specs)
         if staged is None:
             return await self._run(enqueue_many_call(specs, as_batch), conn)
+        prepared = self._prepare
         try:
             if conn is not None:
-                return _spec_rows(await _copy_async(conn, staged, as_batch, self._prepare))
+                return _spec_rows(await _copy_async(conn, staged, as_batch, prepared))
             async with self._pool.connection() as pooled:
-                return _spec_rows(await _copy_async(pooled, staged, as_batch, self._prepare))
+                return _spec_rows(await _copy_async(pooled, staged, as_batch, prepared))
         except psycopg.Error as exc:
+            if prepared and unprepared(self, exc, conn):  # its transaction rolled back: nothing was enqueued
+                return await self.enqueue_copy(specs, as_batch=as_batch, conn=conn)
             raise translate(exc) from exc

@@ -136,10 +136,24 @@ class Listener:
             raise
         return conn
 
+    async def _ping(self, conn: AsyncConn) -> None:
+        """The idle check's round trip, shielded and bounded as the LISTEN statements are (see _listen)."""
+        with anyio.CancelScope(shield=True, deadline=anyio.current_time() + self.connect_timeout) as scope:
+            await conn.execute("SELECT 1")
+        if scope.cancelled_caught:
+            raise psycopg.OperationalError(f"the idle check did not answer within {self.connect_timeout:g} s")
+
     async def _listen(self, conn: AsyncConn) -> bool:
         try:
-            for channel in self.channels:
-                await conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel)))
+            # Shielded, bounded by the connect timeout: a cancellation that arrives during the round trip waits
+            # for its end (interrupted, psycopg cancels the query, is interrupted again, throws the connection
+            # away and logs a warning).
+            deadline = anyio.current_time() + self.connect_timeout
+            with anyio.CancelScope(shield=True, deadline=deadline) as scope:
+                for channel in self.channels:
+                    await conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel)))
+            if scope.cancelled_caught:
+                raise psycopg.OperationalError(f"LISTEN did not answer within {self.connect_timeout:g} s")
         except psycopg.errors.ReadOnlySqlTransaction:
             if not self.standby_ok:
                 raise
@@ -181,7 +195,7 @@ class Listener:
                         yield Tick(conn)
                     if idle >= self.idle_check:
                         idle = 0.0
-                        await conn.execute("SELECT 1")
+                        await self._ping(conn)
             except (psycopg.OperationalError, psycopg.InterfaceError, OSError) as exc:
                 failures += 1
                 self.connected = False

@@ -23,6 +23,7 @@ import psycopg
 from pgjobs.client.claim import CLAIM_SQL, RELEASE_CLAIMED_SQL, bigint_array_literal, text_array_literal
 from pgjobs.client.graph import PARENT_RESULTS_MANY_SQL
 from pgjobs.client.listen import backoff_delay
+from pgjobs.client.pooler import PREPARED_LOST
 from pgjobs.errors import translate
 from pgjobs.runtime.app import JobHandler
 from pgjobs.runtime.leases import renew_held
@@ -147,6 +148,10 @@ async def claim_loop(w: WorkerState, q: QueueState) -> None:
                 raced += 1
                 q.mark("retry")
                 await w.lost_race(f"claim on queue {q.name!r}", exc, raced)
+                continue
+            except PREPARED_LOST as exc:
+                w.unprepare(exc)  # a pooler lost the prepared claim: it did not run; claim again, unprepared
+                q.mark("retry")
                 continue
             except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
                 failures += 1

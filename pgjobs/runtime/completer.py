@@ -25,6 +25,7 @@ from pgjobs.client.lifecycle import (
     release_call,
 )
 from pgjobs.client.listen import backoff_delay
+from pgjobs.client.pooler import PREPARED_LOST
 from pgjobs.errors import translate
 from pgjobs.records import JobState
 from pgjobs.runtime.state import (
@@ -119,6 +120,8 @@ class Completer:
                 # gave up on the batch after five: jobs that had run were left to run again.
                 raced += 1
                 await w.lost_race(f"complete_many of {len(batch)} job(s)", exc, raced, give_up=False)
+            except PREPARED_LOST as exc:
+                w.unprepare(exc)  # a pooler lost the prepared statement: it did not run; the batch goes again
             except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
                 self.failures += 1
                 w.cut_off_at = anyio.current_time()

@@ -25,6 +25,7 @@ from typing import Any
 import anyio
 import psycopg
 
+from pgjobs.client._call import prepare_mode
 from pgjobs.client.lifecycle import RENEW_LEASES_SQL
 from pgjobs.client.listen import backoff_delay
 from pgjobs.client.workers import deregister_worker_call, reap_workers_after_restart_call, worker_heartbeat_call
@@ -77,13 +78,16 @@ async def renew_held(w: WorkerState, conn: psycopg.AsyncConnection[Any] | None =
         return True
     ids = [j.id for j in held] + [p[0] for p in pending]
     tokens = [j.token for j in held] + [p[1] for p in pending]
+    prepare = prepare_mode(w.prepare)
     try:
         if conn is not None:
-            rows = await (await conn.execute(RENEW_LEASES_SQL, (ids, tokens, w.lease_td))).fetchall()
+            rows = await (await conn.execute(RENEW_LEASES_SQL, (ids, tokens, w.lease_td), prepare=prepare)).fetchall()
         else:
             assert w.pool is not None
             async with w.pool.connection() as pooled:
-                rows = await (await pooled.execute(RENEW_LEASES_SQL, (ids, tokens, w.lease_td))).fetchall()
+                rows = await (
+                    await pooled.execute(RENEW_LEASES_SQL, (ids, tokens, w.lease_td), prepare=prepare)
+                ).fetchall()
     except TRANSIENT_ERRORS as exc:
         # A lost race (40001/40P01, see state.TRANSIENT_SQLSTATES): the renewer runs it again soon, as after a
         # connection error, but this is no outage (no reconnect, no hold on reaping).

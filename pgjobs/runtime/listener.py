@@ -7,9 +7,7 @@
 * the **poller**: wakes the claimers every ``poll_interval`` and at the next due ``run_at`` or lease expiry
   within it (``next_due_within``);
 * the **caps reader**: which served queues have a cap, at start and every ``heartbeat_interval``: the end of a
-  job of such a queue wakes its claimer in-process (``QueueState.ended``); and whether a rate limit may hold
-  back their jobs: then a claim that comes back short re-arms the poller (the claim may have held jobs back
-  to their next token times, or used up a queue's tokens), so it sleeps until the next token, not its interval.
+  job of such a queue wakes its claimer in-process (``QueueState.ended``).
 """
 
 from __future__ import annotations
@@ -21,7 +19,6 @@ import psycopg
 
 from pgjobs.client.claim import capped_queues_call, next_due_in_call
 from pgjobs.client.listen import Listener
-from pgjobs.client.rates import rate_limited_call
 from pgjobs.runtime.state import RECONNECT_CAP, WorkerState
 
 log = logging.getLogger("pgjobs.worker")
@@ -71,9 +68,17 @@ def on_notify(w: WorkerState, channel: str, payload: str) -> None:
 
 
 async def poller(w: WorkerState) -> None:
+    """Sleeps until the poll interval or the next due time of its queues (a ``run_at`` or a lease expiry), then
+    wakes their claimers. The read of the next due time comes before the claims it starts: next_due_within
+    looks from the read's own time on, so a job falling due between a claim and a later read would be in
+    neither, and wait for the poll. Read first, every job due after the read is in it, and every job due
+    before the claim is claimed."""
     names = list(w.queues)
+    woke = False
     while True:
-        delay = w.poll_interval
+        # Made before the read: a job parked or rescheduled while the read runs pokes it, and the sleep below
+        # ends at once for another read. Made after the read, that poke found no event and was lost.
+        woken = w.poller_wait = anyio.Event()
         try:
             due_in = await w.call(next_due_in_call(names, within=w.poll_interval))
         except Exception as exc:
@@ -82,23 +87,20 @@ async def poller(w: WorkerState) -> None:
             else:
                 log.warning("next_due_at failed: %s", exc)
             due_in = None
-        if due_in is not None and due_in > 0:
-            delay = min(delay, due_in + 0.002)
-        w.poller_wait = anyio.Event()
-        if w.poller_poked:  # a poke while it asked: what it read may be older than the poke's news
-            w.poller_poked = False
-            w.poller_wait.set()
-        with anyio.move_on_after(delay) as scope:
-            await w.poller_wait.wait()
-        w.poller_wait = None
-        if scope.cancelled_caught:
+        if woke:
             w.wake_all("poll")
+        delay = w.poll_interval
+        if due_in is not None:
+            delay = min(delay, max(due_in, 0.0) + 0.002)
+        with anyio.move_on_after(delay):
+            await woken.wait()
+        woke = True
 
 
 async def read_caps(w: WorkerState) -> None:
     """Which served queues have a cap (``QueueState.capped``): read at start and with every heartbeat. A claim
     the cap cut short sleeps until a wake; this worker's own ends of such a queue's jobs wake its claimer
-    in-process (``QueueState.ended``), and every worker's ends send ``pgjobs_wake`` (sql/wakeups.sql), which also
+    in-process (``QueueState.ended``), and every worker's ends send ``pgjobs_wake`` (sql/notify.sql), which also
     covers a cap configured since the last read. A failed read keeps what was known (logged, never raised)."""
     try:
         names: list[str] = await w.call(capped_queues_call(list(w.queues)))
@@ -110,13 +112,6 @@ async def read_caps(w: WorkerState) -> None:
         return
     for q in w.queue_states:
         q.capped = q.name in names
-    try:
-        limited = await w.call(rate_limited_call(list(w.queues)))
-        if limited and not w.rate_limited:
-            w.poke_poller()  # (claims made before this read did not re-arm it)
-        w.rate_limited = limited
-    except Exception as exc:
-        log.warning("could not read whether rate limits hold back the served queues (%s)", exc)
 
 
 async def caps_reader(w: WorkerState) -> None:

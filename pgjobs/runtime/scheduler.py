@@ -60,6 +60,9 @@ CHANNEL = SCHEDULES_CHANNEL
 # How long a pass may hold off a stop (see Scheduler._loop): far above a pass's usual milliseconds (10,000 due
 # schedules take about a second), only a bound for a database that stopped answering.
 PASS_SHIELD = 60.0
+# How long the LISTEN statement may hold off a stop (see Scheduler._listen): a bound for a database that
+# stopped answering, never reached by one that answers.
+LISTEN_SHIELD = 10.0
 
 
 def utc_now() -> datetime:
@@ -152,6 +155,7 @@ class Scheduler:
         name: str | None = None,
         listen_dsn: str | None = None,
         outage: Outage | None = None,
+        prepare: bool = True,
     ) -> None:
         if batch_size < 1:
             raise InvalidArgument(f"batch_size must be >= 1, got {batch_size}")
@@ -160,7 +164,7 @@ class Scheduler:
             dsn_or_pool, app = app, dsn_or_pool
         self._owns_client = False
         if pool is not None:
-            self.client = AsyncClient(dsn_or_pool if isinstance(dsn_or_pool, str) else None, pool=pool)
+            self.client = AsyncClient(dsn_or_pool if isinstance(dsn_or_pool, str) else None, pool=pool, prepare=prepare)
         elif isinstance(dsn_or_pool, AsyncClient):
             self.client = dsn_or_pool
         elif isinstance(dsn_or_pool, str):
@@ -366,7 +370,13 @@ class Scheduler:
         while True:
             try:
                 async with await psycopg.AsyncConnection.connect(self.listen_dsn, autocommit=True) as conn:
-                    await conn.execute(LISTEN_SCHEDULES_SQL)
+                    # Shielded: a stop that arrives during the round trip waits for its end. Interrupted, psycopg
+                    # cancels the query, is interrupted again by the stop, throws the connection away and logs
+                    # a warning (a worker stopped right after it started).
+                    with anyio.CancelScope(shield=True, deadline=anyio.current_time() + LISTEN_SHIELD) as scope:
+                        await conn.execute(LISTEN_SCHEDULES_SQL)
+                    if scope.cancelled_caught:
+                        raise psycopg.OperationalError(f"LISTEN did not answer within {LISTEN_SHIELD:g} s")
                     backoff = 0.5
                     if failures:
                         if self.outage is not None and self.outage.down:

@@ -32,6 +32,7 @@ from pgjobs.client._call import Call, run_on
 from pgjobs.client.graph import add_to_batch_call
 from pgjobs.client.lifecycle import checkpoint_call, progress_call
 from pgjobs.client.listen import Listener, backoff_delay
+from pgjobs.client.pooler import PREPARED_LOST, announce, refused_options
 from pgjobs.errors import translate
 from pgjobs.runtime.app import App, JobHandler
 from pgjobs.runtime.context import JobContext, SyncJobContext
@@ -248,7 +249,6 @@ class WorkerState:
     completer_wait: anyio.Event | None  # set to send the completions now (poke_completer)
     poller_wait: anyio.Event | None  # set to end the poller's sleep now (poke_poller)
     rate_limited: bool  # a rate limit may hold back jobs of the served queues (listener.read_caps)
-    poller_poked: bool  # poke_poller came while the poller was not asleep
     renewer_wait: anyio.Event | None  # set to renew the leases now: a cancel hint came (poke_renewer)
     renew_busy: bool  # the last renewal found held jobs busy (not renewed): renew again soon
     stopping: bool  # stop() was called: no more claims
@@ -271,7 +271,6 @@ class WorkerState:
         self._backoff_wait: anyio.Event | None = None  # set when connection retries should not wait any longer
         self.poller_wait = None
         self.rate_limited = False
-        self.poller_poked = False
         self.renewer_wait = None
         self.renew_busy = False
         self.stopping = False
@@ -321,6 +320,33 @@ class WorkerState:
             return {"prepare_threshold": None}
         return {} if options is None else {"options": options}
 
+    def unprepare(self, exc: psycopg.Error) -> None:
+        """A pooler that cannot keep prepared statements nor startup options is in front (client/pooler.py):
+        none from now on, on new connections and in every statement; the caller runs its statement again (it did
+        not run). Raises ``exc`` (translated) when they were off already: then it is no pooler's doing."""
+        if not self.prepare:
+            raise translate(exc) from exc
+        self.prepare = False
+        listen = "" if self.listen_dsn else " (LISTEN goes through it too: give listen_dsn / --listen-dsn)"
+        announce(f"pgjobs worker {self.name}{listen}", exc)
+        kwargs = self.pool.kwargs if self.pool is not None else None
+        if isinstance(kwargs, dict):  # the connections the pool opens from now on
+            kwargs.pop("options", None)
+            kwargs["prepare_threshold"] = None
+
+    async def probe(self) -> None:
+        """The first connection, with the startup options the worker's connections carry: an unreachable server
+        fails here with its own clear error, and a pooler that refuses the options (PgBouncer) is found before
+        any other connection is made."""
+        try:
+            conn = await self.connect("probe", SESSION_OPTIONS)
+        except psycopg.OperationalError as exc:
+            if not (self.prepare and refused_options(exc)):
+                raise
+            self.unprepare(exc)
+            conn = await self.connect("probe")
+        await conn.close()
+
     async def connect(self, role: str, options: str | None = None) -> psycopg.AsyncConnection[Any]:
         return await psycopg.AsyncConnection.connect(
             self.dsn, autocommit=True, application_name=f"pgjobs-{role}:{self.name}", connect_timeout=10,
@@ -339,13 +365,15 @@ class WorkerState:
                 # and logs a warning (stop() right after run()), and the call's outcome is unknown.
                 with anyio.CancelScope(shield=True), anyio.fail_after(CALL_SHIELD):
                     async with self.pool.connection() as conn:
-                        result = await run_on(conn, call)
+                        result = await run_on(conn, call, self.prepare)
                 if self.outage.down:
                     self.outage.restored("pool")
                 return result
             except TRANSIENT_ERRORS as exc:
                 raced += 1
                 await self.lost_race(_call_name(call.query), exc, raced)
+            except PREPARED_LOST as exc:
+                self.unprepare(exc)
             except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
                 failures += 1
                 self.cut_off_at = anyio.current_time()
@@ -407,10 +435,9 @@ class WorkerState:
             ev.set()
 
     def poke_poller(self) -> None:
+        # (the poller makes its event before it reads the next due time: a poke during the read ends its sleep)
         if self.poller_wait is not None:
             self.poller_wait.set()
-        else:  # (the poller is asking for its next due time: it asks again before it sleeps)
-            self.poller_poked = True
 
     def poke_renewer(self) -> None:
         if self.renewer_wait is not None:

@@ -79,9 +79,10 @@ class Worker(WorkerState):
 
     Operations (README "Operations"): ``metrics_port`` serves Prometheus metrics on ``metrics_host``
     (``pgjobs.runtime.metrics``; 0 picks a free port, see ``worker.metrics.port``). ``tracing``: a span per
-    attempt (extra ``pgjobs-queue[otel]``; None: on when a tracer provider is set). ``prepare=False`` and
-    ``listen_dsn``: for PgBouncer in transaction mode, no server-side prepared statements nor startup options
-    on ``dsn``, and LISTEN on ``listen_dsn``, a direct connection. ``claims_by_trigger`` / ``claimed_by_trigger``:
+    attempt (extra ``pgjobs-queue[otel]``; None: on when a tracer provider is set). ``listen_dsn``: LISTEN
+    on a direct connection when ``dsn`` goes through PgBouncer in transaction mode. A pooler that cannot keep
+    prepared statements nor startup options is found by the error it gives (one log line, then none of either);
+    ``prepare=False`` turns both off from the start. ``claims_by_trigger`` / ``claimed_by_trigger``:
     the claim calls and the jobs they took, by what started them (``poll``, ``wake``, ``ended`` ...:
     docs/cap-wakes.md).
     """
@@ -261,8 +262,7 @@ class Worker(WorkerState):
         telemetry.start(self)
         try:
             # One direct connect first: an unreachable server fails with its own clear error, not a pool timeout.
-            probe = await self.connect("probe")
-            await probe.close()
+            await self.probe()
             await pool.open(wait=True, timeout=15)
             await leases.heartbeat_once(self)  # fails fast on a missing schema or an unreachable database
             await listener.read_caps(self)
@@ -313,7 +313,13 @@ class Worker(WorkerState):
         if not self.scheduler:
             return
         sched = Scheduler(
-            self.app, self.dsn, pool=self.pool, name=self.name, listen_dsn=self.listen_dsn, outage=self.outage
+            self.app,
+            self.dsn,
+            pool=self.pool,
+            name=self.name,
+            listen_dsn=self.listen_dsn,
+            outage=self.outage,
+            prepare=self.prepare,
         )
         await tg.start(sched.run)
 

@@ -19,7 +19,7 @@ import socket
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -87,7 +87,7 @@ class Bouncer:
         shutil.rmtree(self.workdir, ignore_errors=True)
 
 
-def _config(server_dsn: str, port: int, workdir: Path, pool_size: int) -> str:
+def _config(server_dsn: str, port: int, workdir: Path, pool_size: int, settings: Mapping[str, str]) -> str:
     params = conninfo_to_dict(server_dsn)
     host = params.get("host") or "127.0.0.1"
     server_port = params.get("port") or "5432"
@@ -109,16 +109,23 @@ def _config(server_dsn: str, port: int, workdir: Path, pool_size: int) -> str:
             f"logfile = {workdir / 'pgbouncer.log'}",
             f"pidfile = {workdir / 'pgbouncer.pid'}",
             "admin_users = postgres",
+            *(f"{k} = {v}" for k, v in settings.items()),
             "",
         ]
     )
 
 
 def start_pgbouncer(
-    server_dsn: str, *, pool_size: int = 2, dbname: str = "postgres", port: int | None = None
+    server_dsn: str,
+    *,
+    pool_size: int = 2,
+    dbname: str = "postgres",
+    port: int | None = None,
+    settings: Mapping[str, str] | None = None,
 ) -> Bouncer:
     """Starts PgBouncer in transaction mode in front of ``server_dsn``'s server; waits until ``dbname`` answers
-    through it. ``port``: that one (a restart after ``stop()``), else one from the OS."""
+    through it. ``port``: that one (a restart after ``stop()``), else one from the OS. ``settings``: more lines
+    of its ``[pgbouncer]`` section (``{"ignore_startup_parameters": "options"}``)."""
     binary = pgbouncer_binary()
     if binary is None:
         raise FileNotFoundError("pgbouncer is not installed (Debian: apt-get install -y pgbouncer)")
@@ -128,7 +135,7 @@ def start_pgbouncer(
         workdir = Path(tempfile.mkdtemp(prefix="pgjobs-pgbouncer-"))
         port = port if port is not None else _free_port()
         (workdir / "userlist.txt").write_text(f'"{user}" ""\n')
-        (workdir / "pgbouncer.ini").write_text(_config(server_dsn, port, workdir, pool_size))
+        (workdir / "pgbouncer.ini").write_text(_config(server_dsn, port, workdir, pool_size, settings or {}))
         run_as = _run_as(server_dsn)
         if run_as is not None:
             entry = pwd.getpwnam(run_as)

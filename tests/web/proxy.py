@@ -1,4 +1,7 @@
-"""A TCP proxy in a thread, to make the database unreachable and back while the dashboard runs."""
+"""A TCP proxy in a thread, to make the database unreachable and back while the dashboard runs.
+
+The target is a TCP host and port, or a unix-socket directory and port (the embedded PostgreSQL listens only
+on ``<dir>/.s.PGSQL.<port>``): clients always reach the proxy over TCP."""
 
 from __future__ import annotations
 
@@ -31,7 +34,11 @@ class Proxy:
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
-            up_reader, up_writer = await asyncio.open_connection(*self.target)
+            host, port = self.target
+            if host.startswith("/"):
+                up_reader, up_writer = await asyncio.open_unix_connection(f"{host}/.s.PGSQL.{port}")
+            else:
+                up_reader, up_writer = await asyncio.open_connection(host, port)
         except OSError:
             writer.close()
             return

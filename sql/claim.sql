@@ -234,7 +234,8 @@ $$;
 -- events and the batches started by those. (Runs with _claim_once's settings: it sets none but its
 -- search_path.)
 CREATE OR REPLACE FUNCTION pgjobs._claim_routed(worker text, plain_queues text[], controlled_queues text[],
-                                                max_jobs int, lease interval, limits jsonb, quiet text[])
+                                                max_jobs int, lease interval, limits jsonb,
+                                                quiet text[] DEFAULT '{}')   -- (claim_upgrade.sql)
 RETURNS SETOF pgjobs.claimed_job
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pgjobs, pg_temp
@@ -529,7 +530,8 @@ $$;
 -- few calls. This is bookkeeping, not a transition: a due scheduled job is claimable already (claim takes
 -- it), so no status event and no wake is sent; a subscriber sees the job go from scheduled to active.
 -- Returns, per queue, the first promoted job in claim order (its run_at may sort below the claim's floor).
-CREATE OR REPLACE FUNCTION pgjobs._promote_scheduled(queues text[], how_many int, since timestamptz[])
+CREATE OR REPLACE FUNCTION pgjobs._promote_scheduled(queues text[], how_many int,
+                                                     since timestamptz[] DEFAULT NULL)   -- (claim_upgrade.sql)
 RETURNS TABLE (queue text, priority smallint, run_at timestamptz, id bigint)
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pgjobs, pg_temp
@@ -544,11 +546,12 @@ BEGIN
           FROM unnest(queues, since) AS q(name, since)
          CROSS JOIN LATERAL (
                SELECT j.id FROM jobs AS j
-                WHERE j.state = 'scheduled' AND j.queue = q.name AND j.run_at >= q.since AND j.run_at <= now()
+                WHERE j.state = 'scheduled' AND j.queue = q.name AND j.run_at >= coalesce(q.since, '-infinity')
+                  AND j.run_at <= now()
                 ORDER BY j.run_at
                 LIMIT how_many
                   FOR UPDATE SKIP LOCKED) AS d
-         WHERE q.since <= now()
+         WHERE coalesce(q.since, '-infinity') <= now()
     ), upd AS (
         UPDATE jobs AS j SET state = 'pending'
          WHERE j.id = ANY (ARRAY(SELECT due.id FROM due)) AND j.state = ANY ('{waiting,scheduled,pending,active}'::job_state[])

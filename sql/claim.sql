@@ -89,7 +89,8 @@ $$;
 -- a table row or an argument: what a claim takes never depends on its session or on a clock margin.
 
 -- The trigger: a job made claimable, its claim key changed or its lease moved earlier is filed by the
--- transaction that did it (a lease moved later keeps every floor below it, so renewals file nothing).
+-- transaction that did it (a lease moved later keeps every floor below it, so renewals file nothing). A
+-- statement that sets filed_xid itself (the claim's lease) skips the call.
 CREATE OR REPLACE FUNCTION pgjobs._job_filed()
 RETURNS trigger
 LANGUAGE plpgsql
@@ -105,7 +106,8 @@ CREATE OR REPLACE TRIGGER jobs_filed BEFORE UPDATE ON pgjobs.jobs FOR EACH ROW
           AND (NEW.state OPERATOR(pg_catalog.<>) OLD.state OR NEW.priority <> OLD.priority
                OR NEW.run_at <> OLD.run_at OR NEW.queue <> OLD.queue OR NEW.kind <> OLD.kind
                OR NEW.lease_expires_at < OLD.lease_expires_at
-               OR (NEW.lease_expires_at IS NULL) <> (OLD.lease_expires_at IS NULL)))
+               OR (NEW.lease_expires_at IS NULL) <> (OLD.lease_expires_at IS NULL))
+          AND NEW.filed_xid IS NOT DISTINCT FROM OLD.filed_xid)
     EXECUTE FUNCTION pgjobs._job_filed();
 
 -- The floor log's two slots take turns: a row goes to slot (seq / 8192) % 2, and every 512th claim in the
@@ -448,6 +450,7 @@ BEGIN
                lease_token = gen_random_uuid(),
                leased_by = worker,
                lease_expires_at = now() + lease,
+               filed_xid = pg_current_xact_id(),   -- (set here, the trigger jobs_filed passes the row)
                first_started_at = coalesce(j.first_started_at, now()),
                -- A reclaim records why the previous attempt ended.
                errors = CASE WHEN j.state = 'active'
@@ -464,10 +467,14 @@ BEGIN
                   j.priority, j.run_at
     ), floor AS (
         -- Read in this statement's snapshot, which sees the jobs this claim takes as pending still: the
-        -- first pending job at or above the start, taken or not, locked by a concurrent claim or not.
+        -- first pending job at or above the start, taken or not, locked by a concurrent claim or not. The
+        -- lease start stays a lower bound of every live lease while it lies ahead (leases only move later
+        -- unfiled), so the earliest lease is read again once it has passed, and by every 8th claim: the
+        -- entries that jobs completed since leave below it are passed in one read of eight claims' worth.
         INSERT INTO claim_floors (slot, seq, queue, kinds, snap, own, p, t, i, sched, lease)
         SELECT (plan.seq / 8192 % 2)::smallint, plan.seq, r.name, plan.key, plan.snap, pg_current_xact_id(),
-               h.priority, h.run_at, h.id, s.run_at, a.lease_expires_at
+               h.priority, h.run_at, h.id, s.run_at,
+               CASE WHEN r.l < now() OR plan.seq % 8 = 0 THEN a.lease_expires_at ELSE r.l END
           FROM r
           LEFT JOIN LATERAL (
                 SELECT j.priority, j.run_at, j.id FROM jobs AS j
@@ -484,7 +491,7 @@ BEGIN
                 SELECT j.lease_expires_at FROM jobs AS j
                  WHERE j.state = 'active' AND j.queue = r.name AND j.lease_expires_at >= r.l
                  ORDER BY j.lease_expires_at
-                 LIMIT 1) AS a ON r.l IS NOT NULL
+                 LIMIT 1) AS a ON r.l < now() OR plan.seq % 8 = 0
         RETURNING 1
     ), done AS MATERIALIZED (
         -- Runs once, after the update (it reads all of upd): the status events, one append to the

@@ -111,8 +111,8 @@ CREATE OR REPLACE TRIGGER jobs_filed BEFORE UPDATE ON pgjobs.jobs FOR EACH ROW
     EXECUTE FUNCTION pgjobs._job_filed();
 
 -- The floor log's two slots take turns: a row goes to slot (seq / 8192) % 2, and every 512th claim in the
--- second half of a window copies, out of the other slot, the newest row of each key that has none in the
--- current one, then TRUNCATEs the other slot. Space comes back by TRUNCATE, never DELETE + VACUUM, so a
+-- second half of a window copies, out of the other slot, the newest row of each key that has no newer one
+-- in the current slot, then TRUNCATEs the other slot. Space comes back by TRUNCATE, never DELETE + VACUUM, so a
 -- held snapshot cannot keep it. NOWAIT: while a transaction still holds the other slot, a later claim of
 -- the window tries again; the newest row of every key survives either way.
 CREATE OR REPLACE FUNCTION pgjobs._claim_floors_rotate(cur smallint)
@@ -132,7 +132,8 @@ BEGIN
             SELECT %s, o.seq, o.queue, o.kinds, o.snap, o.own, o.p, o.t, o.i, o.sched, o.lease
               FROM (SELECT DISTINCT ON (x.queue, x.kinds) x.* FROM pgjobs.%I AS x
                      ORDER BY x.queue, x.kinds, x.seq DESC) AS o
-             WHERE NOT EXISTS (SELECT 1 FROM pgjobs.%I AS h WHERE h.queue = o.queue AND h.kinds = o.kinds)$q$,
+             WHERE NOT EXISTS (SELECT 1 FROM pgjobs.%I AS h
+                                WHERE h.queue = o.queue AND h.kinds = o.kinds AND h.seq > o.seq)$q$,
             cur, v_other, 'claim_floors_' || cur);
         EXECUTE format('TRUNCATE pgjobs.%I', v_other);
     END IF;

@@ -392,3 +392,23 @@ def test_concurrent_claimers_and_producers_under_a_held_snapshot_claim_each_job_
     everything = [j for c in claimed for j in c]
     assert len(everything) == len(set(everything)), "a job was claimed twice"
     assert sorted(everything) == sorted(j for m in made for j in m), "a job was not claimed"
+
+
+def test_the_floor_log_s_slots_take_turns_and_keep_the_newest_row_of_every_key(conn: Conn) -> None:
+    """Rows go to slot (seq / 8192) % 2; a claim in the second half of a window empties the other slot by
+    TRUNCATE after it copied the newest row of each key that has no newer one in the current slot. The
+    floors still hold: every job is claimed once, in order."""
+    ids = {q: enqueue_n(conn, 6, queue=q) for q in ("a", "b", "c")}
+    seq = "SELECT setval('pgjobs.claim_floors_seq', %s)"
+    rows = "SELECT slot, queue FROM pgjobs.claim_floors ORDER BY seq, queue"
+    assert take(conn, "a") == ids["a"][:1]  # seq 1: slot 0
+    conn.execute(seq, [8191])
+    assert take(conn, "b") == ids["b"][:1]  # seq 8192: slot 1
+    assert take(conn, "a") == ids["a"][1:2]  # seq 8193: slot 1, newer than a's row in slot 0
+    conn.execute(seq, [20479])
+    assert take(conn, "c") == ids["c"][:1]  # seq 20480: slot 0, in the second half of its window: rotates
+    assert conn.execute(rows).fetchall() == [(0, "a"), (0, "b"), (0, "a"), (0, "c")]  # copies keep their seq
+    assert conn.execute("SELECT count(*) FROM pgjobs.claim_floors_1").fetchone() == (0,)
+    for q in ("a", "b", "c"):
+        left = ids[q][2 if q == "a" else 1 :]
+        assert take(conn, q, n=10) == left

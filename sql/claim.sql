@@ -10,7 +10,7 @@
 -- That setting would carry into the functions they call in other files (graph, fairness), so a call
 -- into those first restores the planner's default choice for the rest of the function
 -- (set_config(..., true) inside a function with a SET clause ends with the function).
--- _claim_once and _claim_plain also run with enable_seqscan = off, as complete_many does: a session
+-- _claim_once, _claim_plan and _claim_take also run with enable_seqscan = off, as complete_many does: a session
 -- makes its generic plans at its first claim, often on a small or new jobs_live, and keeps them while no
 -- ANALYZE comes (autovacuum off, or a held snapshot that stops VACUUM); the update of the picked rows was
 -- then a sequential scan of the whole table, dead versions too, on every claim (2.5 -> 17 ms per claim in
@@ -89,7 +89,8 @@ $$;
 -- a table row or an argument: what a claim takes never depends on its session or on a clock margin.
 
 -- The trigger: a job made claimable, its claim key changed or its lease moved earlier is filed by the
--- transaction that did it (a lease moved later keeps every floor below it, so renewals file nothing).
+-- transaction that did it (a lease moved later keeps every floor below it, so renewals file nothing). A
+-- statement that sets filed_xid itself (the claim's lease) skips the call.
 CREATE OR REPLACE FUNCTION pgjobs._job_filed()
 RETURNS trigger
 LANGUAGE plpgsql
@@ -105,12 +106,13 @@ CREATE OR REPLACE TRIGGER jobs_filed BEFORE UPDATE ON pgjobs.jobs FOR EACH ROW
           AND (NEW.state OPERATOR(pg_catalog.<>) OLD.state OR NEW.priority <> OLD.priority
                OR NEW.run_at <> OLD.run_at OR NEW.queue <> OLD.queue OR NEW.kind <> OLD.kind
                OR NEW.lease_expires_at < OLD.lease_expires_at
-               OR (NEW.lease_expires_at IS NULL) <> (OLD.lease_expires_at IS NULL)))
+               OR (NEW.lease_expires_at IS NULL) <> (OLD.lease_expires_at IS NULL))
+          AND NEW.filed_xid IS NOT DISTINCT FROM OLD.filed_xid)
     EXECUTE FUNCTION pgjobs._job_filed();
 
 -- The floor log's two slots take turns: a row goes to slot (seq / 8192) % 2, and every 512th claim in the
--- second half of a window copies, out of the other slot, the newest row of each key that has none in the
--- current one, then TRUNCATEs the other slot. Space comes back by TRUNCATE, never DELETE + VACUUM, so a
+-- second half of a window copies, out of the other slot, the newest row of each key that has no newer one
+-- in the current slot, then TRUNCATEs the other slot. Space comes back by TRUNCATE, never DELETE + VACUUM, so a
 -- held snapshot cannot keep it. NOWAIT: while a transaction still holds the other slot, a later claim of
 -- the window tries again; the newest row of every key survives either way.
 CREATE OR REPLACE FUNCTION pgjobs._claim_floors_rotate(cur smallint)
@@ -130,7 +132,8 @@ BEGIN
             SELECT %s, o.seq, o.queue, o.kinds, o.snap, o.own, o.p, o.t, o.i, o.sched, o.lease
               FROM (SELECT DISTINCT ON (x.queue, x.kinds) x.* FROM pgjobs.%I AS x
                      ORDER BY x.queue, x.kinds, x.seq DESC) AS o
-             WHERE NOT EXISTS (SELECT 1 FROM pgjobs.%I AS h WHERE h.queue = o.queue AND h.kinds = o.kinds)$q$,
+             WHERE NOT EXISTS (SELECT 1 FROM pgjobs.%I AS h
+                                WHERE h.queue = o.queue AND h.kinds = o.kinds AND h.seq > o.seq)$q$,
             cur, v_other, 'claim_floors_' || cur);
         EXECUTE format('TRUNCATE pgjobs.%I', v_other);
     END IF;
@@ -160,6 +163,7 @@ DECLARE
     v_limits     jsonb;
     v_fair1      boolean := false;   -- one queue, fair: its claim's count settles expired leases
     v_quiet      text[];   -- queues that hear nothing of a claim (status_events 'none' or 'terminal')
+    v_plan       claim_plan;
 BEGIN
     -- The common arguments pass these inline tests; only the rest pay for the helper's checks.
     IF worker IS NULL OR worker = '' OR queues IS NULL OR cardinality(queues) = 0
@@ -206,7 +210,10 @@ BEGIN
 
     IF v_controlled IS NULL THEN
         IF v_plain IS NOT NULL THEN
-            RETURN QUERY SELECT * FROM _claim_plain(worker, v_plain, max_jobs, lease, v_limits, v_quiet);
+            v_plan := _claim_plan(v_plain, max_jobs, v_limits);
+            IF v_plan.seq IS NOT NULL THEN  -- (NULL: no kind may be taken)
+                RETURN QUERY SELECT * FROM _claim_take(worker, v_plain, max_jobs, lease, v_limits, v_quiet, v_plan);
+            END IF;
         END IF;
         RETURN;
     END IF;
@@ -225,12 +232,13 @@ BEGIN
 END;
 $$;
 
--- A claim that names controlled queues: the plain queues through _claim_plain (which tells and starts what
+-- A claim that names controlled queues: the plain queues through _claim_take (which tells and starts what
 -- it takes), then the controlled ones (fairness.sql) for what is left, then one statement for the status
 -- events and the batches started by those. (Runs with _claim_once's settings: it sets none but its
 -- search_path.)
 CREATE OR REPLACE FUNCTION pgjobs._claim_routed(worker text, plain_queues text[], controlled_queues text[],
-                                                max_jobs int, lease interval, limits jsonb, quiet text[])
+                                                max_jobs int, lease interval, limits jsonb,
+                                                quiet text[])
 RETURNS SETOF pgjobs.claimed_job
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pgjobs, pg_temp
@@ -239,9 +247,13 @@ AS $$
 DECLARE
     v_rows claimed_job[];
     v_more claimed_job[];
+    v_plan claim_plan;
 BEGIN
     IF plain_queues IS NOT NULL THEN
-        SELECT array_agg(c) INTO v_rows FROM _claim_plain(worker, plain_queues, max_jobs, lease, limits, quiet) AS c;
+        v_plan := _claim_plan(plain_queues, max_jobs, limits);
+        IF v_plan.seq IS NOT NULL THEN  -- (NULL: no kind may be taken)
+            SELECT array_agg(c) INTO v_rows FROM _claim_take(worker, plain_queues, max_jobs, lease, limits, quiet, v_plan) AS c;
+        END IF;
     END IF;
     IF coalesce(cardinality(v_rows), 0) < max_jobs THEN
         IF limits IS NOT NULL AND v_rows IS NOT NULL THEN
@@ -273,14 +285,17 @@ BEGIN
 END;
 $$;
 
--- Where each scan of a claim of these queues starts, for the floors' key (the kind set, '*' for any kind)
--- and the pending jobs' kind filter (NULL: any): the lower of the newest floor row and the jobs filed since
--- its snapshot (see "Floors"), per queue in the order given; snap, the snapshot of the statement that read
--- the filings, which the claim's floor row records. No floor yet: from the front. p NULL: no pending job
--- to read; s NULL: no scheduled job; l NULL: no active job.
-CREATE OR REPLACE FUNCTION pgjobs._claim_starts(queues text[], key text, filter text[],
-    OUT snap pg_snapshot, OUT p smallint[], OUT t timestamptz[], OUT i bigint[], OUT s timestamptz[],
-    OUT l timestamptz[])
+-- The plan of a claim of plain queues (neither fair nor capped), NULL when kind_limits let no kind be taken:
+-- * the candidate scans: one (any kind, or no listed cap binds: one scan for all listed kinds) or one per
+--   listed kind with its own cap, so that a kind that comes first in claim order cannot crowd out another;
+-- * where each scan starts (see "Floors"), per queue in the order given: the lower of the newest floor row
+--   of the key (the queue and the kind set, '*' for any kind) and the jobs filed since its snapshot; no floor
+--   yet, from the front. p NULL: no pending job to read; s NULL: no scheduled job; l NULL: no active job.
+--   snap is the snapshot of the statement that read the filings, which the claim's floor row records.
+-- Then, from those starts, due scheduled jobs are promoted to pending (they keep their run_at, which may sort
+-- below a pending start: it is lowered to them), and expired leases that must not run again are settled.
+CREATE OR REPLACE FUNCTION pgjobs._claim_plan(queues text[], max_jobs int, kind_limits jsonb)
+RETURNS pgjobs.claim_plan
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pgjobs, pg_temp
 SET plan_cache_mode = force_generic_plan
@@ -288,19 +303,40 @@ SET jit = off
 SET enable_seqscan = off SET enable_bitmapscan = off  -- (Plans, at the top of this file)
 AS $$
 #variable_conflict use_column
+DECLARE
+    v       claim_plan := ROW(ARRAY[NULL::text], ARRAY[max_jobs], NULL, '*', nextval('pgjobs.claim_floors_seq'),
+                              NULL, NULL, NULL, NULL, NULL, NULL)::claim_plan;
+    v_f     text[];   -- the pending jobs' kind filter (NULL: any)
+    v_due   boolean;  -- a scheduled start is due
+    v_lapse boolean;  -- a lease start has passed
 BEGIN
+    IF kind_limits IS NOT NULL THEN
+        SELECT array_agg(e.key ORDER BY e.key), array_agg(least((e.value::text)::numeric, max_jobs)::int ORDER BY e.key)
+          INTO v.kinds, v.caps
+          FROM jsonb_each(kind_limits) AS e
+         WHERE (e.value::text)::numeric >= 1;
+        IF v.kinds IS NULL THEN
+            RETURN NULL;   -- only listed kinds may be taken, and none may
+        END IF;
+        v.key := v.kinds::text;
+        v_f := v.kinds;
+        IF (SELECT min(c) FROM unnest(v.caps) AS c) >= max_jobs THEN
+            v.any_kinds := v.kinds;
+            v.kinds := ARRAY[NULL::text];
+            v.caps := ARRAY[max_jobs];
+        END IF;
+    END IF;
     -- One statement: the snapshot recorded is the one the filings are read with.
     SELECT pg_current_snapshot(),
            array_agg(CASE WHEN f.seq IS NULL THEN -32768 WHEN c.lo THEN m.p ELSE f.p END ORDER BY q.ord),
            array_agg(CASE WHEN f.seq IS NULL THEN '-infinity' WHEN c.lo THEN m.t ELSE f.t END ORDER BY q.ord),
            array_agg(CASE WHEN f.seq IS NULL THEN 0 WHEN c.lo THEN m.i ELSE f.i END ORDER BY q.ord),
-           array_agg(CASE WHEN f.seq IS NULL THEN '-infinity' ELSE least(f.sched, m.sched) END ORDER BY q.ord),
-           array_agg(CASE WHEN f.seq IS NULL THEN '-infinity' ELSE least(f.lease, m.lease) END ORDER BY q.ord)
-      INTO snap, p, t, i, s, l
+           array_agg(c.s ORDER BY q.ord), array_agg(c.l ORDER BY q.ord), bool_or(c.s <= now()), bool_or(c.l < now())
+      INTO v.snap, v.p, v.t, v.i, v.s, v.l, v_due, v_lapse
       FROM unnest(queues) WITH ORDINALITY AS q(name, ord)
       LEFT JOIN LATERAL (
             SELECT f.seq, f.snap, f.own, f.p, f.t, f.i, f.sched, f.lease FROM claim_floors AS f
-             WHERE f.queue = q.name AND f.kinds = key
+             WHERE f.queue = q.name AND f.kinds = v.key
              ORDER BY f.seq DESC
              LIMIT 1) AS f ON true
       LEFT JOIN LATERAL (
@@ -310,7 +346,7 @@ BEGIN
                    min(z.run_at) FILTER (WHERE z.state = 'scheduled') AS sched,
                    min(z.lease_expires_at) FILTER (WHERE z.state = 'active') AS lease
               FROM (SELECT y.state, y.run_at, y.priority, y.id, y.lease_expires_at,
-                           y.state = 'pending' AND (filter IS NULL OR y.kind = ANY (filter)) AS pend
+                           y.state = 'pending' AND (v_f IS NULL OR y.kind = ANY (v_f)) AS pend
                       FROM (-- The transactions in progress at the floor's snapshot, and the floor's own
                             -- (its later writes are in neither), probed one by one: a session that holds an
                             -- xid sits in every snapshot's list and costs one probe, not a range from xmin.
@@ -324,87 +360,38 @@ BEGIN
                            OFFSET 0) AS y
                     UNION ALL
                     SELECT j.state, j.run_at, j.priority, j.id, j.lease_expires_at,
-                           j.state = 'pending' AND (filter IS NULL OR j.kind = ANY (filter))
+                           j.state = 'pending' AND (v_f IS NULL OR j.kind = ANY (v_f))
                       FROM jobs AS j
                      WHERE j.state = ANY ('{pending,scheduled,active}'::job_state[]) AND j.queue = q.name
                        AND j.filed_xid >= pg_snapshot_xmax(f.snap)) AS z) AS m ON f.seq IS NOT NULL
-     CROSS JOIN LATERAL (SELECT f.p IS NULL OR (m.p, m.t, m.i) < (f.p, f.t, f.i) AS lo) AS c;
-END;
-$$;
-
--- The claim of plain queues (neither fair nor capped). From the starts (_claim_starts): due scheduled jobs
--- are promoted to pending, expired leases that must not run again are settled, then one statement locks the
--- candidates (pending jobs from the floor in claim order, expired leases from the lease floor), keeps the
--- best max_jobs within the kind limits, leases them, sends their status events (none for quiet queues),
--- starts their batches, and appends the floor rows: the first pending job, scheduled run_at and lease
--- this claim saw from its starts. Each source is read in claim order (priority, run_at, id).
-CREATE OR REPLACE FUNCTION pgjobs._claim_plain(worker text, queues text[], max_jobs int, lease interval,
-                                               kind_limits jsonb, quiet text[])
-RETURNS SETOF pgjobs.claimed_job
-LANGUAGE plpgsql
-SET search_path = pg_catalog, pgjobs, pg_temp
-SET plan_cache_mode = force_generic_plan
-SET jit = off
-SET enable_seqscan = off SET enable_bitmapscan = off  -- (Plans, at the top of this file)
-AS $$
-#variable_conflict use_column
-DECLARE
-    -- What each candidate scan may take: one row (NULL kind, max_jobs) when any kind goes or no listed cap
-    -- binds (v_any: one scan for all listed kinds), else one row per listed kind with its own cap, so a kind
-    -- that comes first in claim order cannot crowd out another listed kind (the call still fills up).
-    v_kinds text[] := ARRAY[NULL::text];
-    v_caps  int[] := ARRAY[max_jobs];
-    v_any   text[];
-    v_key   text := '*';
-    v_seq   bigint := nextval('pgjobs.claim_floors_seq');
-    st      record;
-BEGIN
-    IF kind_limits IS NOT NULL THEN
-        SELECT array_agg(e.key ORDER BY e.key), array_agg(least((e.value::text)::numeric, max_jobs)::int ORDER BY e.key)
-          INTO v_kinds, v_caps
-          FROM jsonb_each(kind_limits) AS e
-         WHERE (e.value::text)::numeric >= 1;
-        IF v_kinds IS NULL THEN
-            RETURN;   -- only listed kinds may be taken, and none may
-        END IF;
-        v_key := v_kinds::text;
-        IF (SELECT min(c) FROM unnest(v_caps) AS c) >= max_jobs THEN
-            v_any := v_kinds;
-            v_kinds := ARRAY[NULL::text];
-            v_caps := ARRAY[max_jobs];
-        END IF;
-    END IF;
-    st := _claim_starts(queues, v_key, CASE WHEN v_key <> '*' THEN coalesce(v_any, v_kinds) END);
-    IF EXISTS (SELECT 1 FROM unnest(st.s) AS s WHERE s <= now()) THEN
-        -- Promoted jobs keep their run_at, which may sort below the pending starts: lower them.
+     CROSS JOIN LATERAL (
+           SELECT f.p IS NULL OR (m.p, m.t, m.i) < (f.p, f.t, f.i) AS lo,
+                  CASE WHEN f.seq IS NULL THEN '-infinity' ELSE least(f.sched, m.sched) END AS s,
+                  CASE WHEN f.seq IS NULL THEN '-infinity' ELSE least(f.lease, m.lease) END AS l) AS c;
+    IF v_due THEN
         SELECT array_agg(CASE WHEN m.lo THEN m.priority ELSE r.p END ORDER BY r.ord),
                array_agg(CASE WHEN m.lo THEN m.run_at ELSE r.t END ORDER BY r.ord),
                array_agg(CASE WHEN m.lo THEN m.id ELSE r.i END ORDER BY r.ord)
-          INTO st.p, st.t, st.i
-          FROM unnest(queues, st.p, st.t, st.i) WITH ORDINALITY AS r(name, p, t, i, ord)
+          INTO v.p, v.t, v.i
+          FROM unnest(queues, v.p, v.t, v.i) WITH ORDINALITY AS r(name, p, t, i, ord)
           LEFT JOIN (SELECT d.*, true AS lo
-                       FROM _promote_scheduled(queues, least(1000, greatest(100, 2 * max_jobs)), st.s) AS d) AS m
+                       FROM _promote_scheduled(queues, least(1000, greatest(100, 2 * max_jobs)), v.s) AS d) AS m
             ON m.queue = r.name AND (r.p IS NULL OR (m.priority, m.run_at, m.id) < (r.p, r.t, r.i));
     END IF;
-    IF EXISTS (SELECT 1 FROM unnest(queues, st.l) AS r(name, l)
-                WHERE r.l < now()
-                  AND EXISTS (SELECT 1 FROM jobs AS j
-                               WHERE j.state = 'active' AND j.queue = r.name AND j.lease_expires_at >= r.l
-                                 AND j.lease_expires_at < now() AND (j.attempt >= j.max_attempts OR j.cancel_requested)))
-    THEN
-        PERFORM _settle_expired(queues, st.l);
+    IF v_lapse THEN
+        PERFORM _settle_expired(queues, v.l);
     END IF;
-    RETURN QUERY SELECT * FROM _claim_take(worker, queues, max_jobs, lease, kind_limits, quiet,
-                                           ROW(v_kinds, v_caps, v_any, v_key, v_seq, st.snap, st.p, st.t, st.i, st.s, st.l)::claim_plan);
-    IF v_seq % 512 = 0 AND v_seq / 4096 % 2 = 1 THEN
-        PERFORM _claim_floors_rotate((v_seq / 8192 % 2)::smallint);
+    IF v.seq % 512 = 0 AND v.seq / 4096 % 2 = 1 THEN
+        PERFORM _claim_floors_rotate((v.seq / 8192 % 2)::smallint);
     END IF;
+    RETURN v;
 END;
 $$;
 
--- The locking statement of _claim_plain, with its plan: kinds and caps of the candidate scans, the kind
--- filter of one scan for all listed kinds (any), the floors' key and this claim's seq in the floor log,
--- the snapshot its starts were read with, and the starts per queue (pending p, t, i; scheduled s; lease l).
+-- The claim of plain queues, from its plan (_claim_plan): one statement locks the candidates (pending jobs
+-- from the floor in claim order, expired leases from the lease floor), keeps the best max_jobs within the
+-- kind limits, leases them, sends their status events (none for quiet queues), starts their batches, and
+-- appends the floor rows: the first pending job, scheduled run_at and lease this claim saw from its starts.
 CREATE OR REPLACE FUNCTION pgjobs._claim_take(worker text, queues text[], max_jobs int, lease interval,
                                               kind_limits jsonb, quiet text[], plan pgjobs.claim_plan)
 RETURNS SETOF pgjobs.claimed_job
@@ -464,6 +451,7 @@ BEGIN
                lease_token = gen_random_uuid(),
                leased_by = worker,
                lease_expires_at = now() + lease,
+               filed_xid = pg_current_xact_id(),   -- (set here, the trigger jobs_filed passes the row)
                first_started_at = coalesce(j.first_started_at, now()),
                -- A reclaim records why the previous attempt ended.
                errors = CASE WHEN j.state = 'active'
@@ -480,10 +468,14 @@ BEGIN
                   j.priority, j.run_at
     ), floor AS (
         -- Read in this statement's snapshot, which sees the jobs this claim takes as pending still: the
-        -- first pending job at or above the start, taken or not, locked by a concurrent claim or not.
+        -- first pending job at or above the start, taken or not, locked by a concurrent claim or not. The
+        -- lease start stays a lower bound of every live lease while it lies ahead (leases only move later
+        -- unfiled), so the earliest lease is read again once it has passed, and by every 8th claim: the
+        -- entries that jobs completed since leave below it are passed in one read of eight claims' worth.
         INSERT INTO claim_floors (slot, seq, queue, kinds, snap, own, p, t, i, sched, lease)
         SELECT (plan.seq / 8192 % 2)::smallint, plan.seq, r.name, plan.key, plan.snap, pg_current_xact_id(),
-               h.priority, h.run_at, h.id, s.run_at, a.lease_expires_at
+               h.priority, h.run_at, h.id, s.run_at,
+               CASE WHEN r.l < now() OR plan.seq % 8 = 0 THEN a.lease_expires_at ELSE r.l END
           FROM r
           LEFT JOIN LATERAL (
                 SELECT j.priority, j.run_at, j.id FROM jobs AS j
@@ -500,7 +492,7 @@ BEGIN
                 SELECT j.lease_expires_at FROM jobs AS j
                  WHERE j.state = 'active' AND j.queue = r.name AND j.lease_expires_at >= r.l
                  ORDER BY j.lease_expires_at
-                 LIMIT 1) AS a ON r.l IS NOT NULL
+                 LIMIT 1) AS a ON r.l < now() OR plan.seq % 8 = 0
         RETURNING 1
     ), done AS MATERIALIZED (
         -- Runs once, after the update (it reads all of upd): the status events, one append to the
@@ -546,7 +538,8 @@ $$;
 -- few calls. This is bookkeeping, not a transition: a due scheduled job is claimable already (claim takes
 -- it), so no status event and no wake is sent; a subscriber sees the job go from scheduled to active.
 -- Returns, per queue, the first promoted job in claim order (its run_at may sort below the claim's floor).
-CREATE OR REPLACE FUNCTION pgjobs._promote_scheduled(queues text[], how_many int, since timestamptz[])
+CREATE OR REPLACE FUNCTION pgjobs._promote_scheduled(queues text[], how_many int,
+                                                     since timestamptz[])
 RETURNS TABLE (queue text, priority smallint, run_at timestamptz, id bigint)
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pgjobs, pg_temp
@@ -561,11 +554,12 @@ BEGIN
           FROM unnest(queues, since) AS q(name, since)
          CROSS JOIN LATERAL (
                SELECT j.id FROM jobs AS j
-                WHERE j.state = 'scheduled' AND j.queue = q.name AND j.run_at >= q.since AND j.run_at <= now()
+                WHERE j.state = 'scheduled' AND j.queue = q.name AND j.run_at >= coalesce(q.since, '-infinity')
+                  AND j.run_at <= now()
                 ORDER BY j.run_at
                 LIMIT how_many
                   FOR UPDATE SKIP LOCKED) AS d
-         WHERE q.since <= now()
+         WHERE coalesce(q.since, '-infinity') <= now()
     ), upd AS (
         UPDATE jobs AS j SET state = 'pending'
          WHERE j.id = ANY (ARRAY(SELECT due.id FROM due)) AND j.state = ANY ('{waiting,scheduled,pending,active}'::job_state[])
@@ -591,8 +585,16 @@ DECLARE
     v_events jsonb;
     v_follow bigint[];
 BEGIN
-    -- (Called only when claim()'s probe found such a job: almost always there is none, and the
-    -- UPDATE's executor start alone, eight indexes to open, costs more than the probe.)
+    -- Usually there is none, and the UPDATE's executor start alone, eight indexes to open, costs more than
+    -- this probe.
+    IF NOT EXISTS (SELECT 1 FROM unnest(queues, since) AS q(name, since)
+                    CROSS JOIN LATERAL (
+                          SELECT 1 FROM jobs AS j
+                           WHERE j.state = 'active' AND j.queue = q.name AND j.lease_expires_at >= coalesce(q.since, '-infinity')
+                             AND j.lease_expires_at < now() AND (j.attempt >= j.max_attempts OR j.cancel_requested)
+                           LIMIT 1) AS x) THEN
+        RETURN;
+    END IF;
     WITH dead AS (
         SELECT d.id
           FROM unnest(queues, coalesce(since, array_fill('-infinity'::timestamptz, ARRAY[cardinality(queues)])))

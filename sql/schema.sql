@@ -370,7 +370,7 @@ CREATE TABLE pgjobs.jobs (
     rate_held_until  timestamp with time zone,
     CONSTRAINT jobs_valid CHECK (((kind <> ''::text) AND (queue <> ''::text) AND (max_attempts >= 1) AND ((state <> 'active'::pgjobs.job_state) OR (lease_token IS NOT NULL))))
 ) PARTITION BY LIST (state);
-CREATE TRIGGER jobs_filed BEFORE UPDATE ON pgjobs.jobs FOR EACH ROW WHEN (((new.state = ANY ('{pending,scheduled,active}'::pgjobs.job_state[])) AND ((new.state <> old.state) OR (new.priority <> old.priority) OR (new.run_at <> old.run_at) OR (new.queue <> old.queue) OR (new.kind <> old.kind) OR (new.lease_expires_at < old.lease_expires_at) OR ((new.lease_expires_at IS NULL) <> (old.lease_expires_at IS NULL))))) EXECUTE FUNCTION pgjobs._job_filed();
+CREATE TRIGGER jobs_filed BEFORE UPDATE ON pgjobs.jobs FOR EACH ROW WHEN (((new.state = ANY ('{pending,scheduled,active}'::pgjobs.job_state[])) AND ((new.state <> old.state) OR (new.priority <> old.priority) OR (new.run_at <> old.run_at) OR (new.queue <> old.queue) OR (new.kind <> old.kind) OR (new.lease_expires_at < old.lease_expires_at) OR ((new.lease_expires_at IS NULL) <> (old.lease_expires_at IS NULL))) AND (NOT (new.filed_xid IS DISTINCT FROM old.filed_xid)))) EXECUTE FUNCTION pgjobs._job_filed();
 CREATE TABLE pgjobs.jobs_failed PARTITION OF pgjobs.jobs FOR VALUES IN ('failed', 'cancelled') PARTITION BY RANGE (completed_at);
 CREATE INDEX jobs_failed_batch_idx ON ONLY pgjobs.jobs_failed USING btree (batch_id) WHERE (batch_id IS NOT NULL);
 CREATE INDEX jobs_failed_id_idx ON ONLY pgjobs.jobs_failed USING btree (id);

@@ -32,7 +32,8 @@ CREATE TRIGGER jobs_filed BEFORE UPDATE ON pgjobs.jobs FOR EACH ROW
           AND (NEW.state OPERATOR(pg_catalog.<>) OLD.state OR NEW.priority <> OLD.priority
                OR NEW.run_at <> OLD.run_at OR NEW.queue <> OLD.queue OR NEW.kind <> OLD.kind
                OR NEW.lease_expires_at < OLD.lease_expires_at
-               OR (NEW.lease_expires_at IS NULL) <> (OLD.lease_expires_at IS NULL)))
+               OR (NEW.lease_expires_at IS NULL) <> (OLD.lease_expires_at IS NULL))
+          AND NEW.filed_xid IS NOT DISTINCT FROM OLD.filed_xid)
     EXECUTE FUNCTION pgjobs._job_filed();
 
 -- The floors: one row per claim and key (queue, kind set), never updated; the newest row of a key is one

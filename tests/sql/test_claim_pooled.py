@@ -118,7 +118,7 @@ def test_clients_racing_through_a_transaction_pooler_claim_each_job_once_and_lea
         # and the plain claim's own functions neither write nor read a session setting
         settings = direct.execute(
             "SELECT count(*) FROM pg_proc WHERE pronamespace = 'pgjobs'::regnamespace"
-            " AND proname IN ('_claim_plain', '_claim_starts', '_claim_take', '_claim_floors_rotate')"
+            " AND proname IN ('_claim_plan', '_claim_take', '_claim_floors_rotate')"
             " AND (prosrc LIKE '%set_config%' OR prosrc LIKE '%current_setting%')"
         ).fetchone()
         assert settings == (0,)

@@ -281,7 +281,7 @@ BEGIN
         RETURN false;
     END IF;
     PERFORM _log_event(v_job.id, v_job.state, v_job.queue, v_job.kind, v_job.attempt, v_job.batch_id);
-    PERFORM _wake_capped(ARRAY[v_job.queue]);  -- room under a cap (sql/notify.sql)
+    PERFORM _wake_capped(ARRAY[v_job.queue]);  -- room under a cap (sql/wakeups.sql)
     -- (a cancelled job adds no continuations: what it would have started was cancelled with it)
     IF continuations IS NOT NULL AND v_job.state = 'succeeded' THEN
         PERFORM set_config('plan_cache_mode', 'auto', true);  -- see the note at the top of this file
@@ -361,7 +361,7 @@ BEGIN
     END IF;
     -- The status events: one append to the event log (stream.sql; status_events filtered there).
     PERFORM _log_events(v_ids, v_states, v_queues, v_kinds, v_attempts, v_batches);
-    PERFORM _wake_capped(v_queues);  -- room under a cap (sql/notify.sql): one wake per capped queue
+    PERFORM _wake_capped(v_queues);  -- room under a cap (sql/wakeups.sql): one wake per capped queue
     IF v_follow IS NOT NULL THEN
         PERFORM set_config('plan_cache_mode', 'auto', true);  -- see the note at the top of this file
         PERFORM _propagate(v_follow);
@@ -451,7 +451,7 @@ BEGIN
         PERFORM pg_notify('pgjobs_wake', v_job.queue);
         PERFORM _claim_floor_note(now());  -- run_at is now(): old in an old transaction (fairness.sql, "Head floors")
     ELSE
-        PERFORM _wake_capped(ARRAY[v_job.queue]);  -- room under a cap (sql/notify.sql)
+        PERFORM _wake_capped(ARRAY[v_job.queue]);  -- room under a cap (sql/wakeups.sql)
     END IF;
     PERFORM _log_event(v_job.id, v_job.state, v_job.queue, v_job.kind, v_job.attempt, v_job.batch_id);
     IF v_job.state IN ('failed', 'cancelled') AND (v_job.batch_id IS NOT NULL OR v_job.has_dependents) THEN
@@ -504,7 +504,7 @@ BEGIN
         PERFORM pg_notify('pgjobs_wake', v_job.queue);
         PERFORM _claim_floor_note(now());  -- run_at is now(): old in an old transaction (fairness.sql, "Head floors")
     ELSE
-        PERFORM _wake_capped(ARRAY[v_job.queue]);  -- room under a cap (sql/notify.sql)
+        PERFORM _wake_capped(ARRAY[v_job.queue]);  -- room under a cap (sql/wakeups.sql)
     END IF;
     PERFORM _log_event(v_job.id, v_job.state, v_job.queue, v_job.kind, v_job.attempt, v_job.batch_id);
     IF v_job.state = 'cancelled' AND (v_job.batch_id IS NOT NULL OR v_job.has_dependents) THEN
@@ -548,7 +548,7 @@ BEGIN
         RETURN false;
     END IF;
     PERFORM _log_event(v_job.id, 'cancelled'::job_state, v_job.queue, v_job.kind, v_job.attempt, v_job.batch_id);
-    PERFORM _wake_capped(ARRAY[v_job.queue]);  -- room under a cap (sql/notify.sql)
+    PERFORM _wake_capped(ARRAY[v_job.queue]);  -- room under a cap (sql/wakeups.sql)
     IF v_job.batch_id IS NOT NULL OR v_job.has_dependents THEN
         PERFORM set_config('plan_cache_mode', 'auto', true);  -- see the note at the top of this file
         PERFORM _propagate(ARRAY[v_job.id]);

@@ -104,6 +104,11 @@ async def _claim(w: WorkerState, cur: psycopg.AsyncCursor[Any], args: tuple[Any,
     return await cur.fetchall()
 
 
+def _full_claim_time(took: float, got: int, want: int) -> float:
+    """The claim's time when it came back full and took long enough to gather for (see _gather), else 0."""
+    return took if got >= want and took >= want * GATHER_PER_JOB else 0.0
+
+
 async def claim_loop(w: WorkerState, q: QueueState) -> None:
     conn: psycopg.AsyncConnection[Any] | None = None
     cur: psycopg.AsyncCursor[Any] = None  # type: ignore[assignment]  # set with conn
@@ -131,8 +136,7 @@ async def claim_loop(w: WorkerState, q: QueueState) -> None:
                     conn, cur = await _open(w, failures)
                 t0 = time.perf_counter()
                 rows = await _claim(w, cur, (w.name, queues, want, lease, _kind_limits(w, want)))
-                took = time.perf_counter() - t0
-                took = took if len(rows) >= want and took >= want * GATHER_PER_JOB else 0.0
+                took = _full_claim_time(time.perf_counter() - t0, len(rows), want)
                 w.claim_calls += 1
                 w.claims_by_trigger[trigger] += 1
                 if rows:

@@ -100,7 +100,7 @@ async def poller(w: WorkerState) -> None:
 async def read_caps(w: WorkerState) -> None:
     """Which served queues have a cap (``QueueState.capped``): read at start and with every heartbeat. A claim
     the cap cut short sleeps until a wake; this worker's own ends of such a queue's jobs wake its claimer
-    in-process (``QueueState.ended``), and every worker's ends send ``pgjobs_wake`` (sql/notify.sql), which also
+    in-process (``QueueState.ended``), and every worker's ends send ``pgjobs_wake`` (sql/wakeups.sql), which also
     covers a cap configured since the last read. A failed read keeps what was known (logged, never raised)."""
     try:
         names: list[str] = await w.call(capped_queues_call(list(w.queues)))

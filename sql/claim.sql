@@ -142,7 +142,7 @@ EXCEPTION WHEN lock_not_available THEN
 END;
 $$;
 
--- (called by claim(), history.sql: it retries this when a row it locks moved to another partition)
+-- (called by _claim_unrated, below: it retries this when a row it locks moved to another partition)
 CREATE OR REPLACE FUNCTION pgjobs._claim_once(
     worker      text,
     queues      text[] DEFAULT '{default}',
@@ -699,5 +699,130 @@ BEGIN
                              coalesce(within::text, 'NULL'));
     END IF;
     RETURN _next_due(queues, v_now, v_now + within);
+END;
+$$;
+
+-- _claim_once in a retry loop: the claim of queues without a rate limit. FOR UPDATE SKIP LOCKED skips a
+-- row that is locked, but a row that was moved to history after the claim's snapshot (its holder completed it, or a cancel
+-- ended it) is not locked any more: locking it raises 40001 "tuple to be locked was already moved to
+-- another partition" in READ COMMITTED, where a plain table would have re-checked it and skipped it.
+-- The claim runs again (its subtransaction undone), in a snapshot where that job is history.
+-- _claim_once returns its rows only when it has them all, so a failed turn returned nothing.
+CREATE OR REPLACE FUNCTION pgjobs._claim_unrated(worker text, queues text[], max_jobs int, lease interval,
+                                                 kind_limits jsonb)
+RETURNS SETOF pgjobs.claimed_job
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pgjobs, pg_temp
+AS $$
+BEGIN
+    FOR i IN 1..20 LOOP
+        BEGIN
+            RETURN QUERY SELECT * FROM _claim_once(worker, queues, max_jobs, lease, kind_limits);
+            RETURN;
+        EXCEPTION WHEN serialization_failure THEN
+            PERFORM _lost_race(i, SQLERRM);  -- (sql/races.sql)
+        END;
+    END LOOP;
+END;
+$$;
+
+-- A claim of queues under a limit (pgjobs.claim sends it here when _rate_applies). Queue limits: their
+-- locks are taken first, in queue order, and held to the end; a queue without a token is not claimed, one
+-- with fewer tokens than the call's room is claimed alone, for its tokens. Key limits: _rate_admit checks
+-- what the claim took; a key that ran short has its backlog held back (_rate_hold) and the claim runs
+-- again, in a subtransaction that undid the first, so it returns the other claimable jobs (at most 8
+-- turns; each holds back at least one job, or another claim took the tokens meanwhile; a claim whose 8th
+-- turn still finds a key short returns nothing, and the next claim goes on from the jobs held back).
+CREATE OR REPLACE FUNCTION pgjobs._claim_rated(worker text, queues text[], max_jobs int, lease interval,
+                                               kind_limits jsonb)
+RETURNS SETOF pgjobs.claimed_job
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pgjobs, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_free  text[];    -- queues without a limit, claimed together
+    v_lq    text[];    -- limited queues with tokens, in queue order
+    v_lt    int[];     -- their tokens
+    v_rows  claimed_job[];
+    v_more  claimed_job[];
+    v_kinds jsonb;
+    v_short jsonb;
+    v_tok   int;
+    r       record;
+BEGIN
+    FOR r IN SELECT DISTINCT q.name, (l.key IS NOT NULL) AS limited
+               FROM unnest(queues) AS q(name)
+               LEFT JOIN rate_limits AS l ON l.scope = 'queue' AND l.key = q.name
+              ORDER BY q.name LOOP
+        IF NOT r.limited THEN
+            v_free := array_append(v_free, r.name);
+            CONTINUE;
+        END IF;
+        PERFORM _rate_lock('queue', r.name);
+        v_tok := (_rate_state('queue', r.name, now())).tokens;
+        IF v_tok > 0 THEN
+            v_lq := array_append(v_lq, r.name);
+            v_lt := array_append(v_lt, v_tok);
+        END IF;
+    END LOOP;
+    -- (the unlimited queues in the caller's order: it is their claim order)
+    v_free := ARRAY(SELECT q FROM unnest(queues) WITH ORDINALITY AS x(q, o) WHERE q = ANY (v_free) ORDER BY o);
+    FOR turn IN 1..8 LOOP
+        BEGIN
+            v_rows := '{}';
+            v_kinds := kind_limits;
+            -- The limited queues first, each for its tokens, then the others together for the rest.
+            FOR i IN 1..coalesce(cardinality(v_lq), 0) + 1 LOOP
+                EXIT WHEN cardinality(v_rows) >= max_jobs;
+                CONTINUE WHEN i > coalesce(cardinality(v_lq), 0) AND cardinality(v_free) = 0;
+                IF v_kinds IS NOT NULL AND cardinality(v_rows) > 0 THEN   -- what was taken counts against them
+                    SELECT jsonb_object_agg(l.key, (l.value::text)::numeric - coalesce(t.n, 0)) INTO v_kinds
+                      FROM jsonb_each(kind_limits) AS l
+                      LEFT JOIN (SELECT c.kind, count(*) AS n FROM unnest(v_rows) AS c GROUP BY c.kind) AS t
+                        ON t.kind = l.key;
+                END IF;
+                IF i <= coalesce(cardinality(v_lq), 0) THEN
+                    v_more := ARRAY(SELECT c FROM _claim_unrated(worker, ARRAY[v_lq[i]], least(v_lt[i], max_jobs - cardinality(v_rows)),
+                                                        lease, v_kinds) AS c);
+                    PERFORM _take_tokens('queue', v_lq[i], cardinality(v_more), now());
+                ELSE
+                    v_more := ARRAY(SELECT c FROM _claim_unrated(worker, v_free, max_jobs - cardinality(v_rows), lease, v_kinds) AS c);
+                END IF;
+                v_rows := v_rows || v_more;
+            END LOOP;
+            v_short := CASE WHEN cardinality(v_rows) > 0 THEN _rate_admit(v_rows) END;
+            IF v_short IS NOT NULL THEN
+                RAISE EXCEPTION USING ERRCODE = 'PJ901', MESSAGE = 'a key ran short of tokens: hold back, claim again';
+            END IF;
+            RETURN QUERY SELECT * FROM unnest(v_rows);
+            RETURN;
+        EXCEPTION WHEN SQLSTATE 'PJ901' THEN
+            -- (twice as many each turn: a backlog of a key in front of the other jobs, 255,000 deep at
+            -- most, is held back within the turns)
+            PERFORM _rate_hold(v_short, queues, greatest(1000, 4 * max_jobs) * (2 ^ (turn - 1))::int);
+        END;
+    END LOOP;
+END;
+$$;
+
+-- The claim: through _claim_rated when a rate limit may apply (its tokens are taken with the jobs), else
+-- _claim_unrated.
+CREATE OR REPLACE FUNCTION pgjobs.claim(
+    worker      text,
+    queues      text[] DEFAULT '{default}',
+    max_jobs    int DEFAULT 1,
+    lease       interval DEFAULT '30 seconds',
+    kind_limits jsonb DEFAULT NULL)
+RETURNS SETOF pgjobs.claimed_job
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pgjobs, pg_temp
+AS $$
+BEGIN
+    IF _rate_applies(queues) THEN   -- (rate_limits.sql)
+        RETURN QUERY SELECT * FROM _claim_rated(worker, queues, max_jobs, lease, kind_limits);
+    ELSE
+        RETURN QUERY SELECT * FROM _claim_unrated(worker, queues, max_jobs, lease, kind_limits);
+    END IF;
 END;
 $$;

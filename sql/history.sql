@@ -316,36 +316,3 @@ BEGIN
     END LOOP;
 END;
 $$;
-
--- claim(): _claim_once (claim.sql) in a retry loop. FOR UPDATE SKIP LOCKED skips a row that is locked,
--- but a row that was moved to history after the claim's snapshot (its holder completed it, or a cancel
--- ended it) is not locked any more: locking it raises 40001 "tuple to be locked was already moved to
--- another partition" in READ COMMITTED, where a plain table would have re-checked it and skipped it.
--- The claim runs again (its subtransaction undone), in a snapshot where that job is history.
--- _claim_once returns its rows only when it has them all, so a failed turn returned nothing.
-CREATE OR REPLACE FUNCTION pgjobs.claim(
-    worker      text,
-    queues      text[] DEFAULT '{default}',
-    max_jobs    int DEFAULT 1,
-    lease       interval DEFAULT '30 seconds',
-    kind_limits jsonb DEFAULT NULL)
-RETURNS SETOF pgjobs.claimed_job
-LANGUAGE plpgsql
-SET search_path = pg_catalog, pgjobs, pg_temp
-AS $$
-BEGIN
-    -- Queues or jobs under a rate limit: the tokens are taken with the jobs (rate_limits.sql).
-    IF _rate_applies(queues) THEN
-        RETURN QUERY SELECT * FROM _claim_rated(worker, queues, max_jobs, lease, kind_limits);
-        RETURN;
-    END IF;
-    FOR i IN 1..20 LOOP
-        BEGIN
-            RETURN QUERY SELECT * FROM _claim_once(worker, queues, max_jobs, lease, kind_limits);
-            RETURN;
-        EXCEPTION WHEN serialization_failure THEN
-            PERFORM _lost_race(i, SQLERRM);  -- (sql/history.sql, ROW MOVEMENT)
-        END;
-    END LOOP;
-END;
-$$;

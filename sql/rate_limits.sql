@@ -15,8 +15,8 @@
 -- held snapshot the versions of a hot row become a walk; the newest TAT row is one backward index descent).
 --
 -- Where the claim calls in (the only lines the claim files hold of this):
--- * pgjobs.claim (history.sql): `IF _rate_applies(queues)` sends the call through _claim_rated, which
---   calls pgjobs.claim again for the jobs (with pgjobs.rate_inner set, so the hook lets it through);
+-- * pgjobs.claim (claim.sql): `IF _rate_applies(queues)` sends the call through _claim_rated (claim.sql),
+--   which takes the tokens here and the jobs through _claim_unrated;
 -- * _next_due (claim.sql): a limited queue's next token time is a due time, so an idle worker's poller
 --   wakes then, not at its poll interval;
 -- * _maintain_history (maintain.sql): _rate_prune deletes the TAT rows no claim reads again.
@@ -105,8 +105,7 @@ $$;
 
 -- Whether a claim of these queues takes the rated path: one of the queues has a limit, or a key limit exists
 -- and one of the queues ever had a job with a rate_key (rate_queues). Probes of tables of a few rows: a queue
--- whose jobs never name a key pays only these, whatever keys other queues limit. False inside _claim_rated's
--- own call.
+-- whose jobs never name a key pays only these, whatever keys other queues limit.
 CREATE OR REPLACE FUNCTION pgjobs._rate_applies(queues text[])
 RETURNS boolean
 LANGUAGE plpgsql
@@ -114,8 +113,7 @@ STABLE
 SET search_path = pg_catalog, pgjobs, pg_temp
 AS $$
 BEGIN
-    RETURN current_setting('pgjobs.rate_inner', true) IS DISTINCT FROM 'on'
-       AND (EXISTS (SELECT 1 FROM rate_limits AS l WHERE l.scope = 'queue' AND l.key = ANY (queues))
+    RETURN (EXISTS (SELECT 1 FROM rate_limits AS l WHERE l.scope = 'queue' AND l.key = ANY (queues))
             OR EXISTS (SELECT 1 FROM rate_limits AS l WHERE l.scope = 'key')
                AND EXISTS (SELECT 1 FROM rate_queues AS r WHERE r.queue = ANY (queues)));
 END;
@@ -239,89 +237,6 @@ BEGIN
         v_n := v_n + v_k;
     END LOOP;
     RETURN v_n;
-END;
-$$;
-
--- A claim of queues under a limit (pgjobs.claim sends it here when _rate_applies). Queue limits: their
--- locks are taken first, in queue order, and held to the end; a queue without a token is not claimed, one
--- with fewer tokens than the call's room is claimed alone, for its tokens. Key limits: _rate_admit checks
--- what the claim took; a key that ran short has its backlog held back (_rate_hold) and the claim runs
--- again, in a subtransaction that undid the first, so it returns the other claimable jobs (at most 8
--- turns; each holds back at least one job, or another claim took the tokens meanwhile; a claim whose 8th
--- turn still finds a key short returns nothing, and the next claim goes on from the jobs held back).
-CREATE OR REPLACE FUNCTION pgjobs._claim_rated(worker text, queues text[], max_jobs int, lease interval,
-                                               kind_limits jsonb)
-RETURNS SETOF pgjobs.claimed_job
-LANGUAGE plpgsql
-SET search_path = pg_catalog, pgjobs, pg_temp
-AS $$
-#variable_conflict use_column
-DECLARE
-    v_free  text[];    -- queues without a limit, claimed together
-    v_lq    text[];    -- limited queues with tokens, in queue order
-    v_lt    int[];     -- their tokens
-    v_rows  claimed_job[];
-    v_more  claimed_job[];
-    v_kinds jsonb;
-    v_short jsonb;
-    v_tok   int;
-    r       record;
-BEGIN
-    PERFORM set_config('pgjobs.rate_inner', 'on', true);
-    FOR r IN SELECT DISTINCT q.name, (l.key IS NOT NULL) AS limited
-               FROM unnest(queues) AS q(name)
-               LEFT JOIN rate_limits AS l ON l.scope = 'queue' AND l.key = q.name
-              ORDER BY q.name LOOP
-        IF NOT r.limited THEN
-            v_free := array_append(v_free, r.name);
-            CONTINUE;
-        END IF;
-        PERFORM _rate_lock('queue', r.name);
-        v_tok := (_rate_state('queue', r.name, now())).tokens;
-        IF v_tok > 0 THEN
-            v_lq := array_append(v_lq, r.name);
-            v_lt := array_append(v_lt, v_tok);
-        END IF;
-    END LOOP;
-    -- (the unlimited queues in the caller's order: it is their claim order)
-    v_free := ARRAY(SELECT q FROM unnest(queues) WITH ORDINALITY AS x(q, o) WHERE q = ANY (v_free) ORDER BY o);
-    FOR turn IN 1..8 LOOP
-        BEGIN
-            v_rows := '{}';
-            v_kinds := kind_limits;
-            -- The limited queues first, each for its tokens, then the others together for the rest.
-            FOR i IN 1..coalesce(cardinality(v_lq), 0) + 1 LOOP
-                EXIT WHEN cardinality(v_rows) >= max_jobs;
-                CONTINUE WHEN i > coalesce(cardinality(v_lq), 0) AND cardinality(v_free) = 0;
-                IF v_kinds IS NOT NULL AND cardinality(v_rows) > 0 THEN   -- what was taken counts against them
-                    SELECT jsonb_object_agg(l.key, (l.value::text)::numeric - coalesce(t.n, 0)) INTO v_kinds
-                      FROM jsonb_each(kind_limits) AS l
-                      LEFT JOIN (SELECT c.kind, count(*) AS n FROM unnest(v_rows) AS c GROUP BY c.kind) AS t
-                        ON t.kind = l.key;
-                END IF;
-                IF i <= coalesce(cardinality(v_lq), 0) THEN
-                    v_more := ARRAY(SELECT c FROM claim(worker, ARRAY[v_lq[i]], least(v_lt[i], max_jobs - cardinality(v_rows)),
-                                                        lease, v_kinds) AS c);
-                    PERFORM _take_tokens('queue', v_lq[i], cardinality(v_more), now());
-                ELSE
-                    v_more := ARRAY(SELECT c FROM claim(worker, v_free, max_jobs - cardinality(v_rows), lease, v_kinds) AS c);
-                END IF;
-                v_rows := v_rows || v_more;
-            END LOOP;
-            v_short := CASE WHEN cardinality(v_rows) > 0 THEN _rate_admit(v_rows) END;
-            IF v_short IS NOT NULL THEN
-                RAISE EXCEPTION USING ERRCODE = 'PJ901', MESSAGE = 'a key ran short of tokens: hold back, claim again';
-            END IF;
-            PERFORM set_config('pgjobs.rate_inner', '', true);
-            RETURN QUERY SELECT * FROM unnest(v_rows);
-            RETURN;
-        EXCEPTION WHEN SQLSTATE 'PJ901' THEN
-            -- (twice as many each turn: a backlog of a key in front of the other jobs, 255,000 deep at
-            -- most, is held back within the turns)
-            PERFORM _rate_hold(v_short, queues, greatest(1000, 4 * max_jobs) * (2 ^ (turn - 1))::int);
-        END;
-    END LOOP;
-    PERFORM set_config('pgjobs.rate_inner', '', true);
 END;
 $$;
 

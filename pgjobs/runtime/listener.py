@@ -7,7 +7,9 @@
 * the **poller**: wakes the claimers every ``poll_interval`` and at the next due ``run_at`` or lease expiry
   within it (``next_due_within``);
 * the **caps reader**: which served queues have a cap, at start and every ``heartbeat_interval``: the end of a
-  job of such a queue wakes its claimer in-process (``QueueState.ended``).
+  job of such a queue wakes its claimer in-process (``QueueState.ended``); and whether a rate limit may hold
+  back their jobs: then a claim that comes back short re-arms the poller (the claim may have held jobs back
+  to their next token times, or used up a queue's tokens), so it sleeps until the next token, not its interval.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import psycopg
 
 from pgjobs.client.claim import capped_queues_call, next_due_in_call
 from pgjobs.client.listen import Listener
+from pgjobs.client.rates import rate_limited_call
 from pgjobs.runtime.state import RECONNECT_CAP, WorkerState
 
 log = logging.getLogger("pgjobs.worker")
@@ -74,7 +77,7 @@ async def poller(w: WorkerState) -> None:
     neither, and wait for the poll. Read first, every job due after the read is in it, and every job due
     before the claim is claimed."""
     names = list(w.queues)
-    woke = False
+    due = False  # the last sleep ended at its deadline (a due time or the interval), not by a poke
     while True:
         # Made before the read: a job parked or rescheduled while the read runs pokes it, and the sleep below
         # ends at once for another read. Made after the read, that poke found no event and was lost.
@@ -87,14 +90,16 @@ async def poller(w: WorkerState) -> None:
             else:
                 log.warning("next_due_at failed: %s", exc)
             due_in = None
-        if woke:
+        if due:
             w.wake_all("poll")
         delay = w.poll_interval
         if due_in is not None:
             delay = min(delay, max(due_in, 0.0) + 0.002)
-        with anyio.move_on_after(delay):
+        # A poke (a park, a reschedule, a claim a rate limit cut short) only asks for a new read: the claimers
+        # are woken when a due time comes, not before it, so a limited queue is not claimed in a loop.
+        with anyio.move_on_after(delay) as sleep:
             await woken.wait()
-        woke = True
+        due = sleep.cancelled_caught
 
 
 async def read_caps(w: WorkerState) -> None:
@@ -112,6 +117,13 @@ async def read_caps(w: WorkerState) -> None:
         return
     for q in w.queue_states:
         q.capped = q.name in names
+    try:
+        limited = await w.call(rate_limited_call(list(w.queues)))
+        if limited and not w.rate_limited:
+            w.poke_poller()  # (claims made before this read did not re-arm it)
+        w.rate_limited = limited
+    except Exception as exc:
+        log.warning("could not read whether rate limits hold back the served queues (%s)", exc)
 
 
 async def caps_reader(w: WorkerState) -> None:

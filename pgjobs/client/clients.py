@@ -20,6 +20,7 @@ from pgjobs.client.enqueue import AsyncEnqueueOps, EnqueueOps
 from pgjobs.client.explain import AsyncExplainOps, ExplainOps
 from pgjobs.client.graph import AsyncGraphOps, GraphOps
 from pgjobs.client.lifecycle import AsyncLifecycleOps, LifecycleOps
+from pgjobs.client.pooler import aprobe, probe, switch_after_probe
 from pgjobs.client.rates import AsyncRateOps, RateOps
 from pgjobs.client.recurring import AsyncRecurringOps, RecurringOps
 from pgjobs.client.status import AsyncStatusOps, StatusOps
@@ -32,6 +33,11 @@ def _conn_kwargs(prepare: bool) -> dict[str, Any]:
     prepare-after-five-uses, for PgBouncer < 1.21 in transaction mode (a statement prepared on one
     server connection is missing on the next)."""
     return {"autocommit": True} if prepare else {"autocommit": True, "prepare_threshold": None}
+
+
+def _probed(dsn: str | None, read_dsn: str | None) -> list[str]:
+    """The DSNs the client's own pools connect to, each probed once at open (a replica's pooler may differ)."""
+    return [d for d in dict.fromkeys((dsn, read_dsn)) if d is not None]
 
 
 class Client(
@@ -53,8 +59,11 @@ class Client(
     ``app=``: a :class:`pgjobs.App` (or any :class:`~pgjobs.client.defaults.EnqueueDefaults`) whose declared
     ``queue``/``priority``/``max_attempts`` apply when an enqueue of a declared kind does not give them.
     ``prepare=True`` (the default) runs the hot calls as server-side prepared statements; behind a pooler that
-    cannot keep them (PgBouncer < 1.21 in transaction mode) the client finds it by the error, logs it once and
-    prepares nothing from then on (client/pooler.py); ``prepare=False`` prepares nothing from the start.
+    cannot keep them (PgBouncer < 1.21 in transaction mode) the client finds it before the first statement by one
+    probe connection per DSN it opens a pool for (``dsn``, ``read_dsn``), else by the error, logs it once and
+    prepares nothing from then on (client/pooler.py); ``prepare=False`` prepares nothing from the start and makes
+    no probe. A pool given with ``pool=`` / ``read_pool=`` is not probed (its owner knows where it connects: give
+    ``prepare=False`` behind a pooler); the error is still found.
 
     ``read_dsn=`` (or ``read_pool=``): where the read calls go (job_status, batch_status, stats, list_jobs,
     read_events, ...): a hot standby, or several (``host=s1,s2 target_session_attrs=prefer-standby``). Every
@@ -76,6 +85,13 @@ class Client(
         if app is not None and not isinstance(app, EnqueueDefaults):
             raise TypeError(f"app= needs an object with enqueue_defaults(kind), such as pgjobs.App; got {app!r}")
         self._enqueue_defaults = app
+        self._prepare = prepare
+        if pool is None and dsn is None:
+            raise ValueError("Client needs a dsn or a pool")
+        for probed in _probed(dsn if pool is None else None, read_dsn if read_pool is None else None):
+            if self._prepare:  # before any pool connection: nothing is prepared until the probe says so
+                switch_after_probe(self, "pgjobs client (pool pgjobs)", probe(probed))
+        prepare = self._prepare
         if pool is None:
             if dsn is None:
                 raise ValueError("Client needs a dsn or a pool")
@@ -86,7 +102,6 @@ class Client(
         else:
             self._owns_pool = False
         self._pool = pool
-        self._prepare = prepare
         self.dsn = dsn
         self.read_dsn = read_dsn
         self._owns_read_pool = read_pool is None and read_dsn is not None
@@ -99,6 +114,12 @@ class Client(
     @property
     def pool(self) -> ConnectionPool[Any]:
         return self._pool
+
+    @property
+    def prepare(self) -> bool:
+        """Whether the client runs server-side prepared statements now (off after ``prepare=False``, or once a
+        pooler that cannot keep them was found: by the probe at open or by its error)."""
+        return self._prepare
 
     def close(self) -> None:
         if self._owns_pool:
@@ -157,6 +178,7 @@ class AsyncClient(
             self._owns_pool = False
         self._pool = pool
         self._prepare = prepare
+        self._probed = not prepare  # prepare=False: no probe
         self.dsn = dsn
         self.read_dsn = read_dsn
         self._owns_read_pool = read_pool is None and read_dsn is not None
@@ -170,7 +192,23 @@ class AsyncClient(
     def pool(self) -> AsyncConnectionPool[Any]:
         return self._pool
 
+    @property
+    def prepare(self) -> bool:
+        """Whether the client runs server-side prepared statements now (off after ``prepare=False``, or once a
+        pooler that cannot keep them was found: by the probe at open or by its error)."""
+        return self._prepare
+
     async def open(self) -> None:
+        if not self._probed:  # once per client, before its pools open: nothing is prepared until it says so
+            self._probed = True
+            for probed in _probed(
+                self.dsn if self._owns_pool else None, self.read_dsn if self._owns_read_pool else None
+            ):
+                if self._prepare:
+                    switch_after_probe(self, "pgjobs client (pool pgjobs)", await aprobe(probed))
+            for p, own in ((self._pool, self._owns_pool), (self._read_pool, self._owns_read_pool)):
+                if own and not self._prepare and p is not None and isinstance(p.kwargs, dict):
+                    p.kwargs.update(_conn_kwargs(False))  # the connections the pools open prepare nothing
         if self._owns_pool:
             await self._pool.open()
         if self._owns_read_pool and self._read_pool is not None:

@@ -32,7 +32,15 @@ from pgjobs.client._call import Call, run_on
 from pgjobs.client.graph import add_to_batch_call
 from pgjobs.client.lifecycle import checkpoint_call, progress_call
 from pgjobs.client.listen import Listener, backoff_delay
-from pgjobs.client.pooler import PREPARED_LOST, announce, refused_options
+from pgjobs.client.pooler import (
+    PREPARED_LOST,
+    PROBE_QUERY,
+    SessionNotKept,
+    announce,
+    probe_conninfo,
+    refused_options,
+    verdict,
+)
 from pgjobs.errors import translate
 from pgjobs.runtime.app import App, JobHandler
 from pgjobs.runtime.context import JobContext, SyncJobContext
@@ -320,11 +328,13 @@ class WorkerState:
             return {"prepare_threshold": None}
         return {} if options is None else {"options": options}
 
-    def unprepare(self, exc: psycopg.Error) -> None:
+    def unprepare(self, exc: psycopg.Error | SessionNotKept) -> None:
         """A pooler that cannot keep prepared statements nor startup options is in front (client/pooler.py):
         none from now on, on new connections and in every statement; the caller runs its statement again (it did
         not run). Raises ``exc`` (translated) when they were off already: then it is no pooler's doing."""
         if not self.prepare:
+            if isinstance(exc, SessionNotKept):
+                return
             raise translate(exc) from exc
         self.prepare = False
         listen = "" if self.listen_dsn else " (LISTEN goes through it too: give listen_dsn / --listen-dsn)"
@@ -337,19 +347,32 @@ class WorkerState:
     async def probe(self) -> None:
         """The first connection, with the startup options the worker's connections carry: an unreachable server
         fails here with its own clear error, and a pooler that refuses the options (PgBouncer) is found before
-        any other connection is made."""
-        try:
-            conn = await self.connect("probe", SESSION_OPTIONS)
-        except psycopg.OperationalError as exc:
-            if not (self.prepare and refused_options(exc)):
-                raise
-            self.unprepare(exc)
-            conn = await self.connect("probe")
+        any other connection is made. With ``prepare``, the options also carry a fresh value of
+        ``pgjobs.probe`` that must come back: a pooler that drops them (``ignore_startup_parameters = options``)
+        is found here too, before anything is prepared (client/pooler.py)."""
+        if self.prepare:
+            conninfo, nonce = probe_conninfo(self.dsn, SESSION_OPTIONS)
+            try:
+                conn = await self.connect("probe", dsn=conninfo)
+            except psycopg.OperationalError as exc:
+                if not refused_options(exc):
+                    raise
+                self.unprepare(exc)
+            else:
+                cur = await conn.execute(PROBE_QUERY, prepare=False)
+                finding = verdict(await cur.fetchone(), nonce)
+                await conn.close()
+                if finding is not None:
+                    self.unprepare(finding)
+                return
+        conn = await self.connect("probe")
         await conn.close()
 
-    async def connect(self, role: str, options: str | None = None) -> psycopg.AsyncConnection[Any]:
+    async def connect(
+        self, role: str, options: str | None = None, dsn: str | None = None
+    ) -> psycopg.AsyncConnection[Any]:
         return await psycopg.AsyncConnection.connect(
-            self.dsn, autocommit=True, application_name=f"pgjobs-{role}:{self.name}", connect_timeout=10,
+            dsn or self.dsn, autocommit=True, application_name=f"pgjobs-{role}:{self.name}", connect_timeout=10,
             **self.conn_kwargs(options),
         )  # fmt: skip
 

@@ -81,8 +81,9 @@ class Worker(WorkerState):
     (``pgjobs.runtime.metrics``; 0 picks a free port, see ``worker.metrics.port``). ``tracing``: a span per
     attempt (extra ``pgjobs-queue[otel]``; None: on when a tracer provider is set). ``listen_dsn``: LISTEN
     on a direct connection when ``dsn`` goes through PgBouncer in transaction mode. A pooler that cannot keep
-    prepared statements nor startup options is found by the error it gives (one log line, then none of either);
-    ``prepare=False`` turns both off from the start. ``claims_by_trigger`` / ``claimed_by_trigger``:
+    prepared statements nor startup options is found by the first connection's probe (a startup option that
+    must come back), else by the error it gives (one log line, then none of either); ``prepare=False`` turns
+    both off from the start. ``claims_by_trigger`` / ``claimed_by_trigger``:
     the claim calls and the jobs they took, by what started them (``poll``, ``wake``, ``ended`` ...:
     docs/cap-wakes.md).
     """

@@ -199,6 +199,7 @@ AS $$
 DECLARE
     v_row queues;
     v_was_paused boolean;
+    v_was_capped boolean;
 BEGIN
     PERFORM _check_name('queue', queue);  -- limits: checks.sql
     IF max_length < 0 THEN
@@ -225,7 +226,8 @@ BEGIN
         PERFORM _rate_configure('queue', configure_queue.queue, configure_queue.max_starts, configure_queue.per, NULL);
     END IF;
     INSERT INTO queues AS q (queue) VALUES (configure_queue.queue) ON CONFLICT (queue) DO NOTHING;
-    SELECT q.paused INTO v_was_paused FROM queues AS q WHERE q.queue = configure_queue.queue FOR UPDATE;
+    SELECT q.paused, q.max_active IS NOT NULL INTO v_was_paused, v_was_capped
+      FROM queues AS q WHERE q.queue = configure_queue.queue FOR UPDATE;
     UPDATE queues AS q
        SET max_length           = CASE WHEN configure_queue.max_length IS NULL THEN q.max_length
                                        ELSE nullif(configure_queue.max_length, 0) END,
@@ -244,6 +246,11 @@ BEGIN
            updated_at           = now()
      WHERE q.queue = configure_queue.queue
     RETURNING q.* INTO v_row;
+    -- A queue's active ledger (caps.sql) is kept while it has max_active: one that gains or loses it is
+    -- counted afresh by its next capped claim.
+    IF v_was_capped <> (v_row.max_active IS NOT NULL) THEN
+        DELETE FROM cap_checkpoints AS c WHERE c.queue = configure_queue.queue;
+    END IF;
     -- Resuming a queue (or lifting a cap) may make work claimable: wake idle workers.
     IF v_was_paused AND NOT v_row.paused OR configure_queue.max_active IS NOT NULL
        OR configure_queue.max_active_per_group IS NOT NULL THEN

@@ -164,6 +164,7 @@ DECLARE
     v_fair1      boolean := false;   -- one queue, fair: its claim's count settles expired leases
     v_quiet      text[];   -- queues that hear nothing of a claim (status_events 'none' or 'terminal')
     v_plan       claim_plan;
+    v_ledger     boolean := false;   -- one queue, capped by max_active alone: the plain path under its cap
 BEGIN
     -- The common arguments pass these inline tests; only the rest pay for the helper's checks.
     IF worker IS NULL OR worker = '' OR queues IS NULL OR cardinality(queues) = 0
@@ -182,16 +183,18 @@ BEGIN
           INTO v_limits
           FROM jsonb_each(kind_limits) AS e;
     END IF;
-    -- Paused queues give nothing. Queues with fairness or concurrency caps take the
-    -- controlled path (fairness.sql); every other queue takes the plain path.
+    -- Paused queues give nothing. Fair queues and per-group caps take the controlled path (fairness.sql);
+    -- a queue capped by max_active alone takes the plain path under its cap (_claim_capped_plain); every
+    -- other queue takes the plain path.
     IF cardinality(queues) = 1 THEN
         -- One queue (the usual worker): one probe of its settings row, if it has one.
         SELECT CASE WHEN NOT coalesce(c.fair OR c.max_active IS NOT NULL OR c.max_active_per_group IS NOT NULL, false)
                     THEN queues END,
                CASE WHEN coalesce(c.fair OR c.max_active IS NOT NULL OR c.max_active_per_group IS NOT NULL, false)
                     THEN queues END,
-               CASE WHEN c.status_events <> 'all' THEN queues ELSE '{}' END, coalesce(c.fair, false)
-          INTO v_plain, v_controlled, v_quiet, v_fair1
+               CASE WHEN c.status_events <> 'all' THEN queues ELSE '{}' END, coalesce(c.fair, false),
+               c.max_active IS NOT NULL AND NOT c.fair AND c.max_active_per_group IS NULL
+          INTO v_plain, v_controlled, v_quiet, v_fair1, v_ledger
           FROM (SELECT 1) AS one
           LEFT JOIN queues AS c ON c.queue = queues[1]
          WHERE NOT coalesce(c.paused, false);
@@ -215,6 +218,10 @@ BEGIN
                 RETURN QUERY SELECT * FROM _claim_take(worker, v_plain, max_jobs, lease, v_limits, v_quiet, v_plan);
             END IF;
         END IF;
+        RETURN;
+    END IF;
+    IF v_ledger THEN
+        RETURN QUERY SELECT * FROM _claim_capped_plain(worker, queues[1], max_jobs, lease, v_limits, v_quiet);
         RETURN;
     END IF;
     -- Controlled queues: jobs whose lease expired on their last allowed attempt, or whose cancellation was
@@ -245,9 +252,12 @@ SET search_path = pg_catalog, pgjobs, pg_temp
 AS $$
 #variable_conflict use_column
 DECLARE
-    v_rows claimed_job[];
-    v_more claimed_job[];
-    v_plan claim_plan;
+    v_rows   claimed_job[];
+    v_more   claimed_job[];
+    v_plan   claim_plan;
+    v_ledger text[];
+    v_q      text;
+    v_left   jsonb := limits;
 BEGIN
     IF plain_queues IS NOT NULL THEN
         v_plan := _claim_plan(plain_queues, max_jobs, limits);
@@ -255,14 +265,21 @@ BEGIN
             SELECT array_agg(c) INTO v_rows FROM _claim_take(worker, plain_queues, max_jobs, lease, limits, quiet, v_plan) AS c;
         END IF;
     END IF;
-    IF coalesce(cardinality(v_rows), 0) < max_jobs THEN
-        IF limits IS NOT NULL AND v_rows IS NOT NULL THEN
-            -- What the plain path took counts against the per-call kind limits.
-            SELECT jsonb_object_agg(l.key, (l.value::text)::int - coalesce(t.taken, 0)) INTO limits
-              FROM jsonb_each(limits) AS l
-              LEFT JOIN (SELECT r.kind, count(*)::int AS taken FROM unnest(v_rows) AS r GROUP BY r.kind) AS t
-                ON t.kind = l.key;
-        END IF;
+    -- Queues capped by max_active alone: the plain path under each one's cap, in name order (the locks).
+    SELECT array_agg(c.queue ORDER BY c.queue) INTO v_ledger
+      FROM queues AS c
+     WHERE c.queue = ANY (controlled_queues) AND c.max_active IS NOT NULL AND NOT c.fair
+       AND c.max_active_per_group IS NULL;
+    FOREACH v_q IN ARRAY coalesce(v_ledger, '{}') LOOP
+        EXIT WHEN coalesce(cardinality(v_rows), 0) >= max_jobs;
+        v_left := _claim_limits_left(limits, v_rows);
+        v_rows := coalesce(v_rows, '{}') || ARRAY(SELECT c FROM _claim_capped_plain(worker, v_q, max_jobs - coalesce(cardinality(v_rows), 0),
+                                                                                   lease, v_left, quiet) AS c);
+    END LOOP;
+    controlled_queues := ARRAY(SELECT q FROM unnest(controlled_queues) AS q WHERE q <> ALL (coalesce(v_ledger, '{}')));
+    IF coalesce(cardinality(v_rows), 0) < max_jobs AND cardinality(controlled_queues) > 0 THEN
+        -- What the plain paths took counts against the per-call kind limits.
+        limits := _claim_limits_left(limits, v_rows);
         PERFORM set_config('plan_cache_mode', 'auto', true);  -- see the note at the top of this file
         v_more := _claim_controlled(worker, controlled_queues, max_jobs - coalesce(cardinality(v_rows), 0), lease, limits);
     END IF;
@@ -282,6 +299,117 @@ BEGIN
           FROM unnest(v_more) AS r
     )
     SELECT * FROM unnest(coalesce(v_rows, '{}') || v_more) WHERE (SELECT count(*) FROM told) IS NOT NULL;
+END;
+$$;
+
+-- The per-call kind limits less what the claim took so far (NULL: any kind).
+CREATE OR REPLACE FUNCTION pgjobs._claim_limits_left(limits jsonb, taken pgjobs.claimed_job[])
+RETURNS jsonb
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pgjobs, pg_temp
+AS $$
+BEGIN
+    IF limits IS NULL OR taken IS NULL OR cardinality(taken) = 0 THEN
+        RETURN limits;
+    END IF;
+    RETURN (SELECT coalesce(jsonb_object_agg(l.key, (l.value::text)::int - coalesce(t.taken, 0)), '{}')
+              FROM jsonb_each(limits) AS l
+              LEFT JOIN (SELECT r.kind, count(*)::int AS taken FROM unnest(taken) AS r GROUP BY r.kind) AS t
+                ON t.kind = l.key);
+END;
+$$;
+
+-- Expired leases of a capped queue, from its lease start, go back to pending before the count, so a job whose
+-- lease expired counts towards the cap until this reclaim (the ledger files its -1) and a cap full of expired
+-- leases frees its room. The expiry is recorded as _claim_take's reclaim records it, the next lease is a new
+-- attempt; no status event (the job's next event is its lease). Returns the first of them in claim order.
+CREATE OR REPLACE FUNCTION pgjobs._requeue_expired(queue text, since timestamptz,
+                                                   OUT p smallint, OUT t timestamptz, OUT i bigint)
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pgjobs, pg_temp
+AS $$
+#variable_conflict use_column
+BEGIN
+    WITH upd AS (
+        UPDATE jobs AS j
+           SET state = 'pending',
+               lease_token = NULL,
+               lease_expires_at = NULL,
+               errors = j.errors || jsonb_build_array(jsonb_build_object(
+                            'attempt', j.attempt, 'at', now(), 'worker', j.leased_by, 'error', 'lease expired')),
+               last_error = 'lease expired'
+         WHERE j.id = ANY (ARRAY(
+                   SELECT e.id FROM jobs AS e
+                    WHERE e.state = 'active' AND e.queue = _requeue_expired.queue AND e.lease_expires_at >= since
+                      AND e.lease_expires_at < now() AND e.attempt < e.max_attempts AND NOT e.cancel_requested
+                    ORDER BY e.lease_expires_at
+                    LIMIT 100
+                      FOR UPDATE SKIP LOCKED))
+           AND j.state = ANY ('{waiting,scheduled,pending,active}'::job_state[])  -- jobs_live only
+        RETURNING j.priority, j.run_at, j.id
+    )
+    SELECT u.priority, u.run_at, u.id INTO p, t, i FROM upd AS u ORDER BY u.priority, u.run_at, u.id LIMIT 1;
+END;
+$$;
+
+-- A claim of one queue capped by max_active alone (not fair, no per-group cap): the plain claim's plan and
+-- take, under the queue's advisory lock, for at most max_active less its active jobs, read from the ledger
+-- (caps.sql). The lock serialises its claimers: under READ COMMITTED each statement after it sees every job
+-- leased by the claims before, so the cap is never overshot; it lasts to the end of the claim's transaction.
+CREATE OR REPLACE FUNCTION pgjobs._claim_capped_plain(worker text, queue text, max_jobs int, lease interval,
+                                                      kind_limits jsonb, quiet text[])
+RETURNS SETOF pgjobs.claimed_job
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pgjobs, pg_temp
+SET plan_cache_mode = force_generic_plan
+SET jit = off
+SET enable_seqscan = off SET enable_bitmapscan = off  -- (Plans, at the top of this file)
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_cfg  queues;
+    v_plan claim_plan;
+    v_low  record;
+    v_room int;
+BEGIN
+    IF current_setting('transaction_isolation') <> 'read committed' THEN
+        -- A snapshot older than the lock could miss jobs leased by the previous holder.
+        RAISE EXCEPTION USING ERRCODE = 'PJ002',
+            MESSAGE = format('claim on queue %L (it has concurrency caps) needs READ COMMITTED, not %s',
+                             queue, current_setting('transaction_isolation'));
+    END IF;
+    PERFORM pg_advisory_xact_lock(hashtextextended('pgjobs.claim:' || queue, 0));
+    -- The settings as of now: a configure_queue may have committed while this claim waited.
+    SELECT * INTO v_cfg FROM queues AS c WHERE c.queue = _claim_capped_plain.queue;
+    IF NOT FOUND OR v_cfg.paused THEN
+        RETURN;
+    ELSIF v_cfg.max_active IS NULL OR v_cfg.fair OR v_cfg.max_active_per_group IS NOT NULL THEN
+        RETURN QUERY SELECT * FROM _claim_routed(
+            worker, CASE WHEN v_cfg.max_active IS NULL AND NOT v_cfg.fair AND v_cfg.max_active_per_group IS NULL
+                         THEN ARRAY[queue] END,
+            CASE WHEN v_cfg.max_active IS NOT NULL OR v_cfg.fair OR v_cfg.max_active_per_group IS NOT NULL
+                 THEN ARRAY[queue] ELSE '{}' END,
+            max_jobs, lease, kind_limits, quiet);
+        RETURN;
+    END IF;
+    v_plan := _claim_plan(ARRAY[queue], max_jobs, kind_limits);
+    IF v_plan.seq IS NULL THEN
+        RETURN;  -- no kind may be taken
+    END IF;
+    IF v_plan.l[1] < now() THEN
+        SELECT * INTO v_low FROM _requeue_expired(queue, v_plan.l[1]);
+        -- They keep their place in claim order, which may sort below the pending start: lowered to them.
+        IF v_low.i IS NOT NULL AND (v_plan.p[1] IS NULL OR (v_low.p, v_low.t, v_low.i) < (v_plan.p[1], v_plan.t[1], v_plan.i[1])) THEN
+            v_plan.p[1] := v_low.p;
+            v_plan.t[1] := v_low.t;
+            v_plan.i[1] := v_low.i;
+        END IF;
+    END IF;
+    v_room := v_cfg.max_active - _cap_active(queue);
+    IF v_room <= 0 THEN
+        RETURN;
+    END IF;
+    RETURN QUERY SELECT * FROM _claim_take(worker, ARRAY[queue], least(max_jobs, v_room), lease, kind_limits, quiet, v_plan);
 END;
 $$;
 

@@ -68,6 +68,7 @@ CREATE TYPE pgjobs.job_status AS (
     depends_on jsonb
 );
 
+CREATE SEQUENCE pgjobs.cap_checkpoints_seq AS bigint;
 CREATE SEQUENCE pgjobs.claim_floor_epoch AS bigint;
 CREATE SEQUENCE pgjobs.claim_floors_seq AS bigint;
 CREATE SEQUENCE pgjobs.event_id_seq AS bigint;
@@ -95,6 +96,24 @@ CREATE TABLE pgjobs.batches (
     completed_at   timestamp with time zone,
     CONSTRAINT batches_pkey PRIMARY KEY (id)
 );
+
+CREATE TABLE pgjobs.cap_checkpoints (
+    queue  text NOT NULL,
+    seq    bigint NOT NULL,
+    snap   pg_snapshot NOT NULL,
+    own    xid8,
+    active integer NOT NULL,
+    cut    xid8 NOT NULL,
+    prev   bigint,
+    CONSTRAINT cap_checkpoints_pkey PRIMARY KEY (queue, seq)
+) WITH (autovacuum_vacuum_scale_factor=0, autovacuum_vacuum_threshold=100);
+
+CREATE TABLE pgjobs.cap_ledger (
+    queue text NOT NULL,
+    xid   xid8 NOT NULL DEFAULT pg_current_xact_id(),
+    n     integer NOT NULL
+) WITH (autovacuum_vacuum_scale_factor=0, autovacuum_vacuum_threshold=1000);
+CREATE INDEX cap_ledger_xid ON pgjobs.cap_ledger USING btree (queue, xid) INCLUDE (n);
 
 CREATE TABLE pgjobs.claim_floors (
     slot  smallint NOT NULL,
@@ -370,6 +389,8 @@ CREATE TABLE pgjobs.jobs (
     rate_held_until  timestamp with time zone,
     CONSTRAINT jobs_valid CHECK (((kind <> ''::text) AND (queue <> ''::text) AND (max_attempts >= 1) AND ((state <> 'active'::pgjobs.job_state) OR (lease_token IS NOT NULL))))
 ) PARTITION BY LIST (state);
+CREATE TRIGGER jobs_cap_deleted AFTER DELETE ON pgjobs.jobs REFERENCING OLD TABLE AS old_jobs FOR EACH STATEMENT EXECUTE FUNCTION pgjobs._cap_moved();
+CREATE TRIGGER jobs_cap_moved AFTER UPDATE ON pgjobs.jobs REFERENCING OLD TABLE AS old_jobs NEW TABLE AS new_jobs FOR EACH STATEMENT EXECUTE FUNCTION pgjobs._cap_moved();
 CREATE TRIGGER jobs_filed BEFORE UPDATE ON pgjobs.jobs FOR EACH ROW WHEN (((new.state = ANY ('{pending,scheduled,active}'::pgjobs.job_state[])) AND ((new.state <> old.state) OR (new.priority <> old.priority) OR (new.run_at <> old.run_at) OR (new.queue <> old.queue) OR (new.kind <> old.kind) OR (new.lease_expires_at < old.lease_expires_at) OR ((new.lease_expires_at IS NULL) <> (old.lease_expires_at IS NULL))) AND (NOT (new.filed_xid IS DISTINCT FROM old.filed_xid)))) EXECUTE FUNCTION pgjobs._job_filed();
 CREATE TABLE pgjobs.jobs_failed PARTITION OF pgjobs.jobs FOR VALUES IN ('failed', 'cancelled') PARTITION BY RANGE (completed_at);
 CREATE INDEX jobs_failed_batch_idx ON ONLY pgjobs.jobs_failed USING btree (batch_id) WHERE (batch_id IS NOT NULL);

@@ -200,11 +200,14 @@ def measured_capped_claims(conn: Conn, claims: int = 16) -> tuple[int, int, int]
     """(jobs taken, index entries, buffers) of ``claims`` capped claims of one job, each completed after."""
     taken = entries = buffers = 0
     for _ in range(claims):
-        before, blocks_before = index_entries(conn), blocks_fetched(conn)
-        got = claim(conn, "w", queues=["cq"], max_jobs=1)
-        taken += len(got)
-        entries += index_entries(conn) - before
-        buffers += blocks_fetched(conn) - blocks_before
+        # One transaction around the readings and the claim: a backend's pending statistics are flushed (and
+        # the transaction's counters restart) only between transactions, when it has been idle a while.
+        with conn.transaction():
+            before, blocks_before = index_entries(conn), blocks_fetched(conn)
+            got = claim(conn, "w", queues=["cq"], max_jobs=1)
+            taken += len(got)
+            entries += index_entries(conn) - before
+            buffers += blocks_fetched(conn) - blocks_before
         finish(conn, got)
     return taken, entries, buffers
 

@@ -225,6 +225,15 @@ BEGIN
     IF configure_queue.max_starts IS NOT NULL OR configure_queue.per IS NOT NULL THEN
         PERFORM _rate_configure('queue', configure_queue.queue, configure_queue.max_starts, configure_queue.per, NULL);
     END IF;
+    -- A call that sets max_active may start or end the queue's active ledger (caps.sql), whose triggers file
+    -- a change only for a queue that has max_active when its statement runs. A transaction that ended an
+    -- active job before the cap and commits after the ledger's first count would be missing from it for good,
+    -- so the call waits for every transaction writing jobs to end, and holds new ones back until it commits.
+    -- Taken before the queue's row lock: writers that lock that row (an enqueue to a bounded queue) hold
+    -- their lock on jobs first.
+    IF configure_queue.max_active IS NOT NULL THEN
+        LOCK TABLE jobs IN SHARE MODE;
+    END IF;
     INSERT INTO queues AS q (queue) VALUES (configure_queue.queue) ON CONFLICT (queue) DO NOTHING;
     SELECT q.paused, q.max_active IS NOT NULL INTO v_was_paused, v_was_capped
       FROM queues AS q WHERE q.queue = configure_queue.queue FOR UPDATE;

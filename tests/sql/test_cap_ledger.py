@@ -237,3 +237,44 @@ def test_a_capped_claim_reads_the_same_after_1000_and_after_20000_jobs_done_unde
     assert t1 == t2 == 64
     assert e2 <= e1 * 1.1, measured
     assert b2 <= b1 * 1.1, measured
+
+
+def test_a_cap_set_while_a_job_ends_waits_for_it_and_counts_it(conn: Conn, connect: ConnectFactory) -> None:
+    """A job of an uncapped queue ends in a transaction still open when ``max_active`` is set: the ledger's
+    triggers filed nothing for it (no cap when its statement ran). configure_queue waits for that transaction,
+    so the first count, after both, is exact; without the wait it counted the job as active for good."""
+    enqueue_n(conn, 2, queue="cq", run_at=PAST)
+    got = claim(conn, "w", queues=["cq"], max_jobs=2)
+    assert len(got) == 2
+    ender = connect()
+    ender.execute("BEGIN")
+    ender.execute("SELECT pgjobs.complete(%s, %s)", [got[0]["id"], got[0]["lease_token"]])
+    admin = connect()
+    done = threading.Event()
+
+    def configure() -> None:
+        capped(admin, max_active=1)
+        done.set()
+
+    t = threading.Thread(target=configure)
+    t.start()
+    seen = False
+    for _ in range(200):  # until the configure call has ended or is seen waiting for its lock
+        seen = conn.execute(
+            "SELECT count(*) FROM pg_locks WHERE relation = 'pgjobs.jobs'::regclass AND mode = 'ShareLock'"
+            " AND NOT granted"
+        ).fetchone() == (1,)
+        if seen or done.is_set():
+            break
+        threading.Event().wait(0.05)
+    if done.is_set():  # (no wait: the cap's first count now, while the ended job's transaction is open)
+        ledger_count(conn)
+    ender.execute("COMMIT")
+    t.join(10)
+    assert done.is_set()
+    assert ledger_count(conn) == (1, 1)
+    assert seen
+    finish(conn, got[1:])
+    assert ledger_count(conn) == (0, 0)
+    enqueue_n(conn, 1, queue="cq", run_at=PAST)
+    assert len(claim(conn, "w", queues=["cq"], max_jobs=5)) == 1  # the cap of 1 has its room

@@ -194,12 +194,14 @@ async def _follow(dsn: str, job_id: int, as_json: bool) -> int:
 
     out = stdout()
     async with AsyncClient(dsn, min_size=1, max_size=3) as client:
-        send, receive = anyio.create_memory_object_stream[Any](max_buffer_size=1000)
+        inbox = _Inbox()
 
         async def pump() -> None:
-            async with send:
+            try:
                 async for event in client.subscribe(job_ids=[job_id]):  # ends by itself once the job is terminal
-                    await send.send(event)
+                    inbox.put(event)
+            finally:
+                inbox.close()
 
         async with anyio.create_task_group() as tg:
             tg.start_soon(pump)
@@ -218,7 +220,7 @@ async def _follow(dsn: str, job_id: int, as_json: bool) -> int:
                         if key != last:
                             out.print(line)
                             last = key
-                    await _wait_for_change(receive, as_json)
+                    await _wait_for_change(inbox, as_json)
                     job = await client.job_status(job_id)
                 if live is not None and job is not None:
                     live.update(_job_table(job), refresh=True)
@@ -232,20 +234,47 @@ async def _follow(dsn: str, job_id: int, as_json: bool) -> int:
     return _terminal_code(job)
 
 
-async def _wait_for_change(receive: Any, as_json: bool) -> None:
+class _Inbox:
+    """The followed job's events, handed from the stream to the loop that prints them. The loop waits on an
+    event and takes what is there: a wait cut short by its deadline loses nothing (a memory stream's receive
+    cancelled just as an item came dropped that item)."""
+
+    def __init__(self) -> None:
+        import anyio
+
+        self.items: list[Any] = []
+        self.ended = False
+        self.changed = anyio.Event()
+
+    def put(self, item: Any) -> None:
+        self.items.append(item)
+        self.changed.set()
+
+    def close(self) -> None:
+        self.ended = True
+        self.changed.set()
+
+    async def take(self, timeout: float) -> list[Any]:
+        """What came, once something did or ``timeout`` passed (no await between the take and the reset)."""
+        import anyio
+
+        with anyio.move_on_after(timeout):
+            await self.changed.wait()
+        items, self.items = self.items, []
+        if self.changed.is_set() and not self.ended:
+            self.changed = anyio.Event()
+        return items
+
+
+async def _wait_for_change(inbox: _Inbox, as_json: bool) -> None:
     """Until the stream reports something (printed as it comes with ``--json``) or :data:`POLL` passes."""
     import anyio
 
-    with anyio.move_on_after(POLL):
-        try:
-            events = [await receive.receive()]
-            with contextlib.suppress(anyio.WouldBlock):
-                while True:  # a burst of events costs one re-read
-                    events.append(receive.receive_nowait())
-        except anyio.EndOfStream:  # the stream saw the job end (or stopped): poll until we do
-            await anyio.sleep(POLL)
-            return
-        if as_json:
-            for event in events:
-                _json_line({"type": "event", **to_jsonable(event)})
+    events = await inbox.take(POLL)
+    if not events and inbox.ended:  # the stream saw the job end (or stopped): poll until we do
+        await anyio.sleep(POLL)
+        return
+    if as_json:
+        for event in events:
+            _json_line({"type": "event", **to_jsonable(event)})
     sys.stdout.flush()

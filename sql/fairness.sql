@@ -28,7 +28,7 @@
 --
 -- Language: every routine here is PL/pgSQL, the one-statement helpers too. A LANGUAGE sql function with a SET
 -- clause (every routine pins its search_path) is never inlined, and PostgreSQL before 18 parses, analyses and
--- plans its body again at every call, where PL/pgSQL keeps its plans for the session. Until 2026-12-06 thirteen
+-- plans its body again at every call, where PL/pgSQL keeps its plans for the session. Thirteen
 -- helpers here were SQL functions (the gates, the kept reads, the floors, the fast path's probe of heads from
 -- floors): perf on the worker's claim backend in the fair soak under a held snapshot put 18 % of its CPU in
 -- parsing and planning them (tests/sql/test_sql_layout.py keeps claim.sql and this file PL/pgSQL).
@@ -52,7 +52,7 @@
 --     work that became pending without a new job (a due scheduled job, a retry, a dependency met, an
 --     insert that committed after a claim read past its id) or when more than 16,384 jobs came in since the session's
 --     previous claim (a session that claims seldom on a busy server: as before, every such claim
---     sweeps; 2,048 until 2026-12-06: in the fair soak with a snapshot held for minutes, one slow claim
+--     sweeps; a smaller batch was too few: in the fair soak with a snapshot held for minutes, one slow claim
 --     let more ids than that arrive before the next, which swept, and the sweep, slower than the time
 --     2,048 jobs take to arrive, made the next claim sweep too, and so on: 46-61 sweeps a minute at
 --     300-660 ms each, half the claimer's time; reading 16,384 new ids costs a few ms), and otherwise a claim sweeps only while the sweeps keep finding groups,
@@ -76,7 +76,7 @@
 -- front of the ring as live groups are served), so the table stays the size of the live groups;
 -- under a held snapshot, while the checks before a delete are gated, served ones stay (_forget_group).
 --
--- Under a held snapshot (issue 10 item 1). A foreign session idle in a transaction keeps every
+-- Under a held snapshot. A foreign session idle in a transaction keeps every
 -- version newer than its snapshot: no pruning, no VACUUM, and no dead index entry can be marked killed by
 -- the scans that pass it. Measured (README, "Under a held snapshot"): one claim of one job after 20,000
 -- jobs were claimed and completed under the snapshot read 2,301 buffers instead of 83 (this file's part
@@ -92,7 +92,7 @@
 --     when a sweep ran or the ungrouped jobs' state moved; what changes every claim (seen_max_id,
 --     quiet_claims) is the session's hint (_fair_save_hint), and the row's ring_from is read from the
 --     cursors when it is written (_fair_ring_floor). The hint carries no ring_from (it did until
---     2026-12-06: _fair_ring_raise has why not).
+--     earlier: _fair_ring_raise has why not).
 -- Built: the skip scan and its cursor probes no longer run on every claim that sees a new job (they
 -- cost 5,373 of the 8,562 buffers a fair claim read after 20,000 jobs under a held snapshot when new
 -- jobs kept coming, the soak's case; the look for ungrouped work on an all-grouped queue 498 more):
@@ -107,7 +107,7 @@
 -- fair_groups is not free of versions either: a group that runs out of work loses its cursor and its
 -- row, and gets both again with its next job (in the soak, about 80 such cycles a second over 100
 -- groups); a lookup passes one entry per cycle of that group since the snapshot, not one per serve.
--- Built since (2026-12-02): on queues without caps a session keeps a count that proved dear for a
+-- Built since: on queues without caps a session keeps a count that proved dear for a
 -- second (see "Active counts under a held snapshot" below), and claim()'s probe for leases to settle
 -- is skipped on the same terms; so are the 8th claim's look for ungrouped work and its discovery
 -- sweep once they proved dear (_fair_keep); the head probe takes jobs_group_idx given
@@ -125,7 +125,7 @@
 -- with a shorter lease, or a lease moved back, lands below it; an insert-only lease log needs the
 -- completion paths in lifecycle.sql to take part). Floors shared between sessions (a session that claims
 -- one job now and then probed each group it served from the front) are built since: "Floors in the cursors".
--- Built since (2026-12-06): the count, the look and the sweep are paid by one session per period, not by
+-- Built since: the count, the look and the sweep are paid by one session per period, not by
 -- every session ("Shared gates"), and the look for never-served cursors runs only when one may have been
 -- created (_fair_unserved). Left: groups that run dry lose their cursor and come back with a new one (tens
 -- a second on a busy queue), each leaving dead entries that claims pass (the look above while it runs,
@@ -564,7 +564,7 @@ $$;
 -- pgjobs.fair_count_every: _fair_grace), so a worker claiming every 10 ms reads 100 ms after the end, and a
 -- probe claiming every 200 ms reads only when nobody has 2 s later; the claim that reads closes the gate before it
 -- reads (for pgjobs.fair_count_every seconds, when this session's last such read was dear), so that the
--- claims starting while it reads skip it, and sets its end after. Until 2026-12-06 the gate opened first
+-- claims starting while it reads skip it, and sets its end after. The gate opening first
 -- to the session that had closed it, the others a second later: once a probe had read in that second (the
 -- worker busy), the gate was the probe's for good, and it paid the count at every opening, every 6-7 s
 -- (220-420 ms each, ten minutes into the fair soak's hold), and its own count and look again whenever they
@@ -625,7 +625,7 @@ $$;
 -- pgjobs.fair_count_every; `first` for a session that has not claimed the queue yet. A worker claiming every
 -- 10 ms gets 100 ms, a probe claiming every 200 ms 2 s: when a gate opens the session that claims most reads
 -- first, and a floor that ran out is probed from the front by it (the safety net, "Head floors"). Until the
--- late night of 2026-12-06 twice that time, at most pgjobs.fair_count_every, and no grace for floors: in the
+-- busiest period twice that time, at most pgjobs.fair_count_every, and no grace for floors: in the
 -- ten-minute fair soak's hold the soak's probe still paid the count when a gate opened (7 times: 250-820 ms)
 -- and a group's probe from the front when its floor ran out (5 times: 75-140 ms).
 CREATE OR REPLACE FUNCTION pgjobs._fair_grace(v_q text, first numeric)
@@ -1013,7 +1013,7 @@ $$;
 -- for one index read at most, never for this claim's transaction. `v_own`: the lowest place this claim
 -- drew for cursors it has not stamped visibly yet (else NULL). Tried only by a claim that is not quiet
 -- (every 8th or so: the row is written then anyway); when another claim holds the lock, ring_from stays
--- for now. (Each session's hint raised it too until 2026-12-06, by what that session saw: not safe.)
+-- for now. (A session's hint raising it too, by what that session saw: not safe.)
 CREATE OR REPLACE FUNCTION pgjobs._fair_ring_raise(v_q text, v_quiet boolean, v_own bigint DEFAULT NULL)
 RETURNS bigint
 LANGUAGE plpgsql

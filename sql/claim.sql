@@ -831,8 +831,8 @@ END;
 $$;
 
 -- _claim_once in a retry loop: the claim of queues without a rate limit. FOR UPDATE SKIP LOCKED skips a
--- row that is locked, but a row that was moved to history after the claim's snapshot (its holder completed it, or a cancel
--- ended it) is not locked any more: locking it raises 40001 "tuple to be locked was already moved to
+-- row that is locked, but a row that was moved to history after the claim's snapshot (its holder completed
+-- it, or a cancel ended it) is not locked any more: locking it raises 40001 "tuple to be locked was already moved to
 -- another partition" in READ COMMITTED, where a plain table would have re-checked it and skipped it.
 -- The claim runs again (its subtransaction undone), in a snapshot where that job is history.
 -- _claim_once returns its rows only when it has them all, so a failed turn returned nothing.

@@ -120,7 +120,6 @@ BEGIN
             PERFORM _reopen(ARRAY[v_job.id]);
             IF v_job.state = 'pending' THEN
                 PERFORM pg_notify('pgjobs_wake', v_job.queue);
-                PERFORM _claim_floor_note(now());  -- run_at is now(): old in an old transaction (fairness.sql, "Head floors")
             END IF;
             PERFORM _notify_status(jsonb_build_array(jsonb_build_object(
                 'id', v_job.id, 'state', v_job.state, 'queue', v_job.queue, 'kind', v_job.kind,
@@ -264,12 +263,6 @@ BEGIN
     IF v_was_paused AND NOT v_row.paused OR configure_queue.max_active IS NOT NULL
        OR configure_queue.max_active_per_group IS NOT NULL THEN
         PERFORM pg_notify('pgjobs_wake', v_row.queue);
-    END IF;
-    -- A queue that changes between fair or capped selection and the plain one: jobs filed pending by
-    -- the other path (fairness.sql's _promote_due) may sort below a plain claimer's scan floor.
-    IF configure_queue.fair IS NOT NULL OR configure_queue.max_active IS NOT NULL
-       OR configure_queue.max_active_per_group IS NOT NULL THEN
-        PERFORM _claim_floor_bump();  -- fairness.sql, "Head floors"
     END IF;
     RETURN v_row;
 END;

@@ -30,22 +30,28 @@ LANGUAGE plpgsql
 SET search_path = pg_catalog, pgjobs, pg_temp
 AS $$
 BEGIN
+    -- Per group only where groups count (a fair queue, a per-group cap): elsewhere one row a statement.
     IF TG_OP = 'UPDATE' THEN
-        INSERT INTO cap_ledger (queue, n)
-        SELECT d.queue, d.n
-          FROM (SELECT m.queue, sum(m.n)::int AS n
-                  FROM (SELECT o.queue, -1 AS n FROM old_jobs AS o WHERE o.state = 'active'
+        INSERT INTO cap_ledger (queue, group_key, n)
+        SELECT d.queue, d.group_key, d.n
+          FROM (SELECT m.queue, CASE WHEN c.fair OR c.max_active_per_group IS NOT NULL THEN m.group_key END,
+                       sum(m.n)::int AS n
+                  FROM (SELECT o.queue, o.group_key, -1 AS n FROM old_jobs AS o WHERE o.state = 'active'
                         UNION ALL
-                        SELECT w.queue, 1 FROM new_jobs AS w WHERE w.state = 'active') AS m
-                 GROUP BY m.queue) AS d
-          JOIN queues AS c ON c.queue = d.queue AND c.max_active IS NOT NULL
+                        SELECT w.queue, w.group_key, 1 FROM new_jobs AS w WHERE w.state = 'active') AS m
+                  JOIN queues AS c ON c.queue = m.queue
+                 WHERE c.max_active IS NOT NULL OR c.fair OR c.max_active_per_group IS NOT NULL
+                 GROUP BY m.queue, CASE WHEN c.fair OR c.max_active_per_group IS NOT NULL THEN m.group_key END)
+               AS d (queue, group_key, n)
          WHERE d.n <> 0;
     ELSE
-        INSERT INTO cap_ledger (queue, n)
-        SELECT d.queue, d.n
-          FROM (SELECT o.queue, -count(*)::int AS n FROM old_jobs AS o WHERE o.state = 'active'
-                 GROUP BY o.queue) AS d
-          JOIN queues AS c ON c.queue = d.queue AND c.max_active IS NOT NULL;
+        INSERT INTO cap_ledger (queue, group_key, n)
+        SELECT o.queue, CASE WHEN c.fair OR c.max_active_per_group IS NOT NULL THEN o.group_key END,
+               -count(*)::int
+          FROM old_jobs AS o
+          JOIN queues AS c ON c.queue = o.queue
+         WHERE o.state = 'active' AND (c.max_active IS NOT NULL OR c.fair OR c.max_active_per_group IS NOT NULL)
+         GROUP BY o.queue, CASE WHEN c.fair OR c.max_active_per_group IS NOT NULL THEN o.group_key END;
     END IF;
     RETURN NULL;
 END;
@@ -57,35 +63,63 @@ CREATE OR REPLACE TRIGGER jobs_cap_deleted AFTER DELETE ON pgjobs.jobs
     REFERENCING OLD TABLE AS old_jobs
     FOR EACH STATEMENT EXECUTE FUNCTION pgjobs._cap_moved();
 
--- The first checkpoint of a queue: its active jobs counted in one statement, less the ledger rows of this
--- transaction (they are read again past the checkpoint, as its own).
+-- Per-group counts as a map {group: n}, zeros left out: the sum of a map and of ledger rows.
+CREATE OR REPLACE FUNCTION pgjobs._cap_sum_groups(base jsonb, keys text[], deltas int[])
+RETURNS jsonb
+LANGUAGE plpgsql
+IMMUTABLE
+SET search_path = pg_catalog, pgjobs, pg_temp
+AS $$
+BEGIN
+    RETURN (SELECT coalesce(jsonb_object_agg(s.k, s.n) FILTER (WHERE s.n <> 0), '{}')
+              FROM (SELECT u.k, sum(u.n)::int AS n
+                      FROM (SELECT b.key AS k, b.value::int AS n FROM jsonb_each_text(base) AS b
+                            UNION ALL
+                            SELECT d.k, d.n FROM unnest(keys, deltas) AS d(k, n) WHERE d.k IS NOT NULL) AS u
+                     GROUP BY u.k) AS s);
+END;
+$$;
+
+-- The first checkpoint of a queue: its active jobs (and per group) counted in one statement, less the ledger
+-- rows of this transaction (they are read again past the checkpoint, as its own).
 CREATE OR REPLACE FUNCTION pgjobs._cap_seed(queue text)
-RETURNS int
+RETURNS pgjobs.cap_checkpoints
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pgjobs, pg_temp
 AS $$
 #variable_conflict use_column
 DECLARE
-    v_n    int;
-    v_mine int;
-    v_snap pg_snapshot;
-    v_me   xid8;
+    v_c cap_checkpoints;
 BEGIN
-    SELECT (SELECT count(*)::int FROM jobs AS j WHERE j.state = 'active' AND j.queue = _cap_seed.queue),
-           (SELECT coalesce(sum(l.n), 0)::int FROM cap_ledger AS l
-             WHERE l.queue = _cap_seed.queue AND l.xid = pg_current_xact_id_if_assigned()),
-           pg_current_snapshot(), pg_current_xact_id_if_assigned()
-      INTO v_n, v_mine, v_snap, v_me;
-    INSERT INTO cap_checkpoints (queue, seq, snap, own, active, cut, prev)
-    VALUES (queue, nextval('pgjobs.cap_checkpoints_seq'), v_snap, v_me, v_n - v_mine, '0'::xid8, NULL);
-    RETURN v_n;
+    WITH act AS (
+        SELECT j.group_key, count(*)::int AS n FROM jobs AS j
+         WHERE j.state = 'active' AND j.queue = _cap_seed.queue GROUP BY j.group_key
+    ), mine AS (
+        SELECT l.group_key, -l.n AS n FROM cap_ledger AS l
+         WHERE l.queue = _cap_seed.queue AND l.xid = pg_current_xact_id_if_assigned()
+    )
+    SELECT queue, nextval('pgjobs.cap_checkpoints_seq'), pg_current_snapshot(), pg_current_xact_id_if_assigned(),
+           (SELECT coalesce(sum(a.n), 0) FROM act AS a) + (SELECT coalesce(sum(m.n), 0) FROM mine AS m),
+           '0'::xid8, NULL,
+           _cap_sum_groups('{}', ARRAY(SELECT a.group_key FROM act AS a UNION ALL SELECT m.group_key FROM mine AS m),
+                           ARRAY(SELECT a.n FROM act AS a UNION ALL SELECT m.n FROM mine AS m))
+      INTO v_c;
+    INSERT INTO cap_checkpoints (queue, seq, snap, own, active, cut, prev, groups)
+    VALUES (v_c.queue, v_c.seq, v_c.snap, v_c.own, v_c.active, v_c.cut, v_c.prev, v_c.groups);
+    -- What the caller reads is the count with this transaction's rows in.
+    SELECT v_c.active - coalesce(sum(m.n), 0)::int,
+           _cap_sum_groups(v_c.groups, array_agg(m.group_key), array_agg(-m.n))
+      INTO v_c.active, v_c.groups
+      FROM (SELECT l.group_key, -l.n AS n FROM cap_ledger AS l
+             WHERE l.queue = _cap_seed.queue AND l.xid = pg_current_xact_id_if_assigned()) AS m;
+    RETURN v_c;
 END;
 $$;
 
--- The active jobs of a capped queue, for a claim that holds the queue's lock: the newest checkpoint plus the
--- rows filed since its snapshot; 64 rows or more, and this claim writes the next checkpoint.
-CREATE OR REPLACE FUNCTION pgjobs._cap_active(queue text)
-RETURNS int
+-- The active jobs of a capped or fair queue, for a claim that holds the queue's lock: the newest checkpoint
+-- plus the rows filed since its snapshot, in all and per group ({group: n}, grouped queues only); 64 rows or
+-- more, and this claim writes the next checkpoint.
+CREATE OR REPLACE FUNCTION pgjobs._cap_counts(queue text, OUT active int, OUT groups jsonb)
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pgjobs, pg_temp
 SET plan_cache_mode = force_generic_plan
@@ -94,42 +128,62 @@ AS $$
 #variable_conflict use_column
 DECLARE
     v_c    cap_checkpoints;
-    v_all  int;
-    v_mine int;
     v_rows int;
     v_snap pg_snapshot;
     v_me   xid8;
+    v_keys text[];
+    v_n    int[];
+    v_mine boolean[];
 BEGIN
-    SELECT * INTO v_c FROM cap_checkpoints AS c WHERE c.queue = _cap_active.queue ORDER BY c.seq DESC LIMIT 1;
+    SELECT * INTO v_c FROM cap_checkpoints AS c WHERE c.queue = _cap_counts.queue ORDER BY c.seq DESC LIMIT 1;
     IF NOT FOUND THEN
-        RETURN _cap_seed(queue);
+        v_c := _cap_seed(queue);
+        active := v_c.active;
+        groups := v_c.groups;
+        RETURN;
     END IF;
     -- One statement: a new checkpoint records the snapshot its sum was read with.
-    SELECT coalesce(sum(d.n), 0)::int,
-           coalesce(sum(d.n) FILTER (WHERE d.xid = pg_current_xact_id_if_assigned()), 0)::int,
+    SELECT array_agg(d.group_key), array_agg(d.n), array_agg(coalesce(d.xid = pg_current_xact_id_if_assigned(), false)),
            count(*)::int, pg_current_snapshot(), pg_current_xact_id_if_assigned()
-      INTO v_all, v_mine, v_rows, v_snap, v_me
-      FROM (SELECT l.xid, l.n
+      INTO v_keys, v_n, v_mine, v_rows, v_snap, v_me
+      FROM (SELECT l.xid, l.n, l.group_key
               FROM (SELECT x.xid FROM pg_snapshot_xip(v_c.snap) AS x(xid)
                     UNION
                     SELECT v_c.own WHERE v_c.own < pg_snapshot_xmax(v_c.snap)) AS x
              CROSS JOIN LATERAL (
-                   SELECT l.xid, l.n FROM cap_ledger AS l
-                    WHERE l.queue = _cap_active.queue AND l.xid = x.xid
+                   SELECT l.xid, l.n, l.group_key FROM cap_ledger AS l
+                    WHERE l.queue = _cap_counts.queue AND l.xid = x.xid
                    OFFSET 0) AS l
             UNION ALL
-            SELECT l.xid, l.n FROM cap_ledger AS l
-             WHERE l.queue = _cap_active.queue AND l.xid >= pg_snapshot_xmax(v_c.snap)) AS d;
+            SELECT l.xid, l.n, l.group_key FROM cap_ledger AS l
+             WHERE l.queue = _cap_counts.queue AND l.xid >= pg_snapshot_xmax(v_c.snap)) AS d;
+    active := v_c.active + coalesce((SELECT sum(n) FROM unnest(v_n) AS n), 0)::int;
+    groups := _cap_sum_groups(v_c.groups, v_keys, v_n);
     IF v_rows >= 64 THEN
-        INSERT INTO cap_checkpoints (queue, seq, snap, own, active, cut, prev)
-        VALUES (queue, nextval('pgjobs.cap_checkpoints_seq'), v_snap, v_me, v_c.active + v_all - v_mine,
-                greatest(v_c.cut, pg_snapshot_xmin(v_c.snap)), v_c.seq);
+        -- The new checkpoint leaves this transaction's own rows out: they stay past it.
+        INSERT INTO cap_checkpoints (queue, seq, snap, own, active, cut, prev, groups)
+        SELECT queue, nextval('pgjobs.cap_checkpoints_seq'), v_snap, v_me,
+               v_c.active + coalesce(sum(d.n) FILTER (WHERE NOT d.mine), 0)::int,
+               greatest(v_c.cut, pg_snapshot_xmin(v_c.snap)), v_c.seq,
+               _cap_sum_groups(v_c.groups, array_agg(d.k) FILTER (WHERE NOT d.mine),
+                               array_agg(d.n) FILTER (WHERE NOT d.mine))
+          FROM unnest(v_keys, v_n, v_mine) AS d(k, n, mine);
         -- The rows below the previous checkpoint's xmin are in its sum (committed before its snapshot, and
         -- its own transaction is at least its xmin), so in this one's: gone, from the last cut up.
         DELETE FROM cap_ledger AS l
-         WHERE l.queue = _cap_active.queue AND l.xid >= v_c.cut AND l.xid < pg_snapshot_xmin(v_c.snap);
-        DELETE FROM cap_checkpoints AS c WHERE c.queue = _cap_active.queue AND c.seq = v_c.prev;
+         WHERE l.queue = _cap_counts.queue AND l.xid >= v_c.cut AND l.xid < pg_snapshot_xmin(v_c.snap);
+        DELETE FROM cap_checkpoints AS c WHERE c.queue = _cap_counts.queue AND c.seq = v_c.prev;
     END IF;
-    RETURN v_c.active + v_all;
+END;
+$$;
+
+-- The active jobs of a queue capped by max_active (_cap_counts' total).
+CREATE OR REPLACE FUNCTION pgjobs._cap_active(queue text)
+RETURNS int
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pgjobs, pg_temp
+AS $$
+BEGIN
+    RETURN (_cap_counts(queue)).active;
 END;
 $$;

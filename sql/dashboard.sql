@@ -201,7 +201,7 @@ END;
 $$;
 
 -- A fair queue's groups that have live work: pending/scheduled/active counts and when the
--- round-robin last served each (group_cursors), busiest first.
+-- round-robin last served each (fair_ring_groups), busiest first.
 CREATE OR REPLACE FUNCTION pgjobs.dashboard_groups(queue text, max_rows int DEFAULT 100)
 RETURNS TABLE (group_key text, pending bigint, scheduled bigint, active bigint, last_served_at timestamptz)
 LANGUAGE plpgsql
@@ -223,7 +223,7 @@ BEGIN
              WHERE j.queue = dashboard_groups.queue AND j.group_key IS NOT NULL
                AND j.state IN ('pending', 'scheduled', 'active')
              GROUP BY j.group_key) AS g
-      LEFT JOIN group_cursors AS gc ON gc.queue = dashboard_groups.queue AND gc.group_key = g.group_key
+      LEFT JOIN fair_ring_groups(dashboard_groups.queue) AS gc ON gc.group_key = g.group_key
      ORDER BY g.active DESC, g.pending DESC, g.group_key
      LIMIT max_rows;
 END;

@@ -327,7 +327,6 @@ BEGIN
       FROM u;
     IF v_queues IS NOT NULL THEN
         PERFORM _wake(v_queues);
-        PERFORM _claim_floor_note(now());  -- run_at is now(): old in an old transaction (fairness.sql, "Head floors")
         PERFORM _notify_status(v_events);
     END IF;
     RETURN cardinality(v_ids);

@@ -180,11 +180,6 @@ BEGIN
     END IF;
     IF v_state = 'pending' THEN
         PERFORM pg_notify('pgjobs_wake', enqueue.queue);
-        -- A run_at in the past (explicit, or the start of a transaction that began a while ago) may
-        -- sort below a fair claimer's head floor: tell them (fairness.sql, "Head floors").
-        IF coalesce(enqueue.run_at, now()) < clock_timestamp() - interval '150 ms' THEN
-            PERFORM _claim_floor_note(coalesce(enqueue.run_at, now()));
-        END IF;
     END IF;
     -- A new job is never terminal: only queues whose status_events is 'all' (the default) log it.
     -- The event log's append (stream.sql): one call.
@@ -362,9 +357,6 @@ BEGIN
                CASE WHEN s.lean THEN NULL ELSE s.e ->> 'rate_key' END
           FROM spec AS s
         RETURNING j.id, j.kind, j.queue, j.state, j.run_at
-    ), noted AS (
-        -- Pending jobs with an old run_at may sort below a fair claimer's head floor (fairness.sql, "Head floors").
-        SELECT _claim_floor_note(min(i.run_at)) AS n FROM ins AS i WHERE i.state = 'pending'
     ), sent AS (
         -- The status events: one append to the event log (stream.sql), in the specs' order (ids
         -- were drawn in that order). One sort feeds the four arrays in step (an ORDER BY inside
@@ -379,8 +371,7 @@ BEGIN
     -- two subqueries make the statement send the notifications (each runs once; neither is NULL).
     SELECT s.e ->> 'ref', s.id, true, NULL::bigint
       FROM spec AS s
-     WHERE (SELECT count(*) FROM sent) IS NOT NULL AND (SELECT count(*) FROM woke) IS NOT NULL
-       AND (SELECT count(*) FROM noted) IS NOT NULL;
+     WHERE (SELECT count(*) FROM sent) IS NOT NULL AND (SELECT count(*) FROM woke) IS NOT NULL;
 END;
 $$;
 
@@ -473,9 +464,6 @@ BEGIN
     -- subqueries make the statement send the notifications (each runs once; neither is NULL).
     SELECT s.id FROM spec AS s
      WHERE (SELECT count(*) FROM sent) IS NOT NULL AND (SELECT count(*) FROM woke) IS NOT NULL;
-    -- Every job is pending at this transaction's start: from a transaction that began a while ago it
-    -- may sort below a fair claimer's head floor (fairness.sql, "Head floors"; the helper tests the age).
-    PERFORM _claim_floor_note(v_now);
 END;
 $$;
 
@@ -720,7 +708,6 @@ BEGIN
         v_groups := v_groups + 1;
         IF v_group.state = 'pending' THEN
             v_wake := v_wake || v_group.queue;
-            PERFORM _claim_floor_note(v_group.oldest);  -- fairness.sql, "Head floors"
         END IF;
         IF v_group.queue <> ALL (v_quiet) THEN
             -- The group's status events, appended to the event log after the loop (one call).

@@ -412,8 +412,6 @@ BEGIN
            min(u.run_at) FILTER (WHERE u.is_child AND u.state = 'pending')
       INTO v_events, v_wake, v_cancelled, v_oldest
       FROM u;
-    -- Released with the run_at they were enqueued with: may sort below a claimer's floor (claim.sql).
-    PERFORM _claim_floor_note(v_oldest);
     UPDATE batches AS b SET has_dependents = true WHERE b.id = ANY (xb_ids) AND NOT b.has_dependents;
     PERFORM _wake(v_wake);
     PERFORM _notify_status(v_events);
@@ -767,8 +765,6 @@ BEGIN
                            min(u.run_at) FILTER (WHERE u.state = 'pending')
                       INTO v_ev, v_wk, v_jobs, v_oldest
                       FROM u;
-                    -- Released with the run_at they were enqueued with: may sort below a claimer's floor (claim.sql).
-                    PERFORM _claim_floor_note(v_oldest);
                     v_events := v_events || coalesce(v_ev, '[]');
                     v_wake := v_wake || coalesce(v_wk, '{}');
                     EXIT;

@@ -449,7 +449,6 @@ BEGIN
     END IF;
     IF v_job.state = 'pending' THEN
         PERFORM pg_notify('pgjobs_wake', v_job.queue);
-        PERFORM _claim_floor_note(now());  -- run_at is now(): old in an old transaction (fairness.sql, "Head floors")
     ELSE
         PERFORM _wake_capped(ARRAY[v_job.queue]);  -- room under a cap (sql/wakeups.sql)
     END IF;
@@ -502,7 +501,6 @@ BEGIN
     END IF;
     IF v_job.state = 'pending' THEN
         PERFORM pg_notify('pgjobs_wake', v_job.queue);
-        PERFORM _claim_floor_note(now());  -- run_at is now(): old in an old transaction (fairness.sql, "Head floors")
     ELSE
         PERFORM _wake_capped(ARRAY[v_job.queue]);  -- room under a cap (sql/wakeups.sql)
     END IF;

@@ -291,7 +291,6 @@ BEGIN
           FROM ins;
     END IF;
     PERFORM _wake(v_wake);
-    PERFORM _claim_floor_note(v_oldest);  -- an old run_at may sort below a fair claimer's head floor (fairness.sql)
     -- The status events: one append to the event log (stream.sql), status_events filtered there.
     PERFORM _log_events(v_created, v_states, v_queues, v_kinds,
                         array_fill(0, ARRAY[coalesce(cardinality(v_created), 0)]), v_batches);

@@ -65,10 +65,6 @@ BEGIN
                    AND j.state = ANY ('{waiting,scheduled,pending,active}'::job_state[])
                 RETURNING j.queue)
             SELECT array_agg(DISTINCT freed.queue) INTO v_queues FROM freed;
-            IF v_queues IS NOT NULL THEN
-                -- Leases moved into the past, below the fair claimers' floors (fairness.sql, "Head floors").
-                PERFORM _claim_floor_bump();
-            END IF;
             PERFORM _wake(v_queues);
             RETURN cardinality(v_gone);
         EXCEPTION WHEN serialization_failure THEN
@@ -153,10 +149,6 @@ BEGIN
                    AND j.state = ANY ('{waiting,scheduled,pending,active}'::job_state[])
                 RETURNING j.queue)
             SELECT array_agg(DISTINCT freed.queue) INTO v_queues FROM freed;
-            IF v_queues IS NOT NULL THEN
-                -- Leases moved into the past, below the fair claimers' floors (fairness.sql, "Head floors").
-                PERFORM _claim_floor_bump();
-            END IF;
             PERFORM _wake(v_queues);
             RETURN true;
         EXCEPTION WHEN serialization_failure THEN

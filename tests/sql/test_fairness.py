@@ -1,4 +1,4 @@
-"""Fair selection inside claim (sql/fairness.sql): round-robin over groups, noisy demotion, cursor cleanup,
+"""Fair selection inside claim (sql/fair.sql): round-robin over groups, noisy demotion, the ring's cleanup,
 the plain path left alone, kind_limits, reclaim and due jobs on fair queues, plans that stay on indexes, and
 the `pgjobs queue` commands."""
 
@@ -40,9 +40,11 @@ def complete(conn: Conn, rows: list[dict[str, Any]]) -> None:
         call(conn, "complete_many", ids=[r["id"] for r in rows], lease_tokens=[r["lease_token"] for r in rows])
 
 
-def cursors(conn: Conn, queue: str = "q") -> dict[str, int]:
-    rows = conn.execute("SELECT group_key, served_seq FROM pgjobs.group_cursors WHERE queue = %s", [queue])
-    return {k: s for k, s in rows.fetchall()}
+def cursors(conn: Conn, queue: str = "q") -> dict[str, Any]:
+    """The groups in the queue's ring (those with pending work at its last claim): their place in the serving
+    order (0: never served)."""
+    rows = conn.execute("SELECT group_key, served FROM pgjobs.fair_ring_groups(%s)", [queue])
+    return {k: s for k, s in rows.fetchall() if k is not None}
 
 
 @pytest.mark.smoke
@@ -180,25 +182,23 @@ def test_among_noisy_groups_fewer_active_jobs_first(conn: Conn) -> None:
     assert groups(claim(conn, queues=["q"])) == ["C"]
 
 
-def test_cursors_of_groups_without_live_work_are_dropped(conn: Conn) -> None:
+def test_groups_leave_the_ring_without_pending_work_and_come_back_with_it(conn: Conn) -> None:
+    """The ring holds the groups with pending work: a group whose jobs are all taken leaves it at the next
+    claim that reads it, and a job that becomes pending later (a scheduled one coming due) brings it back."""
     fair(conn)
     put(conn, "done", 2)
-    put(conn, "later", 1)
-    future = (datetime.now(UTC) + timedelta(days=1)).isoformat()
-    put(conn, "later", 1, run_at=future)  # scheduled work keeps its group alive
     put(conn, "busy", 1)
+    [later] = put(conn, "later", 1, run_at=(datetime.now(UTC) + timedelta(days=1)).isoformat())
     rows = claim(conn, queues=["q"], max_jobs=10)
-    assert set(cursors(conn)) == {"done", "later", "busy"}
+    assert sorted(groups(rows)) == ["busy", "done", "done"]
     complete(conn, [r for r in rows if r["group_key"] != "busy"])
     assert claim(conn, queues=["q"]) == []
-    # "done" has no live work left; "later" has a scheduled job; "busy" a running one
-    assert set(cursors(conn)) == {"later", "busy"}
-    complete(conn, [r for r in rows if r["group_key"] == "busy"])
-    assert claim(conn, queues=["q"]) == []
-    assert set(cursors(conn)) == {"later"}
+    assert set(cursors(conn)) == set()
+    conn.execute("UPDATE pgjobs.jobs SET run_at = now() - interval '1 second' WHERE id = %s", [later])
+    assert [r["id"] for r in claim(conn, queues=["q"])] == [later]
 
 
-def test_cursor_table_stays_the_size_of_the_live_groups(conn: Conn) -> None:
+def test_ring_stays_the_size_of_the_live_groups(conn: Conn) -> None:
     fair(conn)
     for round_ in range(5):
         for g in range(40):
@@ -217,8 +217,7 @@ def test_plain_path_unchanged(conn: Conn) -> None:
         b = put(conn, "B", 5, queue=q)
         got = [r["id"] for r in claim(conn, queues=[q], max_jobs=7)]
         assert got == a + b[:2]
-    assert conn.execute("SELECT count(*) FROM pgjobs.group_cursors").fetchone() == (0,)
-    assert conn.execute("SELECT count(*) FROM pgjobs.fair_queues").fetchone() == (0,)
+    assert conn.execute("SELECT count(*) FROM pgjobs.fair_rings").fetchone() == (0,)
 
 
 def test_plain_and_fair_queues_in_one_claim(conn: Conn) -> None:
@@ -357,7 +356,7 @@ def test_fair_claim_plans_stay_on_indexes(conn: Conn) -> None:
     assert len(plans) > 10
 
     seq_scans = [(_text(p), n) for p in plans for n in _nodes(p["Plan"]) if n["Node Type"] == "Seq Scan"]
-    assert not [s for s in seq_scans if s[1].get("Relation Name") in ("jobs", "group_cursors", "fair_queues")], (
+    assert not [s for s in seq_scans if s[1].get("Relation Name") in ("jobs", "fair_rings", "fair_rings_0", "fair_rings_1")], (
         seq_scans
     )
     outer = [p for p in plans if re.search(r'pgjobs\."?claim"?\(', _text(p))]
@@ -461,20 +460,16 @@ def test_a_group_passed_over_in_a_call_keeps_its_place(conn: Conn) -> None:
     assert groups(claim(conn, queues=["q"])) == ["A"]
 
 
-def test_work_that_comes_without_a_new_job_is_found_within_8_claims(conn: Conn) -> None:
+def test_work_that_comes_without_a_new_job_is_found_by_the_next_claim(conn: Conn) -> None:
     """A group gets claimable work without any job being inserted (a scheduled job comes due, a job is
-    retried): claims that saw no new job skip the discovery sweep, but run it every 8th claim, and at once
-    when the queue has nothing else to give."""
+    retried): the change is a filing, so the next claim sees the group, and a drained queue finds it at once."""
     fair(conn)
     put(conn, "A", 100)
     [later] = put(conn, "B", 1, run_at=(datetime.now(UTC) + timedelta(days=1)).isoformat())
     [u] = put(conn, None, 1, run_at=(datetime.now(UTC) + timedelta(days=1)).isoformat())
     assert groups(claim(conn, queues=["q"])) == ["A"]
     conn.execute("UPDATE pgjobs.jobs SET run_at = now() - interval '1 second' WHERE id IN (%s, %s)", [later, u])
-    seen: list[str | None] = []
-    for _ in range(9):
-        seen += groups(claim(conn, queues=["q"]))
-    assert "B" in seen and None in seen, seen
+    assert groups(claim(conn, queues=["q"], max_jobs=3)) == ["B", None, "A"]  # never served first
 
     # and a drained queue finds such work at once
     while rows := claim(conn, queues=["q"], max_jobs=50):

@@ -1,0 +1,577 @@
+-- Fair queues and per-group caps (docs/design/claim.md, "Fair queues as built"), on the plain claim's
+-- model: every input of a claim is a table row or an argument, and what a claim reads does not grow with
+-- the jobs done since a snapshot someone holds.
+--
+-- Claims of one fair or group-capped queue run one at a time, under the queue's advisory xact lock (the
+-- key the capped plain claim takes). That makes the counts exact, and it lets each claim write the whole
+-- state of the ring for the next one: one insert-only row of fair_rings per claim, the newest of a queue
+-- found by one backward index descent, old rows gone by TRUNCATE of the other slot.
+--
+-- One claim (_claim_fair):
+--  1. the lock; the settings read again; the queue's newest ring row: its snapshot S, the groups with
+--     work (virtual time, last serve, head floor), the scheduled and lease starts;
+--  2. from those starts, due scheduled jobs promoted and expired leases settled or put back to pending;
+--  3. the jobs filed since S (claim.sql, "Floors"): groups that got work and floors lowered, in the
+--     statement whose snapshot the new row records;
+--  4. the active jobs, in all and per group, from the ledger (caps.sql);
+--  5. picks, one job at a time, each re-ranking the groups (DESIGN.md): a group at its cap is passed;
+--     non-noisy groups first (noisy: at least noisy_min_active active and more than noisy_share of the
+--     queue's; among the noisy, fewer active first); then the lowest virtual time; then the least recently
+--     served; then the head's priority, run_at, id. A group's jobs are read from its floor (jobs_group_idx;
+--     ungrouped jobs, one more group, on jobs_pending_idx) and locked SKIP LOCKED a few at a time; a group
+--     with no pending job leaves the ring until a filing brings it back;
+--  6. the picks leased in one statement, and the new ring row.
+-- Virtual time: serving a group moves its time to max(its time, the ring's) + 1 / weight, and the ring's
+-- time to the served group's start. A group back from idle starts at the ring's time: it neither starves
+-- nor floods. With every weight 1 this is round robin, least recently served first.
+-- Bounded: the ring row is one descent; the filings read are those since the previous claim; a head read
+-- passes only the jobs its group lost since the previous claim (at most a claim's room); the counts read
+-- the ledger since a checkpoint. A group at its cap is passed by its count, never by a read limit, so no
+-- number of capped groups hides a claimable one.
+-- Known costs: a ring row holds every group with work (about 40 bytes a group), so a claim is linear in
+-- those groups in memory; the ungrouped jobs of a mostly grouped queue are read on jobs_pending_idx past
+-- the grouped ones.
+
+-- The newest ring row of a fair queue (all NULL: none yet).
+CREATE OR REPLACE FUNCTION pgjobs._fair_ring(queue text)
+RETURNS pgjobs.fair_rings
+LANGUAGE plpgsql
+STABLE
+SET search_path = pg_catalog, pgjobs, pg_temp
+SET plan_cache_mode = force_generic_plan
+SET jit = off
+AS $$
+#variable_conflict use_column
+DECLARE
+    v fair_rings;
+BEGIN
+    SELECT * INTO v FROM fair_rings AS r WHERE r.queue = _fair_ring.queue ORDER BY r.seq DESC LIMIT 1;
+    RETURN v;
+END;
+$$;
+
+-- The groups in a fair queue's ring (those with pending work at its last claim): when each was last served,
+-- its place in the serving order (the ring's serve count then; 0: never) and its weight. For the dashboard
+-- and `pgjobs status`.
+CREATE OR REPLACE FUNCTION pgjobs.fair_ring_groups(queue text)
+RETURNS TABLE (group_key text, last_served_at timestamptz, served bigint, weight real)
+LANGUAGE plpgsql
+STABLE
+SET search_path = pg_catalog, pgjobs, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    v fair_rings := _fair_ring(queue);
+BEGIN
+    RETURN QUERY
+    SELECT r.g, r.at, r.served, coalesce(w.weight, 1)
+      FROM unnest(v.g, v.g_at, v.g_served) AS r(g, at, served)
+      LEFT JOIN fair_weights AS w ON w.queue = fair_ring_groups.queue AND w.group_key = r.g;
+END;
+$$;
+
+-- A queue without a ring row (its first fair claim, or the settings just changed): every group with a
+-- pending job, by a skip scan of jobs_group_idx, and the ungrouped head. Read once; later claims read filings.
+CREATE OR REPLACE FUNCTION pgjobs._fair_groups_now(queue text)
+RETURNS pgjobs.fair_group[]
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pgjobs, pg_temp
+AS $$
+#variable_conflict use_column
+BEGIN
+    RETURN ARRAY(
+        WITH RECURSIVE gs(g) AS (
+            (SELECT j.group_key FROM jobs AS j
+              WHERE j.state = 'pending' AND j.queue = _fair_groups_now.queue AND j.group_key IS NOT NULL
+              ORDER BY j.group_key LIMIT 1)
+            UNION ALL
+            SELECT (SELECT j.group_key FROM jobs AS j
+                     WHERE j.state = 'pending' AND j.queue = _fair_groups_now.queue AND j.group_key > gs.g
+                     ORDER BY j.group_key LIMIT 1)
+              FROM gs WHERE gs.g IS NOT NULL
+        )
+        SELECT ROW(h.g, NULL, 0, '-infinity', h.p, h.t, h.i, 1, 0, 'new', NULL, NULL, NULL)::fair_group
+          FROM (SELECT gs.g, x.priority AS p, x.run_at AS t, x.id AS i FROM gs
+                 CROSS JOIN LATERAL (
+                       SELECT j.priority, j.run_at, j.id FROM jobs AS j
+                        WHERE j.state = 'pending' AND j.queue = _fair_groups_now.queue AND j.group_key = gs.g
+                        ORDER BY j.priority, j.run_at, j.id LIMIT 1) AS x
+                 WHERE gs.g IS NOT NULL
+                UNION ALL
+                (SELECT NULL, j.priority, j.run_at, j.id FROM jobs AS j
+                  WHERE j.state = 'pending' AND j.queue = _fair_groups_now.queue AND j.group_key IS NULL
+                  ORDER BY j.priority, j.run_at, j.id LIMIT 1)) AS h);
+END;
+$$;
+
+-- Groups with pending jobs found (heads g, p, t, i: the first of each group) merged into a ring's groups: a
+-- group not in it joins (never served, at the ring's time), a floor above a head is lowered to it.
+CREATE OR REPLACE FUNCTION pgjobs._fair_merge(c pgjobs.fair_group[], g text[], p smallint[], t timestamptz[],
+                                              i bigint[])
+RETURNS pgjobs.fair_group[]
+LANGUAGE plpgsql
+IMMUTABLE
+SET search_path = pg_catalog, pgjobs, pg_temp
+AS $$
+BEGIN
+    IF g IS NULL OR cardinality(g) = 0 THEN
+        RETURN c;
+    END IF;
+    RETURN ARRAY(
+        SELECT ROW(coalesce(o.g, h.g), o.vt, coalesce(o.served, 0), coalesce(o.at, '-infinity'),
+                   m.p, m.t, m.i, 1, 0, 'new', NULL, NULL, NULL)::fair_group
+          FROM unnest(c) AS o
+          FULL JOIN (SELECT DISTINCT ON (x.g) x.* FROM unnest(g, p, t, i) AS x(g, p, t, i)
+                      ORDER BY x.g, x.p, x.t, x.i) AS h
+            ON (o.g IS NULL, coalesce(o.g, '')) = (h.g IS NULL, coalesce(h.g, ''))
+         CROSS JOIN LATERAL (
+               SELECT CASE WHEN o.p IS NULL OR (h.p, h.t, h.i) < (o.p, o.t, o.i) THEN h.p ELSE o.p END AS p,
+                      CASE WHEN o.p IS NULL OR (h.p, h.t, h.i) < (o.p, o.t, o.i) THEN h.t ELSE o.t END AS t,
+                      CASE WHEN o.p IS NULL OR (h.p, h.t, h.i) < (o.p, o.t, o.i) THEN h.i ELSE o.i END AS i) AS m);
+END;
+$$;
+
+-- Step 3: the ring row's groups with the jobs filed since its snapshot merged in (_fair_merge), the
+-- scheduled and lease starts lowered to the filings; snap is the snapshot this read was made with, which
+-- the claim's ring row records.
+CREATE OR REPLACE FUNCTION pgjobs._fair_start(queue text, ring pgjobs.fair_rings,
+                                              OUT snap pg_snapshot, OUT own xid8, OUT groups pgjobs.fair_group[],
+                                              OUT sched timestamptz, OUT lease timestamptz)
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pgjobs, pg_temp
+SET plan_cache_mode = force_generic_plan
+SET jit = off
+SET enable_seqscan = off SET enable_bitmapscan = off  -- (claim.sql, "Plans")
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_g text[];
+    v_p smallint[];
+    v_t timestamptz[];
+    v_i bigint[];
+BEGIN
+    IF ring.seq IS NULL THEN
+        SELECT pg_current_snapshot(), pg_current_xact_id_if_assigned(), _fair_groups_now(queue), '-infinity', '-infinity'
+          INTO snap, own, groups, sched, lease;
+        RETURN;
+    END IF;
+    WITH z AS MATERIALIZED (
+        SELECT y.* FROM (SELECT x.xid FROM pg_snapshot_xip(ring.snap) AS x(xid)
+                         UNION
+                         SELECT ring.own WHERE ring.own < pg_snapshot_xmax(ring.snap)) AS x
+         CROSS JOIN LATERAL (
+               SELECT j.state, j.group_key, j.priority, j.run_at, j.id, j.lease_expires_at FROM jobs AS j
+                WHERE j.state = ANY ('{pending,scheduled,active}'::job_state[]) AND j.queue = _fair_start.queue
+                  AND j.filed_xid = x.xid
+               OFFSET 0) AS y
+        UNION ALL
+        SELECT j.state, j.group_key, j.priority, j.run_at, j.id, j.lease_expires_at FROM jobs AS j
+         WHERE j.state = ANY ('{pending,scheduled,active}'::job_state[]) AND j.queue = _fair_start.queue
+           AND j.filed_xid >= pg_snapshot_xmax(ring.snap)
+    )
+    SELECT pg_current_snapshot(), pg_current_xact_id_if_assigned(),
+           (SELECT array_agg(z.group_key) FROM z WHERE z.state = 'pending'),
+           (SELECT array_agg(z.priority) FROM z WHERE z.state = 'pending'),
+           (SELECT array_agg(z.run_at) FROM z WHERE z.state = 'pending'),
+           (SELECT array_agg(z.id) FROM z WHERE z.state = 'pending'),
+           least(ring.sched, (SELECT min(z.run_at) FROM z WHERE z.state = 'scheduled')),
+           least(ring.lease, (SELECT min(z.lease_expires_at) FROM z WHERE z.state = 'active'))
+      INTO snap, own, v_g, v_p, v_t, v_i, sched, lease;
+    groups := _fair_merge(
+        ARRAY(SELECT ROW(o.g, o.vt, o.served, o.at, o.p, o.t, o.i, 1, 0, 'new', NULL, NULL, NULL)::fair_group
+                FROM unnest(ring.g, ring.g_vt, ring.g_served, ring.g_at, ring.g_p, ring.g_t, ring.g_i)
+                     AS o(g, vt, served, at, p, t, i)),
+        v_g, v_p, v_t, v_i);
+END;
+$$;
+
+-- Step 2, after 3: due scheduled jobs promoted and expired leases settled or put back to pending, from the
+-- starts the filings lowered; the jobs this made pending (this transaction's filings) merged into the groups.
+CREATE OR REPLACE FUNCTION pgjobs._fair_due(queue text, groups pgjobs.fair_group[], sched timestamptz,
+                                            lease timestamptz, how_many int)
+RETURNS pgjobs.fair_group[]
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pgjobs, pg_temp
+SET plan_cache_mode = force_generic_plan
+SET jit = off
+SET enable_seqscan = off SET enable_bitmapscan = off  -- (claim.sql, "Plans")
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_n int := 0;
+    v_g text[];
+    v_p smallint[];
+    v_t timestamptz[];
+    v_i bigint[];
+BEGIN
+    IF sched <= now() THEN
+        SELECT count(*) INTO v_n FROM _promote_scheduled(ARRAY[queue], how_many, ARRAY[sched]);
+    END IF;
+    IF lease < now() THEN
+        PERFORM _settle_expired(ARRAY[queue], ARRAY[lease]);
+        v_n := v_n + (SELECT count(r.i) FROM _requeue_expired(queue, lease) AS r);
+    END IF;
+    IF v_n = 0 THEN
+        RETURN groups;
+    END IF;
+    SELECT array_agg(j.group_key), array_agg(j.priority), array_agg(j.run_at), array_agg(j.id)
+      INTO v_g, v_p, v_t, v_i
+      FROM jobs AS j
+     WHERE j.state = 'pending' AND j.queue = _fair_due.queue AND j.filed_xid = pg_current_xact_id_if_assigned();
+    RETURN _fair_merge(groups, v_g, v_p, v_t, v_i);
+END;
+$$;
+
+-- A group's head: its first pending job of any kind at or above (p, t, i), in this statement's snapshot.
+-- Grouped jobs are read on jobs_group_idx, the ungrouped ones on jobs_pending_idx.
+CREATE OR REPLACE FUNCTION pgjobs._fair_head(queue text, g text, INOUT p smallint, INOUT t timestamptz,
+                                             INOUT i bigint)
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pgjobs, pg_temp
+SET plan_cache_mode = force_generic_plan
+SET jit = off
+SET enable_seqscan = off SET enable_bitmapscan = off  -- (claim.sql, "Plans")
+AS $$
+#variable_conflict use_column
+BEGIN
+    IF g IS NULL THEN
+        SELECT j.priority, j.run_at, j.id INTO p, t, i FROM jobs AS j
+         WHERE j.state = 'pending' AND j.queue = _fair_head.queue AND j.group_key IS NULL
+           AND (j.priority, j.run_at, j.id) >= (p, t, i)
+         ORDER BY j.priority, j.run_at, j.id LIMIT 1;
+    ELSE
+        SELECT j.priority, j.run_at, j.id INTO p, t, i FROM jobs AS j
+         WHERE j.state = 'pending' AND j.queue = _fair_head.queue AND j.group_key = g
+           AND (j.priority, j.run_at, j.id) >= (p, t, i)
+         ORDER BY j.priority, j.run_at, j.id LIMIT 1;
+    END IF;
+    IF NOT FOUND THEN
+        p := NULL; t := NULL; i := NULL;
+    END IF;
+END;
+$$;
+
+-- Up to n pending jobs of a group of the kinds (NULL: any), from (p, t, i) on, `skip` aside, locked SKIP
+-- LOCKED, in claim order.
+CREATE OR REPLACE FUNCTION pgjobs._fair_lock(queue text, g text, p smallint, t timestamptz, i bigint, skip bigint,
+                                             kinds text[], n int)
+RETURNS TABLE (id bigint, kind text, priority smallint, run_at timestamptz)
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pgjobs, pg_temp
+SET plan_cache_mode = force_generic_plan
+SET jit = off
+SET enable_seqscan = off SET enable_bitmapscan = off  -- (claim.sql, "Plans")
+AS $$
+#variable_conflict use_column
+BEGIN
+    IF g IS NULL THEN
+        RETURN QUERY
+        SELECT j.id, j.kind, j.priority, j.run_at FROM jobs AS j
+         WHERE j.state = 'pending' AND j.queue = _fair_lock.queue AND j.group_key IS NULL
+           AND (j.priority, j.run_at, j.id) >= (p, t, i) AND j.id IS DISTINCT FROM skip
+           AND (kinds IS NULL OR j.kind = ANY (kinds))
+         ORDER BY j.priority, j.run_at, j.id LIMIT n
+           FOR UPDATE SKIP LOCKED;
+    ELSE
+        RETURN QUERY
+        SELECT j.id, j.kind, j.priority, j.run_at FROM jobs AS j
+         WHERE j.state = 'pending' AND j.queue = _fair_lock.queue AND j.group_key = g
+           AND (j.priority, j.run_at, j.id) >= (p, t, i) AND j.id IS DISTINCT FROM skip
+           AND (kinds IS NULL OR j.kind = ANY (kinds))
+         ORDER BY j.priority, j.run_at, j.id LIMIT n
+           FOR UPDATE SKIP LOCKED;
+    END IF;
+END;
+$$;
+
+-- Reads a group for a pick: on its first read in this claim, its floor (_fair_head from the old one; none:
+-- the group is 'gone'); then up to n jobs of the kinds after the last one this claim locked (none: 'dry').
+CREATE OR REPLACE FUNCTION pgjobs._fair_read(queue text, c pgjobs.fair_group, kinds text[], n int,
+                                             OUT grp pgjobs.fair_group, OUT ids bigint[], OUT kinds_of text[])
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pgjobs, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_h  record;
+    v_lp smallint;
+    v_lt timestamptz;
+    v_li bigint;
+BEGIN
+    grp := c;
+    IF c.state = 'new' THEN
+        v_h := _fair_head(queue, c.g, c.p, c.t, c.i);
+        IF v_h.i IS NULL THEN
+            grp.state := 'gone';
+            RETURN;
+        END IF;
+        grp := ROW(c.g, c.vt, c.served, c.at, v_h.p, v_h.t, v_h.i, c.w, c.active, 'read', v_h.p, v_h.t, NULL);
+    END IF;
+    -- From the floor on the first read (lp, lt are the floor's, li NULL); after it, from the last job locked.
+    SELECT array_agg(x.id ORDER BY x.priority, x.run_at, x.id), array_agg(x.kind ORDER BY x.priority, x.run_at, x.id),
+           (array_agg(x.priority ORDER BY x.priority DESC, x.run_at DESC, x.id DESC))[1],
+           (array_agg(x.run_at ORDER BY x.priority DESC, x.run_at DESC, x.id DESC))[1],
+           (array_agg(x.id ORDER BY x.priority DESC, x.run_at DESC, x.id DESC))[1]
+      INTO ids, kinds_of, v_lp, v_lt, v_li
+      FROM _fair_lock(queue, c.g, grp.lp, grp.lt, coalesce(grp.li, grp.i), grp.li, kinds, n) AS x;
+    IF ids IS NULL THEN
+        grp.state := 'dry';
+    ELSE
+        grp.lp := v_lp;
+        grp.lt := v_lt;
+        grp.li := v_li;
+    END IF;
+END;
+$$;
+
+-- The group the next pick serves (its index in c), NULL when none may be served: the order of the header.
+CREATE OR REPLACE FUNCTION pgjobs._fair_rank(c pgjobs.fair_group[], vt float8, total int, cfg pgjobs.queues)
+RETURNS int
+LANGUAGE plpgsql
+STABLE
+SET search_path = pg_catalog, pgjobs, pg_temp
+AS $$
+BEGIN
+    RETURN (SELECT x.k
+              FROM unnest(c) WITH ORDINALITY AS x(g, vt, served, at, p, t, i, w, active, state, lp, lt, li, k)
+             CROSS JOIN LATERAL (
+                   SELECT x.g IS NOT NULL AND x.active >= cfg.noisy_min_active
+                          AND x.active > cfg.noisy_share * total AS noisy) AS n
+             WHERE x.state IN ('new', 'read')
+               AND (x.g IS NULL OR cfg.max_active_per_group IS NULL OR x.active < cfg.max_active_per_group)
+             ORDER BY n.noisy, CASE WHEN n.noisy THEN x.active END, greatest(x.vt, _fair_rank.vt), x.served,
+                      x.p, x.t, x.i, x.g
+             LIMIT 1);
+END;
+$$;
+
+-- Step 5: the picks, one job at a time, each re-ranking (_fair_rank). Returns the groups as they end (their
+-- floors, virtual times, serves), the ids picked in pick order, and the ring's virtual time and serve count.
+CREATE OR REPLACE FUNCTION pgjobs._fair_picks(queue text, c pgjobs.fair_group[], room int, limits jsonb,
+                                              cfg pgjobs.queues, total int,
+                                              INOUT vt float8, INOUT served bigint,
+                                              OUT groups pgjobs.fair_group[], OUT ids bigint[])
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pgjobs, pg_temp
+AS $$
+DECLARE
+    v_k    int;
+    v_x    int;
+    v_j    int;
+    v_kind text;
+    v_read record;
+    v_eff  float8;
+    q_k    int[] := '{}';      -- the jobs read and locked, not picked yet: their group, id and kind
+    q_id   bigint[] := '{}';
+    q_kind text[] := '{}';
+    v_n    int := greatest(cardinality(c), 1);
+BEGIN
+    ids := '{}';
+    groups := c;
+    IF limits IS NOT NULL AND NOT EXISTS (SELECT 1 FROM jsonb_each_text(limits) AS e WHERE e.value::int > 0) THEN
+        RETURN;   -- no kind may be taken
+    END IF;
+    WHILE room > 0 LOOP
+        v_k := _fair_rank(c, vt, total, cfg);
+        EXIT WHEN v_k IS NULL;
+        v_j := NULL;
+        LOOP   -- the group's next job read already whose kind may still be taken
+            v_x := array_position(q_k, v_k);
+            EXIT WHEN v_x IS NULL;
+            q_k[v_x] := 0;
+            IF limits IS NULL OR (limits ->> q_kind[v_x])::int > 0 THEN
+                v_j := v_x;
+                EXIT;
+            END IF;
+        END LOOP;
+        IF v_j IS NULL THEN
+            -- A few at a time: about its share of the room left, more for a heavier group.
+            SELECT * INTO v_read
+              FROM _fair_read(queue, c[v_k],
+                              CASE WHEN limits IS NOT NULL THEN ARRAY(SELECT e.key FROM jsonb_each_text(limits) AS e
+                                                                      WHERE e.value::int > 0) END,
+                              least(room, 1 + ceil(room * greatest(c[v_k].w, 1) / v_n)::int));
+            c[v_k] := v_read.grp;
+            IF v_read.ids IS NOT NULL THEN
+                q_k := q_k || array_fill(v_k, ARRAY[cardinality(v_read.ids)]);
+                q_id := q_id || v_read.ids;
+                q_kind := q_kind || v_read.kinds_of;
+            END IF;
+            CONTINUE;   -- ranked again: a group gone or dry is passed
+        END IF;
+        ids := ids || q_id[v_j];
+        v_kind := q_kind[v_j];
+        IF limits IS NOT NULL THEN
+            limits := jsonb_set(limits, ARRAY[v_kind], to_jsonb((limits ->> v_kind)::int - 1));
+            EXIT WHEN NOT EXISTS (SELECT 1 FROM jsonb_each_text(limits) AS e WHERE e.value::int > 0);
+        END IF;
+        v_eff := greatest(c[v_k].vt, vt);
+        vt := v_eff;
+        served := served + 1;
+        c[v_k].vt := v_eff + 1.0 / c[v_k].w;
+        c[v_k].served := served;
+        c[v_k].at := now();
+        c[v_k].active := c[v_k].active + 1;
+        total := total + 1;
+        room := room - 1;
+    END LOOP;
+    groups := c;
+END;
+$$;
+
+-- Step 6a: the picked jobs leased, in pick order (the status events and batches: the caller, claim.sql).
+CREATE OR REPLACE FUNCTION pgjobs._fair_lease(worker text, ids bigint[], lease interval)
+RETURNS pgjobs.claimed_job[]
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pgjobs, pg_temp
+SET plan_cache_mode = force_generic_plan
+SET jit = off
+SET enable_seqscan = off SET enable_bitmapscan = off  -- (claim.sql, "Plans")
+AS $$
+DECLARE
+    v_rows claimed_job[];
+BEGIN
+    IF ids IS NULL OR cardinality(ids) = 0 THEN
+        RETURN '{}';
+    END IF;
+    WITH upd AS (
+        UPDATE jobs AS j
+           SET state = 'active',
+               attempt = j.attempt + 1,
+               lease_token = gen_random_uuid(),
+               leased_by = worker,
+               lease_expires_at = now() + lease,
+               filed_xid = pg_current_xact_id(),   -- (set here, the trigger jobs_filed passes the row)
+               first_started_at = coalesce(j.first_started_at, now())
+         WHERE j.id = ANY (ids) AND j.state = 'pending'
+        RETURNING j.id, j.kind, j.queue, j.payload, j.meta, j.attempt, j.max_attempts, j.lease_token,
+                  j.lease_expires_at, j.checkpoint, j.group_key, j.batch_id, j.first_started_at
+    )
+    SELECT array_agg(ROW(u.*)::claimed_job ORDER BY array_position(ids, u.id)) INTO v_rows FROM upd AS u;
+    RETURN coalesce(v_rows, '{}');
+END;
+$$;
+
+-- The ring log's two slots take turns as the floor log's do (claim.sql, _claim_floors_rotate), in windows
+-- of 1,024 claims: a row is about 40 bytes a group, so a slot stays a few MB for a hundred groups.
+CREATE OR REPLACE FUNCTION pgjobs._fair_rings_rotate(cur smallint)
+RETURNS void
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pgjobs, pg_temp
+AS $$
+DECLARE
+    v_other text := 'fair_rings_' || (1 - cur);
+    v_has   boolean;
+BEGIN
+    EXECUTE format('SELECT EXISTS (SELECT 1 FROM pgjobs.%I)', v_other) INTO v_has;
+    IF v_has THEN
+        EXECUTE format('LOCK TABLE pgjobs.%I IN ACCESS EXCLUSIVE MODE NOWAIT', v_other);
+        EXECUTE format($q$
+            INSERT INTO pgjobs.fair_rings
+            SELECT %s, o.seq, o.queue, o.snap, o.own, o.vt, o.served, o.sched, o.lease, o.g, o.g_vt, o.g_served,
+                   o.g_at, o.g_p, o.g_t, o.g_i
+              FROM (SELECT DISTINCT ON (x.queue) x.* FROM pgjobs.%I AS x ORDER BY x.queue, x.seq DESC) AS o
+             WHERE NOT EXISTS (SELECT 1 FROM pgjobs.%I AS h WHERE h.queue = o.queue AND h.seq > o.seq)$q$,
+            cur, v_other, 'fair_rings_' || cur);
+        EXECUTE format('TRUNCATE pgjobs.%I', v_other);
+    END IF;
+EXCEPTION WHEN lock_not_available THEN
+    NULL;  -- a later claim of the window tries again
+END;
+$$;
+
+-- Step 6b: the claim's ring row. The scheduled start is read again from the old one (the jobs it promoted
+-- are passed once); the lease start once it has passed and by every 8th claim (claim.sql, _claim_take, has
+-- why). The groups gone leave the ring.
+CREATE OR REPLACE FUNCTION pgjobs._fair_save(queue text, snap pg_snapshot, own xid8, groups pgjobs.fair_group[],
+                                             vt float8, served bigint, sched timestamptz, lease timestamptz)
+RETURNS void
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pgjobs, pg_temp
+SET plan_cache_mode = force_generic_plan
+SET jit = off
+SET enable_seqscan = off SET enable_bitmapscan = off  -- (claim.sql, "Plans")
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_seq bigint := nextval('pgjobs.fair_rings_seq');
+BEGIN
+    INSERT INTO fair_rings (slot, seq, queue, snap, own, vt, served, sched, lease,
+                            g, g_vt, g_served, g_at, g_p, g_t, g_i)
+    SELECT (v_seq / 1024 % 2)::smallint, v_seq, _fair_save.queue, _fair_save.snap,
+           coalesce(_fair_save.own, pg_current_xact_id()), _fair_save.vt, _fair_save.served,
+           (SELECT j.run_at FROM jobs AS j
+             WHERE j.state = 'scheduled' AND j.queue = _fair_save.queue AND j.run_at >= _fair_save.sched
+             ORDER BY j.run_at LIMIT 1),
+           CASE WHEN _fair_save.lease < now() OR v_seq % 8 = 0
+                THEN (SELECT j.lease_expires_at FROM jobs AS j
+                       WHERE j.state = 'active' AND j.queue = _fair_save.queue AND j.lease_expires_at >= _fair_save.lease
+                       ORDER BY j.lease_expires_at LIMIT 1)
+                ELSE _fair_save.lease END,
+           coalesce(array_agg(x.g), '{}'), coalesce(array_agg(x.vt), '{}'), coalesce(array_agg(x.served), '{}'),
+           coalesce(array_agg(x.at), '{}'), coalesce(array_agg(x.p), '{}'), coalesce(array_agg(x.t), '{}'),
+           coalesce(array_agg(x.i), '{}')
+      FROM unnest(groups) AS x
+     WHERE x.state <> 'gone';
+    IF v_seq % 64 = 0 AND v_seq / 512 % 2 = 1 THEN
+        PERFORM _fair_rings_rotate((v_seq / 1024 % 2)::smallint);
+    END IF;
+END;
+$$;
+
+-- The claim of one fair or group-capped queue for up to max_jobs jobs (kind_limits: claim's, NULL any kind):
+-- the steps of the header. Returns the jobs leased, in pick order; the caller sends their status events.
+CREATE OR REPLACE FUNCTION pgjobs._claim_fair(worker text, queue text, max_jobs int, lease interval,
+                                              kind_limits jsonb)
+RETURNS pgjobs.claimed_job[]
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pgjobs, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_cfg   queues;
+    v_ring  fair_rings;
+    v_start record;
+    v_count record;
+    v_room  int;
+    v_vt    float8;
+    v_srv   bigint;
+    v_grps  fair_group[];
+    v_ids   bigint[];
+BEGIN
+    IF current_setting('transaction_isolation') <> 'read committed' THEN
+        -- A snapshot older than the lock could miss jobs leased by the previous holder.
+        RAISE EXCEPTION USING ERRCODE = 'PJ002',
+            MESSAGE = format('claim on queue %L (it is fair or has concurrency caps) needs READ COMMITTED, not %s',
+                             queue, current_setting('transaction_isolation'));
+    END IF;
+    PERFORM pg_advisory_xact_lock(hashtextextended('pgjobs.claim:' || queue, 0));
+    -- The settings as of now: a configure_queue may have committed while this claim waited (a queue that
+    -- stopped being fair gives nothing to this call; the next claim takes the path its settings give).
+    SELECT * INTO v_cfg FROM queues AS c WHERE c.queue = _claim_fair.queue;
+    IF NOT FOUND OR v_cfg.paused OR NOT (v_cfg.fair OR v_cfg.max_active_per_group IS NOT NULL) THEN
+        RETURN '{}';
+    END IF;
+    v_ring := _fair_ring(queue);
+    v_start := _fair_start(queue, v_ring);
+    v_grps := _fair_due(queue, v_start.groups, v_start.sched, v_start.lease, least(1000, greatest(100, 2 * max_jobs)));
+    v_count := _cap_counts(queue);
+    v_room := least(max_jobs, v_cfg.max_active - v_count.active);
+    IF v_room IS NULL THEN
+        v_room := max_jobs;
+    END IF;
+    v_vt := coalesce(v_ring.vt, 0);
+    v_srv := coalesce(v_ring.served, 0);
+    IF v_room > 0 AND cardinality(v_grps) > 0 THEN
+        SELECT * INTO v_vt, v_srv, v_grps, v_ids FROM _fair_picks(
+            queue,
+            ARRAY(SELECT ROW(x.g, x.vt, x.served, x.at, x.p, x.t, x.i, coalesce(w.weight, 1),
+                             coalesce((v_count.groups ->> x.g)::int, 0), 'new', NULL, NULL, NULL)::fair_group
+                    FROM unnest(v_grps) AS x
+                    LEFT JOIN fair_weights AS w ON w.queue = _claim_fair.queue AND w.group_key = x.g),
+            v_room, kind_limits, v_cfg, v_count.active, v_vt, v_srv);
+    END IF;
+    PERFORM _fair_save(queue, v_start.snap, v_start.own, v_grps, v_vt, v_srv, v_start.sched, v_start.lease);
+    RETURN _fair_lease(worker, v_ids, lease);
+END;
+$$;

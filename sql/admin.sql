@@ -198,7 +198,8 @@ AS $$
 DECLARE
     v_row queues;
     v_was_paused boolean;
-    v_was_capped boolean;
+    v_was_counted boolean;
+    v_was_grouped boolean;
 BEGIN
     PERFORM _check_name('queue', queue);  -- limits: checks.sql
     IF max_length < 0 THEN
@@ -224,17 +225,20 @@ BEGIN
     IF configure_queue.max_starts IS NOT NULL OR configure_queue.per IS NOT NULL THEN
         PERFORM _rate_configure('queue', configure_queue.queue, configure_queue.max_starts, configure_queue.per, NULL);
     END IF;
-    -- A call that sets max_active may start or end the queue's active ledger (caps.sql), whose triggers file
-    -- a change only for a queue that has max_active when its statement runs. A transaction that ended an
-    -- active job before the cap and commits after the ledger's first count would be missing from it for good,
-    -- so the call waits for every transaction writing jobs to end, and holds new ones back until it commits.
-    -- Taken before the queue's row lock: writers that lock that row (an enqueue to a bounded queue) hold
-    -- their lock on jobs first.
-    IF configure_queue.max_active IS NOT NULL THEN
+    -- A call that sets max_active, fair or max_active_per_group may start, end or regroup the queue's active
+    -- ledger (caps.sql), whose triggers file a change only for a queue counted when their statement runs. A
+    -- transaction that ended an active job before the change and commits after the ledger's first count would
+    -- be missing from it for good, so the call waits for every transaction writing jobs to end, and holds new
+    -- ones back until it commits. Taken before the queue's row lock: writers that lock that row (an enqueue
+    -- to a bounded queue) hold their lock on jobs first.
+    IF configure_queue.max_active IS NOT NULL OR configure_queue.fair IS NOT NULL
+       OR configure_queue.max_active_per_group IS NOT NULL THEN
         LOCK TABLE jobs IN SHARE MODE;
     END IF;
     INSERT INTO queues AS q (queue) VALUES (configure_queue.queue) ON CONFLICT (queue) DO NOTHING;
-    SELECT q.paused, q.max_active IS NOT NULL INTO v_was_paused, v_was_capped
+    SELECT q.paused, q.max_active IS NOT NULL OR q.fair OR q.max_active_per_group IS NOT NULL,
+           q.fair OR q.max_active_per_group IS NOT NULL
+      INTO v_was_paused, v_was_counted, v_was_grouped
       FROM queues AS q WHERE q.queue = configure_queue.queue FOR UPDATE;
     UPDATE queues AS q
        SET max_length           = CASE WHEN configure_queue.max_length IS NULL THEN q.max_length
@@ -254,10 +258,13 @@ BEGIN
            updated_at           = now()
      WHERE q.queue = configure_queue.queue
     RETURNING q.* INTO v_row;
-    -- A queue's active ledger (caps.sql) is kept while it has max_active: one that gains or loses it is
-    -- counted afresh by its next capped claim.
-    IF v_was_capped <> (v_row.max_active IS NOT NULL) THEN
+    -- A queue's active ledger (caps.sql) is kept while it is capped or fair, per group while fair or capped
+    -- per group: one that changes either is counted afresh by its next claim, and its ring (fair.sql) is read
+    -- afresh.
+    IF v_was_counted <> (v_row.max_active IS NOT NULL OR v_row.fair OR v_row.max_active_per_group IS NOT NULL)
+       OR v_was_grouped <> (v_row.fair OR v_row.max_active_per_group IS NOT NULL) THEN
         DELETE FROM cap_checkpoints AS c WHERE c.queue = configure_queue.queue;
+        DELETE FROM fair_rings AS r WHERE r.queue = configure_queue.queue;
     END IF;
     -- Resuming a queue (or lifting a cap) may make work claimable: wake idle workers.
     IF v_was_paused AND NOT v_row.paused OR configure_queue.max_active IS NOT NULL
@@ -265,5 +272,31 @@ BEGIN
         PERFORM pg_notify('pgjobs_wake', v_row.queue);
     END IF;
     RETURN v_row;
+END;
+$$;
+
+-- configure_group(queue, group_key, weight): a fair queue's group's share of the claims while it and others
+-- have work (fair.sql, virtual time); weight 1, the default, removes the row. Returns the weight now.
+CREATE OR REPLACE FUNCTION pgjobs.configure_group(queue text, group_key text, weight real DEFAULT 1)
+RETURNS real
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pgjobs, pg_temp
+AS $$
+#variable_conflict use_column
+BEGIN
+    PERFORM _check_name('queue', queue);
+    PERFORM _check_name('group_key', group_key);
+    IF weight IS NULL OR weight = 'NaN'::real OR weight <= 0 OR weight > 1000 THEN
+        RAISE EXCEPTION USING ERRCODE = 'PJ002',
+            MESSAGE = format('weight must be in (0, 1000], got %s', coalesce(weight::text, 'NULL'));
+    END IF;
+    IF weight = 1 THEN
+        DELETE FROM fair_weights AS w WHERE w.queue = configure_group.queue AND w.group_key = configure_group.group_key;
+    ELSE
+        INSERT INTO fair_weights AS w (queue, group_key, weight)
+        VALUES (configure_group.queue, configure_group.group_key, configure_group.weight)
+        ON CONFLICT ON CONSTRAINT fair_weights_pkey DO UPDATE SET weight = excluded.weight;
+    END IF;
+    RETURN weight;
 END;
 $$;

@@ -272,6 +272,12 @@ Roles: pgjobs_admin.$$;
 COMMENT ON FUNCTION pgjobs.configure_queue IS $$Sets a queue's settings and returns its row; NULL leaves a setting as it is, 0 removes a limit. max_length bounds its live jobs; paused stops claims; fair turns on fair selection between group_keys (noisy_share, noisy_min_active tune it); max_active_per_group and max_active cap running jobs; status_events is all, terminal or none; retention keeps finished jobs that long; max_starts and per limit the starts of the queue's jobs to max_starts in any window of length per, across every worker (max_starts 0 removes the limit; the limit is not part of the returned row: list_rate_limits shows it). A call that sets max_active waits for the transactions writing jobs to end (its count of active jobs starts exact).
 Errors: PJ002 an invalid setting (a negative limit, noisy_share outside (0, 1], an unknown status_events value, per not positive, a new rate limit without both max_starts and per).
 Roles: pgjobs_admin.$$;
+COMMENT ON FUNCTION pgjobs.configure_group IS $$Sets a fair queue's group's weight, in (0, 1000] (1, the default, removes it), and returns it: while several groups have work, each is served in proportion to its weight; a group with none gives its share to the others, and one that comes back neither starves nor makes up for lost turns.
+Errors: PJ002 a weight outside (0, 1000], an empty queue or group_key.
+Roles: pgjobs_admin.$$;
+COMMENT ON FUNCTION pgjobs.fair_ring_groups IS $$The groups of a fair queue with pending work at its last claim: when each was last served, its place in the serving order (the ring's serve count then; 0 never served) and its weight; no row for a queue never claimed as fair.
+Errors: PJ002 an empty queue.
+Roles: pgjobs_reader, pgjobs_admin.$$;
 
 COMMENT ON FUNCTION pgjobs.configure_rate_limit IS $$Limits the starts of the jobs whose rate_key is key: at most max_starts attempts start in any window of length per, plus burst, counted across every worker (a retry is a start); max_starts 0 removes the limit. Exact: a claim takes a job only with a token, in its own transaction. Jobs of a key without tokens are held back (scheduled at the key's next token times) while the claim takes other jobs. Returns the limit's row (NULL when removed).
 Errors: PJ002 an empty key, a negative max_starts or burst, per not positive or missing, more than one start a microsecond.

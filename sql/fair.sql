@@ -61,8 +61,10 @@ SET search_path = pg_catalog, pgjobs, pg_temp
 AS $$
 #variable_conflict use_column
 DECLARE
-    v fair_rings := _fair_ring(queue);
+    v fair_rings;
 BEGIN
+    PERFORM _check_name('queue', queue);
+    v := _fair_ring(queue);
     RETURN QUERY
     SELECT r.g, r.at, r.served, coalesce(w.weight, 1)
       FROM unnest(v.g, v.g_at, v.g_served) AS r(g, at, served)
@@ -324,8 +326,11 @@ BEGIN
 END;
 $$;
 
--- The group the next pick serves (its index in c), NULL when none may be served: the order of the header.
-CREATE OR REPLACE FUNCTION pgjobs._fair_rank(c pgjobs.fair_group[], vt float8, total int, cfg pgjobs.queues)
+-- The group the next pick serves (its index in c), NULL when none may be served: the order of the header. A
+-- weighted group is noisy only past its weighted share too (weights: wsum, the sum over the ring), so that a
+-- group given more than noisy_share of the claims by its weight is not demoted for taking them.
+CREATE OR REPLACE FUNCTION pgjobs._fair_rank(c pgjobs.fair_group[], vt float8, total int, cfg pgjobs.queues,
+                                             wsum float8)
 RETURNS int
 LANGUAGE plpgsql
 STABLE
@@ -336,7 +341,7 @@ BEGIN
               FROM unnest(c) WITH ORDINALITY AS x(g, vt, served, at, p, t, i, w, active, state, lp, lt, li, k)
              CROSS JOIN LATERAL (
                    SELECT x.g IS NOT NULL AND x.active >= cfg.noisy_min_active
-                          AND x.active > cfg.noisy_share * total AS noisy) AS n
+                          AND x.active > cfg.noisy_share * total AND x.active * wsum > x.w * total AS noisy) AS n
              WHERE x.state IN ('new', 'read')
                AND (x.g IS NULL OR cfg.max_active_per_group IS NULL OR x.active < cfg.max_active_per_group)
              ORDER BY n.noisy, CASE WHEN n.noisy THEN x.active END, greatest(x.vt, _fair_rank.vt), x.served,
@@ -365,6 +370,7 @@ DECLARE
     q_id   bigint[] := '{}';
     q_kind text[] := '{}';
     v_n    int := greatest(cardinality(c), 1);
+    v_wsum float8 := (SELECT sum(x.w) FROM unnest(c) AS x);
 BEGIN
     ids := '{}';
     groups := c;
@@ -372,7 +378,7 @@ BEGIN
         RETURN;   -- no kind may be taken
     END IF;
     WHILE room > 0 LOOP
-        v_k := _fair_rank(c, vt, total, cfg);
+        v_k := _fair_rank(c, vt, total, cfg, v_wsum);
         EXIT WHEN v_k IS NULL;
         v_j := NULL;
         LOOP   -- the group's next job read already whose kind may still be taken

@@ -102,6 +102,7 @@ DECLARE
         "dashboard_queues": ["pgjobs_reader"],
         "dashboard_throughput": ["pgjobs_reader"],
         "dashboard_groups": ["pgjobs_reader"],
+        "fair_ring_groups": ["pgjobs_reader"],
         "dashboard_workers": ["pgjobs_reader"]
     }';
 BEGIN

@@ -28,13 +28,10 @@ MAX_FILE_LINES = 1200
 # Files that define no function: the tables, the reference comments and the grants name functions only.
 OUTSIDE = ("schema.sql", "api_comments.sql", "roles.sql")
 
-_REBUILD = "the claim rebuild replaces fairness.sql"
-# Calls up the order that stay until the claim rebuild lands: (caller, callee) -> reason.
-# test_each_known_exception_is_still_needed keeps every entry real.
-KNOWN_UPWARD: dict[tuple[str, str], str] = {
-    ("_claim_fair", "_settle_expired"): _REBUILD,
-}
-SIZE_ALLOWED: dict[str, str] = {"fairness.sql": _REBUILD}
+# Calls up the order allowed for a reason: (caller, callee) -> reason. None now; the self-tests below keep the
+# mechanism (and test_each_known_exception_is_still_needed keeps every entry real).
+KNOWN_UPWARD: dict[tuple[str, str], str] = {}
+SIZE_ALLOWED: dict[str, str] = {}
 
 _DEFINITION = re.compile(r"\bCREATE\s+(?:OR\s+REPLACE\s+)?(?:FUNCTION|PROCEDURE)\s+pgjobs\.(\w+)\s*\(", re.I)
 _LISTED = re.compile(r"^\d+\.\s+`(\w+\.sql)`", re.M)
@@ -173,8 +170,7 @@ def test_calls_point_down_the_declared_order() -> None:
 def test_no_cycles_between_files() -> None:
     _, calls = scan(_tree())
     assert file_cycles(_unknown(calls)) == []
-    # With the known calls, what cycles there are run through the claim, whose rebuild removes them.
-    assert all("claim.sql" in cycle for cycle in file_cycles(calls))
+    assert file_cycles(calls) == []
 
 
 def test_each_known_exception_is_still_needed() -> None:

@@ -8,6 +8,10 @@
 -- the new tables start empty, and the tables dropped are read only by the previous release's fair claim,
 -- whose running calls the DROPs wait for.
 BEGIN;
+-- Writers of jobs take their lock on jobs before the ledger's (its trigger inserts after their update): the
+-- change takes jobs first too, so it waits for them instead of deadlocking with one (it drops an index of
+-- jobs_live below). Readers wait for the change's few statements.
+LOCK TABLE pgjobs.jobs IN ACCESS EXCLUSIVE MODE;
 ALTER TABLE pgjobs.cap_ledger ADD COLUMN group_key text;
 CREATE INDEX cap_ledger_moves ON pgjobs.cap_ledger (queue, xid) INCLUDE (n, group_key);
 DROP INDEX pgjobs.cap_ledger_xid;

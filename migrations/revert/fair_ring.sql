@@ -1,8 +1,11 @@
 -- Revert pgjobs:fair_ring from pg
 BEGIN;
-DROP TABLE pgjobs.fair_rings, pgjobs.fair_weights;
+LOCK TABLE pgjobs.jobs IN ACCESS EXCLUSIVE MODE;  -- (as the deploy does, and for the same reason)
+-- (CASCADE: the functions of sql/fair.sql that name these types go with them; the installed revision of sql/
+-- is marked stale, so the next migrate installs every function again.)
+DROP TABLE pgjobs.fair_rings, pgjobs.fair_weights CASCADE;
 DROP SEQUENCE pgjobs.fair_rings_seq;
-DROP TYPE pgjobs.fair_group;
+DROP TYPE pgjobs.fair_group CASCADE;
 CREATE INDEX cap_ledger_xid ON pgjobs.cap_ledger (queue, xid) INCLUDE (n);
 DROP INDEX pgjobs.cap_ledger_moves;
 ALTER TABLE pgjobs.cap_ledger DROP COLUMN group_key;
@@ -109,5 +112,33 @@ CREATE SEQUENCE pgjobs.fair_gate_f AS bigint;
 -- Moved by every claim that creates a never-served group cursor (fairness.sql, _fair_unserved): a fair
 -- claim whose last look for never-served cursors found none skips the next look while it has not moved.
 CREATE SEQUENCE pgjobs.fair_cursor_epoch AS bigint;
+-- The ledger's trigger as the change active_ledger made it (one row a statement and capped queue), so that
+-- writes of jobs go on until the functions are installed again.
+CREATE OR REPLACE FUNCTION pgjobs._cap_moved()
+RETURNS trigger
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pgjobs, pg_temp
+AS $$
+BEGIN
+    IF TG_OP = 'UPDATE' THEN
+        INSERT INTO cap_ledger (queue, n)
+        SELECT d.queue, d.n
+          FROM (SELECT m.queue, sum(m.n)::int AS n
+                  FROM (SELECT o.queue, -1 AS n FROM old_jobs AS o WHERE o.state = 'active'
+                        UNION ALL
+                        SELECT w.queue, 1 FROM new_jobs AS w WHERE w.state = 'active') AS m
+                 GROUP BY m.queue) AS d
+          JOIN queues AS c ON c.queue = d.queue AND c.max_active IS NOT NULL
+         WHERE d.n <> 0;
+    ELSE
+        INSERT INTO cap_ledger (queue, n)
+        SELECT d.queue, d.n
+          FROM (SELECT o.queue, -count(*)::int AS n FROM old_jobs AS o WHERE o.state = 'active'
+                 GROUP BY o.queue) AS d
+          JOIN queues AS c ON c.queue = d.queue AND c.max_active IS NOT NULL;
+    END IF;
+    RETURN NULL;
+END;
+$$;
 UPDATE pgjobs.sql_revision SET digest = 'stale: pgjobs:fair_ring reverted';
 COMMIT;

@@ -78,12 +78,12 @@ END $$;
 -- A terminal UPDATE moves the row into this tree: the trigger runs in the completing transaction.
 CREATE TRIGGER note_completion AFTER INSERT ON pgjobs.jobs_succeeded
     FOR EACH ROW EXECUTE FUNCTION public.note_completion();
--- A fair queue too: its claims keep state of their own (cursors, gates, floors) that must survive.
+-- A fair queue too: its claims keep state of their own (the ring rows, the ledger) that must survive.
 SELECT pgjobs.configure_queue('fair', fair => true);
 """
 
 # Each sequence of the schema and a column that holds its values: identity and serial columns, columns whose
-# default draws from it, and the fair queues' cursor stamps. (A sequence's WAL comes before any row that holds
+# default draws from it, and the fair queues' ring rows. (A sequence's WAL comes before any row that holds
 # one of its values, so a standby never has the row without the sequence past it.)
 SEQUENCES_SQL = r"""
 SELECT s.relname, t.relname, a.attname
@@ -100,7 +100,7 @@ SELECT substring(pg_get_expr(ad.adbin, ad.adrelid) FROM 'nextval\(''(?:pgjobs\.)
  WHERE t.relnamespace = 'pgjobs'::regnamespace AND NOT t.relispartition
    AND pg_get_expr(ad.adbin, ad.adrelid) LIKE 'nextval(%'
 UNION
-SELECT 'served_seq_seq', 'group_cursors', 'served_seq'
+SELECT 'fair_rings_seq', 'fair_rings', 'seq'
 """
 
 

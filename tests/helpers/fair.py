@@ -1,10 +1,8 @@
 """What the fair-claim tests (tests/sql/test_fair*.py) share: a claim completed at once, claims in a row, the
-index entries one claim was handed (pg_stat_get_xact_tuples_returned: live or dead, no timings), and a pair
-of sessions that pick the same way but by different paths."""
+index entries one claim was handed (pg_stat_get_xact_tuples_returned: live or dead, no timings)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import psycopg
@@ -41,18 +39,3 @@ def claim_entries(
             call(conn, "complete", id=got[0]["id"], lease_token=got[0]["lease_token"])
     assert before is not None and after is not None
     return [int(a - b) for a, b in zip(after, before, strict=True)], got
-
-
-def shortcut_and_walk(connect: Callable[[], Conn]) -> tuple[Conn, Conn]:
-    """Two sessions: the first claims as any does (the drain, the fast path and the rounds may take a claim),
-    the second by the walk alone (pgjobs.fair_walk_only), so that claims of the same jobs can be compared.
-    Neither keeps a count or a look between claims (fairness.sql, "Reads a claim skips for a while"): a kept
-    one serves for pgjobs.fair_count_every seconds, so two sessions claiming at different instants used
-    different ones and picked differently (seen in 5 of 12 runs of test_fairness's 10 seeds, autovacuum off).
-    Both count their function calls (track_functions), for the tests that ask which path took a claim."""
-    conn, walk = connect(), connect()
-    walk.execute("SET pgjobs.fair_walk_only = on")
-    for c in (conn, walk):
-        c.execute("SET pgjobs.fair_count_every = 0")
-        c.execute("SET track_functions = 'pl'")
-    return conn, walk

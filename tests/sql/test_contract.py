@@ -396,7 +396,6 @@ def test_job_state_enum_lists_the_seven_states_in_order(conn: psycopg.Connection
                 "status_events",
             ],
         ),
-        ("group_cursors", ["queue", "group_key"]),
         (
             "schedules",
             [

@@ -15,7 +15,6 @@ import psycopg
 import pytest
 from conftest import ConnectFactory
 
-from tests.helpers.fair import shortcut_and_walk
 from tests.helpers.foundation import call, claim, enqueue, expire, run_threads
 
 Conn = psycopg.Connection[Any]
@@ -494,52 +493,3 @@ def test_a_backlog_of_many_groups_is_served_round_robin(conn: Conn) -> None:
     assert sorted(picks[100:]) == [f"g{g:03}" for g in range(100)]
 
 
-@pytest.mark.parametrize("seed", range(10))
-def test_the_fast_path_picks_what_the_walk_picks(connect: ConnectFactory, seed: int) -> None:
-    """The usual claim (no caps, no noisy group, every cursor served) takes a shortcut past the walk over the
-    ring: the same jobs in the same order as the walk, claim after claim, with ungrouped work, priorities,
-    groups running dry, groups turning noisy and back, kind limits and claims of every size. Two queues with
-    the same jobs; the second is claimed with the shortcut turned off."""
-    import random
-
-    rnd = random.Random(seed)
-    conn, walk = shortcut_and_walk(connect)
-    settings = {"noisy_min_active": rnd.choice([2, 3]), "noisy_share": rnd.choice([0.3, 0.5])}
-    for q in ("fast", "walk"):
-        fair(conn, queue=q, **settings)
-    ngroups = rnd.choice([3, 12, 40])
-    spec: list[tuple[str | None, int, str]] = []
-    for _ in range(600):
-        # g00 holds half the jobs: once the others run low it has most of the active jobs (noisy)
-        r = rnd.random()
-        g = None if r < 0.1 else "g00" if r < 0.55 else f"g{rnd.randrange(ngroups):02}"
-        # kind m only in g00: a claim limited to m piles up g00's active jobs (noisy)
-        spec.append((g, rnd.choice([0, 0, 0, 1, -1]), "m" if g == "g00" and rnd.random() < 0.3 else "k"))
-    for q in ("fast", "walk"):
-        call(
-            conn,
-            "enqueue_many",
-            jobs=[{"kind": k, "queue": q, "group_key": g, "priority": p} for g, p, k in spec],
-        )
-    ids = {
-        q: [r[0] for r in conn.execute("SELECT id FROM pgjobs.jobs WHERE queue = %s ORDER BY id", [q])]
-        for q in ("fast", "walk")
-    }
-    pos = {q: {i: n for n, i in enumerate(ids[q])} for q in ("fast", "walk")}
-
-    held: dict[str, list[list[dict[str, Any]]]] = {"fast": [], "walk": []}
-    for step in range(80):
-        size = rnd.choice([1, 2, 5, 10, 30])
-        r = rnd.random()
-        limits = {"k": rnd.choice([1, size, 50]), "m": 50} if r < 0.2 else {"m": 8} if r < 0.35 else None
-        finish = rnd.random() < 0.6
-        got = {}
-        for q, c in (("fast", conn), ("walk", walk)):
-            rows = claim(c, "w", queues=[q], max_jobs=size, kind_limits=limits)
-            got[q] = [pos[q][r["id"]] for r in rows]
-            held[q].append(rows)
-            if finish and held[q]:
-                complete(c, held[q].pop(0))
-        assert got["fast"] == got["walk"], (step, size, limits)
-    used = conn.execute("SELECT count(*) FROM pgjobs.jobs WHERE queue = 'fast' AND state <> 'pending'").fetchone()
-    assert used and used[0] > 300

@@ -38,7 +38,7 @@ STEPS = int(os.environ.get("PGJOBS_MODEL_STEPS", "4000"))
 STEPS_PER_RUN = 40
 Conn = psycopg.Connection[Any]
 TERMINAL = ("succeeded", "failed", "cancelled")
-TABLES = "pgjobs.jobs, pgjobs.edges, pgjobs.batches, pgjobs.continuation_holds, pgjobs.queues, pgjobs.group_cursors"
+TABLES = "pgjobs.jobs, pgjobs.edges, pgjobs.batches, pgjobs.continuation_holds, pgjobs.queues"
 
 keys = st.one_of(st.none(), st.sampled_from(["u1", "u2", "u3"]))
 triggers = st.sampled_from(["success", "failure", "complete"])

@@ -98,16 +98,14 @@ def test_every_function_pins_search_path() -> None:
 
 
 # The files of the claim path: claim() and everything it calls for a plain or a controlled queue.
-CLAIM_PATH_FILES = ("claim.sql", "fairness.sql")
+CLAIM_PATH_FILES = ("claim.sql", "fair.sql", "caps.sql", "due.sql")
 
 
 def test_claim_path_routines_are_plpgsql() -> None:
     """No LANGUAGE sql routine on the claim path. A SQL function with a SET clause (every routine here pins its
     search_path) is never inlined, and before PostgreSQL 18 its body is parsed, analysed and planned again at
-    every call, where a PL/pgSQL function keeps its plans for the session. Measured (perf on the worker's claim
-    backend, the fair soak ten minutes into a held snapshot, 2026-12-06): 18 % of its CPU was that parsing and
-    planning, for the thirteen helpers of fairness.sql (the fast path's probe of heads from floors among them)
-    and one of claim.sql."""
+    every call, where a PL/pgSQL function keeps its plans for the session (perf on a worker's claim backend
+    once put 18 % of its CPU in parsing and planning such helpers)."""
     sql = [r.where() for r in routines() if r.file in CLAIM_PATH_FILES and r.language != "plpgsql"]
     assert not sql, sql
 

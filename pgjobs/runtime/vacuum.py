@@ -30,6 +30,9 @@ async def vacuumer(w: WorkerState) -> None:
         except SchemaMissing:
             log.info("this schema has no vacuum_due (pgjobs migrate adds it): the worker vacuums nothing")
             return
+        except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
+            # The database gone (or a failover under way) is the worker's one outage line, not a line of its own.
+            w.outage.lost("vacuum", exc)
         except (psycopg.Error, PgJobsError) as exc:
             log.warning("vacuum failed: %s", exc)
 

@@ -67,8 +67,11 @@ def probes(conn: Conn, n: int = 64) -> tuple[int, int, int, collections.Counter[
         taken += len(rows)
         finish(conn, rows)
     entries = sum(v for k, v in total.items() if k.startswith("entries:"))
-    blocks = sum(v for k, v in total.items() if k.startswith("blocks:")
-                 and k not in ("blocks:jobs_filed_idx", "blocks:cap_ledger_moves"))
+    blocks = sum(
+        v
+        for k, v in total.items()
+        if k.startswith("blocks:") and k not in ("blocks:jobs_filed_idx", "blocks:cap_ledger_moves")
+    )
     return taken, entries, blocks, total
 
 
@@ -145,8 +148,9 @@ def test_weights_share_the_claims_and_an_idle_group_neither_starves_nor_floods(c
     for g, w in (("a", 1), ("b", 2), ("c", 4)):
         assert abs(served[g] / 3000 - w / 7) <= 0.05, served
 
-    conn.execute("UPDATE pgjobs.jobs SET state = 'cancelled', completed_at = now() WHERE group_key = 'c'"
-                 " AND state = 'pending'")
+    conn.execute(
+        "UPDATE pgjobs.jobs SET state = 'cancelled', completed_at = now() WHERE group_key = 'c' AND state = 'pending'"
+    )
     idle: collections.Counter[str] = collections.Counter()
     for _ in range(70):
         rows = claim(conn, "w", queues=["q"], max_jobs=10)

@@ -110,38 +110,6 @@ CREATE OR REPLACE TRIGGER jobs_filed BEFORE UPDATE ON pgjobs.jobs FOR EACH ROW
           AND NEW.filed_xid IS NOT DISTINCT FROM OLD.filed_xid)
     EXECUTE FUNCTION pgjobs._job_filed();
 
--- The floor log's two slots take turns: a row goes to slot (seq / 8192) % 2, and every 512th claim in the
--- second half of a window copies, out of the other slot, the newest row of each key that has no newer one
--- in the current slot, then TRUNCATEs the other slot. Space comes back by TRUNCATE, never DELETE + VACUUM, so a
--- held snapshot cannot keep it. NOWAIT: while a transaction still holds the other slot, a later claim of
--- the window tries again; the newest row of every key survives either way.
-CREATE OR REPLACE FUNCTION pgjobs._claim_floors_rotate(cur smallint)
-RETURNS void
-LANGUAGE plpgsql
-SET search_path = pg_catalog, pgjobs, pg_temp
-AS $$
-DECLARE
-    v_other text := 'claim_floors_' || (1 - cur);
-    v_has   boolean;
-BEGIN
-    EXECUTE format('SELECT EXISTS (SELECT 1 FROM pgjobs.%I)', v_other) INTO v_has;
-    IF v_has THEN
-        EXECUTE format('LOCK TABLE pgjobs.%I IN ACCESS EXCLUSIVE MODE NOWAIT', v_other);
-        EXECUTE format($q$
-            INSERT INTO pgjobs.claim_floors
-            SELECT %s, o.seq, o.queue, o.kinds, o.snap, o.own, o.p, o.t, o.i, o.sched, o.lease
-              FROM (SELECT DISTINCT ON (x.queue, x.kinds) x.* FROM pgjobs.%I AS x
-                     ORDER BY x.queue, x.kinds, x.seq DESC) AS o
-             WHERE NOT EXISTS (SELECT 1 FROM pgjobs.%I AS h
-                                WHERE h.queue = o.queue AND h.kinds = o.kinds AND h.seq > o.seq)$q$,
-            cur, v_other, 'claim_floors_' || cur);
-        EXECUTE format('TRUNCATE pgjobs.%I', v_other);
-    END IF;
-EXCEPTION WHEN lock_not_available THEN
-    NULL;  -- a later claim of the window tries again
-END;
-$$;
-
 -- (called by _claim_unrated, below: it retries this when a row it locks moved to another partition)
 CREATE OR REPLACE FUNCTION pgjobs._claim_once(
     worker      text,
@@ -467,7 +435,7 @@ BEGIN
         PERFORM _settle_expired(queues, v.l);
     END IF;
     IF v.seq % 512 = 0 AND v.seq / 4096 % 2 = 1 THEN
-        PERFORM _claim_floors_rotate((v.seq / 8192 % 2)::smallint);
+        PERFORM _slots_rotate('claim_floors', '{queue,kinds}', (v.seq / 8192 % 2)::smallint);
     END IF;
     RETURN v;
 END;

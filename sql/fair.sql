@@ -458,34 +458,6 @@ BEGIN
 END;
 $$;
 
--- The ring log's two slots take turns as the floor log's do (claim.sql, _claim_floors_rotate), in windows
--- of 1,024 claims: a row is about 40 bytes a group, so a slot stays a few MB for a hundred groups.
-CREATE OR REPLACE FUNCTION pgjobs._fair_rings_rotate(cur smallint)
-RETURNS void
-LANGUAGE plpgsql
-SET search_path = pg_catalog, pgjobs, pg_temp
-AS $$
-DECLARE
-    v_other text := 'fair_rings_' || (1 - cur);
-    v_has   boolean;
-BEGIN
-    EXECUTE format('SELECT EXISTS (SELECT 1 FROM pgjobs.%I)', v_other) INTO v_has;
-    IF v_has THEN
-        EXECUTE format('LOCK TABLE pgjobs.%I IN ACCESS EXCLUSIVE MODE NOWAIT', v_other);
-        EXECUTE format($q$
-            INSERT INTO pgjobs.fair_rings
-            SELECT %s, o.seq, o.queue, o.snap, o.own, o.vt, o.served, o.sched, o.lease, o.g, o.g_vt, o.g_served,
-                   o.g_at, o.g_p, o.g_t, o.g_i
-              FROM (SELECT DISTINCT ON (x.queue) x.* FROM pgjobs.%I AS x ORDER BY x.queue, x.seq DESC) AS o
-             WHERE NOT EXISTS (SELECT 1 FROM pgjobs.%I AS h WHERE h.queue = o.queue AND h.seq > o.seq)$q$,
-            cur, v_other, 'fair_rings_' || cur);
-        EXECUTE format('TRUNCATE pgjobs.%I', v_other);
-    END IF;
-EXCEPTION WHEN lock_not_available THEN
-    NULL;  -- a later claim of the window tries again
-END;
-$$;
-
 -- Step 6b: the claim's ring row. The scheduled start is read again from the old one (the jobs it promoted
 -- are passed once); the lease start once it has passed and by every 8th claim (claim.sql, _claim_take, has
 -- why). The groups gone leave the ring.
@@ -520,7 +492,7 @@ BEGIN
       FROM unnest(groups) AS x
      WHERE x.state <> 'gone';
     IF v_seq % 64 = 0 AND v_seq / 512 % 2 = 1 THEN
-        PERFORM _fair_rings_rotate((v_seq / 1024 % 2)::smallint);
+        PERFORM _slots_rotate('fair_rings', '{queue}', (v_seq / 1024 % 2)::smallint);
     END IF;
 END;
 $$;

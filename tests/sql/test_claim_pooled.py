@@ -4,7 +4,8 @@ its arguments and the tables, never on the server session it lands on (sql/claim
 Clients with different queues and kind_limits share the two server sessions all the time, while producers file
 jobs of both kinds into both queues (some with a past run_at or a better priority, some from transactions that
 stay open a while). Every job is claimed exactly once; after quiescence, no job that some client may take is
-left pending.
+left pending. Twice: with plain queues, and with a fair queue and a fair queue capped per group (sql/fair.sql),
+the jobs spread over groups and some ungrouped.
 """
 
 from __future__ import annotations
@@ -46,10 +47,15 @@ def bouncer(dsn: str, pg_server_dsn: str) -> Iterator[Bouncer]:
         b.stop()
 
 
+@pytest.mark.parametrize("fair", [False, True], ids=["plain", "fair-and-capped"])
 def test_clients_racing_through_a_transaction_pooler_claim_each_job_once_and_leave_none(
-    bouncer: Bouncer, dsn: str
+    bouncer: Bouncer, dsn: str, fair: bool
 ) -> None:
     pooled = bouncer.dsn(conninfo_to_dict(dsn)["dbname"])
+    if fair:
+        with psycopg.connect(dsn, autocommit=True) as direct:
+            call(direct, "configure_queue", queue="q1", fair=True)
+            call(direct, "configure_queue", queue="q2", fair=True, max_active_per_group=2)
 
     def connect() -> Conn:
         return psycopg.connect(pooled, autocommit=True, prepare_threshold=None)
@@ -70,6 +76,8 @@ def test_clients_racing_through_a_transaction_pooler_claim_each_job_once_and_lea
                         spec["run_at"] = PAST
                     if n % 7 == 2:
                         spec["priority"] = -1
+                    if fair and n % 9 != 4:
+                        spec["group_key"] = f"g{n % 5}"
                     with p.transaction():
                         rows = call(p, "enqueue_many", jobs=[spec] * 8)
                         if n % 6 == 3:
@@ -115,10 +123,12 @@ def test_clients_racing_through_a_transaction_pooler_claim_each_job_once_and_lea
     with psycopg.connect(dsn, autocommit=True) as direct:
         left = direct.execute("SELECT count(*) FROM pgjobs.jobs WHERE state IN ('pending', 'scheduled')").fetchone()
         assert left == (0,)
-        # and the plain claim's own functions neither write nor read a session setting
+        # and the claim's own functions neither write nor read a pgjobs setting (the fair claim reads the
+        # transaction's isolation level, to refuse one older than its lock)
         settings = direct.execute(
-            "SELECT count(*) FROM pg_proc WHERE pronamespace = 'pgjobs'::regnamespace"
-            " AND proname IN ('_claim_plan', '_claim_take', '_claim_floors_rotate')"
-            " AND (prosrc LIKE '%set_config%' OR prosrc LIKE '%current_setting%')"
+            "SELECT array_agg(proname) FROM pg_proc WHERE pronamespace = 'pgjobs'::regnamespace"
+            " AND (proname IN ('_claim_plan', '_claim_take', '_slots_rotate', '_claim_once', '_claim_routed')"
+            "      OR proname LIKE '\\_fair\\_%' OR proname LIKE '\\_cap\\_%')"
+            " AND (prosrc LIKE '%set_config(''pgjobs.%' OR prosrc LIKE '%current_setting(''pgjobs.%')"
         ).fetchone()
-        assert settings == (0,)
+        assert settings == (None,)

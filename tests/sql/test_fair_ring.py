@@ -179,3 +179,31 @@ def test_weights_are_checked_and_listed(conn: Conn) -> None:
     assert listed == {"g": 3, "h": 1}
     call(conn, "configure_group", queue="q", group_key="g", weight=1)  # back to the default: no row kept
     assert conn.execute("SELECT count(*) FROM pgjobs.fair_weights").fetchone() == (0,)
+
+
+def test_the_ring_log_s_slots_take_turns_and_keep_the_newest_row_of_every_queue(conn: Conn) -> None:
+    """Ring rows go to slot (seq / 1024) % 2; a claim in the second half of a window (every 64th) empties the
+    other slot by TRUNCATE after it copied the newest row of each queue with no newer one in the current slot.
+    The rings still hold: each group's next jobs come in turn, every job once."""
+    for q in ("a", "b"):
+        fair(conn, queue=q)
+    ids = {q: put(conn, ["x", "y"] * 3, queue=q) for q in ("a", "b")}
+    seq = "SELECT setval('pgjobs.fair_rings_seq', %s)"
+    rows = "SELECT slot, queue FROM pgjobs.fair_rings ORDER BY seq, queue"
+
+    def take(q: str, n: int = 1) -> list[int]:
+        got = claim(conn, "w", queues=[q], max_jobs=n)
+        finish(conn, got)
+        return [r["id"] for r in got]
+
+    assert take("a") == ids["a"][:1]  # seq 1: slot 0
+    conn.execute(seq, [1023])
+    assert take("b") == ids["b"][:1]  # seq 1024: slot 1
+    assert take("a") == ids["a"][1:2]  # seq 1025: slot 1, newer than a's row in slot 0
+    conn.execute(seq, [2559])
+    assert take("b") == ids["b"][1:2]  # seq 2560: slot 0, second half of its window, a 64th: rotates
+    # a's newest row copied over (it keeps its seq); b's has a newer row in slot 0, written before the turn
+    assert conn.execute(rows).fetchall() == [(0, "a"), (0, "a"), (0, "b")]
+    assert conn.execute("SELECT count(*) FROM pgjobs.fair_rings_1").fetchone() == (0,)
+    for q in ("a", "b"):
+        assert take(q, n=10) == ids[q][2:]

@@ -58,6 +58,8 @@ READER = {
     "dashboard_workers", "dashboard_state_counts", "durable_status",
     # rate limits (sql/rate_limits.sql)
     "list_rate_limits",
+    # fair queues' rings (sql/fair.sql)
+    "fair_ring_groups",
 }  # fmt: skip
 ADMIN_ONLY = {
     "cancel", "cancel_batch", "retry", "delete", "delete_batch", "purge", "configure_queue", "pause_schedule",
@@ -66,6 +68,8 @@ ADMIN_ONLY = {
     "dashboard_bulk", "trigger_schedule", "purge_signals",
     # rate limits (sql/rate_limits.sql)
     "configure_rate_limit",
+    # fair queues' group weights (sql/admin.sql)
+    "configure_group",
 }  # fmt: skip
 ALLOWED = {"pgjobs_producer": PRODUCER, "pgjobs_worker": WORKER, "pgjobs_reader": READER}
 KNOWN = PRODUCER | WORKER | READER | ADMIN_ONLY

@@ -152,3 +152,50 @@ BEGIN
     RAISE EXCEPTION USING ERRCODE = 'PJ003', MESSAGE = format('%s %s not found', what, coalesce(id::text, 'NULL'));
 END;
 $$;
+
+-- claim()'s arguments (claim.sql), for the calls that fail its inline tests: each bad one named.
+CREATE OR REPLACE FUNCTION pgjobs._check_claim_args(worker text, queues text[], max_jobs int, lease interval,
+                                                    kind_limits jsonb)
+RETURNS void
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pgjobs, pg_temp
+SET plan_cache_mode = force_generic_plan
+SET jit = off
+AS $$
+DECLARE
+    v_bad text;
+BEGIN
+    -- (the limits: above)
+    PERFORM _check_name('worker', worker);
+    PERFORM _check_array('queues', queues);
+    IF queues IS NULL OR cardinality(queues) = 0 OR array_position(queues, NULL) IS NOT NULL
+          OR array_position(queues, '') IS NOT NULL THEN
+        RAISE EXCEPTION USING ERRCODE = 'PJ002',
+            MESSAGE = format('queues must be a non-empty array of non-empty names, got %s', _shown(queues::text));
+    ELSIF max_jobs IS NULL OR max_jobs < 1 THEN
+        RAISE EXCEPTION USING ERRCODE = 'PJ002',
+            MESSAGE = format('max_jobs must be >= 1, got %s', coalesce(max_jobs::text, 'NULL'));
+    ELSIF max_jobs > 10000 THEN
+        RAISE EXCEPTION USING ERRCODE = 'PJ002', MESSAGE = format('max_jobs must be at most 10000, got %s', max_jobs);
+    ELSIF lease IS NULL OR lease <= interval '0' THEN
+        RAISE EXCEPTION USING ERRCODE = 'PJ002',
+            MESSAGE = format('lease must be a positive interval, got %s', coalesce(lease::text, 'NULL'));
+    ELSIF kind_limits IS NOT NULL AND jsonb_typeof(kind_limits) <> 'object' THEN
+        RAISE EXCEPTION USING ERRCODE = 'PJ002',
+            MESSAGE = format('kind_limits must be a JSON object {"kind": n}, got %s', _shown(kind_limits::text));
+    END IF;
+    PERFORM _check_interval('lease', lease, positive => true);
+    IF kind_limits IS NOT NULL THEN
+        SELECT format('%s: %s', _shown(e.key), _shown(e.value::text)) INTO v_bad
+          FROM jsonb_each(kind_limits) AS e
+         WHERE jsonb_typeof(e.value) <> 'number' OR (e.value::text)::numeric < 0
+            OR (e.value::text)::numeric % 1 <> 0
+         LIMIT 1;
+        IF FOUND THEN
+            RAISE EXCEPTION USING ERRCODE = 'PJ002',
+                MESSAGE = format('kind_limits values must be non-negative integers, got %s', v_bad);
+        END IF;
+    END IF;
+END;
+$$;
+

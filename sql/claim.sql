@@ -3,71 +3,14 @@
 -- FOR UPDATE SKIP LOCKED lets concurrent claimers pass each other instead of queueing on a
 -- row lock, so no two claimers ever share a job and none waits on another.
 
--- Plans: the hot functions here run with plan_cache_mode = force_generic_plan (their statements'
--- shapes are fixed by index order and keys, and planning each call cost more than running it)
--- and jit = off (a generic plan cannot see that LIMIT max_jobs is small, so on a big table its
--- cost passes jit_above_cost, and JIT compiled every claim: 25 ms per claim at 1M pending jobs).
--- That setting would carry into the functions they call in other files (graph, fairness), so a call
--- into those first restores the planner's default choice for the rest of the function
--- (set_config(..., true) inside a function with a SET clause ends with the function).
--- _claim_once, _claim_plan and _claim_take also run with enable_seqscan = off, as complete_many does: a session
--- makes its generic plans at its first claim, often on a small or new jobs_live, and keeps them while no
--- ANALYZE comes (autovacuum off, or a held snapshot that stops VACUUM); the update of the picked rows was
--- then a sequential scan of the whole table, dead versions too, on every claim (2.5 -> 17 ms per claim in
--- 35 s under a held snapshot at 3,000 jobs/s; 1.6-2.1 ms flat without it; tests/sql/test_claim_plan.py).
--- And with enable_bitmapscan = off: the same plans, made when jobs_live held a job or none, estimate one
--- pending row, and for one row a bitmap of the queue's pending entries plus a sort looks cheaper than the
--- index read in claim order. Once a backlog builds that bitmap reads all of it, dead versions too, on
--- every claim, and never marks a dead entry for the next scan to skip: in bench/soak.py at 11,800 jobs/s,
--- 90 s into a held snapshot, one claim read 1.87 M entries of jobs_pending_idx and 870 k rows to take 50
--- (570 ms), the backlog grew faster than claims could take it, and completions fell from 11,779 to 28
--- jobs/s (tests/sql/test_claim_plan.py, the backlog test).
--- The functions they call inherit both; fairness.sql sets both itself, graph.sql enable_seqscan.
-
-CREATE OR REPLACE FUNCTION pgjobs._check_claim_args(worker text, queues text[], max_jobs int, lease interval,
-                                                    kind_limits jsonb)
-RETURNS void
-LANGUAGE plpgsql
-SET search_path = pg_catalog, pgjobs, pg_temp
-SET plan_cache_mode = force_generic_plan
-SET jit = off
-AS $$
-DECLARE
-    v_bad text;
-BEGIN
-    -- (limits: checks.sql)
-    PERFORM _check_name('worker', worker);
-    PERFORM _check_array('queues', queues);
-    IF queues IS NULL OR cardinality(queues) = 0 OR array_position(queues, NULL) IS NOT NULL
-          OR array_position(queues, '') IS NOT NULL THEN
-        RAISE EXCEPTION USING ERRCODE = 'PJ002',
-            MESSAGE = format('queues must be a non-empty array of non-empty names, got %s', _shown(queues::text));
-    ELSIF max_jobs IS NULL OR max_jobs < 1 THEN
-        RAISE EXCEPTION USING ERRCODE = 'PJ002',
-            MESSAGE = format('max_jobs must be >= 1, got %s', coalesce(max_jobs::text, 'NULL'));
-    ELSIF max_jobs > 10000 THEN
-        RAISE EXCEPTION USING ERRCODE = 'PJ002', MESSAGE = format('max_jobs must be at most 10000, got %s', max_jobs);
-    ELSIF lease IS NULL OR lease <= interval '0' THEN
-        RAISE EXCEPTION USING ERRCODE = 'PJ002',
-            MESSAGE = format('lease must be a positive interval, got %s', coalesce(lease::text, 'NULL'));
-    ELSIF kind_limits IS NOT NULL AND jsonb_typeof(kind_limits) <> 'object' THEN
-        RAISE EXCEPTION USING ERRCODE = 'PJ002',
-            MESSAGE = format('kind_limits must be a JSON object {"kind": n}, got %s', _shown(kind_limits::text));
-    END IF;
-    PERFORM _check_interval('lease', lease, positive => true);
-    IF kind_limits IS NOT NULL THEN
-        SELECT format('%s: %s', _shown(e.key), _shown(e.value::text)) INTO v_bad
-          FROM jsonb_each(kind_limits) AS e
-         WHERE jsonb_typeof(e.value) <> 'number' OR (e.value::text)::numeric < 0
-            OR (e.value::text)::numeric % 1 <> 0
-         LIMIT 1;
-        IF FOUND THEN
-            RAISE EXCEPTION USING ERRCODE = 'PJ002',
-                MESSAGE = format('kind_limits values must be non-negative integers, got %s', v_bad);
-        END IF;
-    END IF;
-END;
-$$;
+-- Plans: the hot functions here run with plan_cache_mode = force_generic_plan (their statements' shapes are
+-- fixed by index order and keys; planning each call cost more than running it) and jit = off (a generic plan
+-- cannot see that LIMIT max_jobs is small, and JIT compiled every claim on a big table). They also run with
+-- enable_seqscan = off and enable_bitmapscan = off: a session makes its generic plans at its first claim,
+-- often on a small jobs_live, and keeps them while no ANALYZE comes (a held snapshot stops VACUUM); a
+-- sequential scan or a bitmap of the queue's pending entries then reads every dead version on every claim
+-- (measured in docs/design/claim.md, "Plans"; tests/sql/test_claim_plan.py). The functions they call inherit
+-- these; a call into another file's functions that plan for themselves restores plan_cache_mode first.
 
 -- Floors (docs/design/claim.md). A snapshot held by any session keeps the dead entry of every job
 -- claimed since at the front of jobs_pending_idx, and the old 'active' entry of every job completed

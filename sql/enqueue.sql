@@ -7,7 +7,7 @@
 -- shapes are fixed by index order and keys, and planning each call cost more than running it)
 -- and jit = off (a generic plan cannot see that LIMIT max_jobs is small, so on a big table its
 -- cost passes jit_above_cost, and JIT compiled every claim: 25 ms per claim at 1M pending jobs).
--- That setting would carry into the functions they call in other files (graph, fairness), so a call
+-- That setting would carry into the functions they call in other files (graph, fair), so a call
 -- into those first restores the planner's default choice for the rest of the function
 -- (set_config(..., true) inside a function with a SET clause ends with the function).
 

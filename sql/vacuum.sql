@@ -1,7 +1,7 @@
 -- Vacuum from the workers: the hot tables kept in shape when autovacuum cannot be relied on.
 --
 -- WHY. Each job leaves about two dead versions in jobs_live (its claim, then its move to history), and the
--- claim, lease and fairness indexes keep an entry for each until VACUUM removes them. Autovacuum does that,
+-- claim, lease and group indexes keep an entry for each until VACUUM removes them. Autovacuum does that,
 -- where it runs: but a server may run with autovacuum = off (this project's own CI server does), or with a
 -- table's autovacuum_enabled = false, or with autovacuum so far behind (its cost limits, one worker per
 -- table, 1 minute naptime) that the dead versions pile up for minutes. Measured (bench/soak.py, 10 minutes

@@ -149,6 +149,19 @@ class RateLimit(_Row):
 
 
 @dataclass(frozen=True, slots=True)
+class FairGroup(_Row):
+    """A group in a fair queue's ring (``fair_ring_groups``): it had pending work at the queue's last claim.
+    ``group_key`` None: the ungrouped jobs, which take turns as one group. ``last_served_at`` None: not served
+    yet; ``served``: its place in the serving order (the ring's serve count when it was last served, 0: never);
+    ``weight``: its share of the claims while several groups have work (1 unless ``configure_group`` set it)."""
+
+    group_key: str | None
+    last_served_at: datetime | None
+    served: int
+    weight: float
+
+
+@dataclass(frozen=True, slots=True)
 class QueueStat(_Row):
     queue: str
     state: JobState

@@ -1,25 +1,30 @@
-"""``pgjobs queue configure NAME ...`` and ``pgjobs queue show [NAME]``: per-queue settings (``configure_queue``).
+"""``pgjobs queue configure NAME ...``, ``pgjobs queue show [NAME]`` and ``pgjobs queue weight QUEUE GROUP
+WEIGHT``: per-queue settings (``configure_queue``) and the weights of a fair queue's groups (``configure_group``).
 
 :mod:`pgjobs.cli` adds these commands with :func:`register`; every command gets a ready DSN in ``args.dsn``.
-Options left out leave a setting as it is; ``0`` removes a limit (``--max-active 0``).
+Options left out leave a setting as it is; ``0`` removes a limit (``--max-active 0``); weight ``1`` resets a
+group's weight. A fair queue's settings come with the groups in its ring: their weights and last serves.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from typing import Any
 
 from rich.console import Console
 from rich.table import Table
 
-from pgjobs.cli.common import parse_duration
+from pgjobs.cli.common import ago, parse_duration
 from pgjobs.client import Client, reports
 from pgjobs.jsonable import to_jsonable
-from pgjobs.records import QueueSettings
+from pgjobs.records import FairGroup, QueueSettings
 
 STATUS_EVENTS = ("all", "terminal", "none")
+MAX_WEIGHT = 1000.0  # configure_group's bound (sql/admin.sql): refused here before a round trip
+SHOWN_GROUPS = 20  # the groups a table lists per queue; --json lists them all
 
 
 def _non_negative_int(text: str) -> int:
@@ -42,8 +47,18 @@ def _share(text: str) -> float:
     return value
 
 
+def _weight(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number in (0, {MAX_WEIGHT:g}], got {text!r}") from None
+    if not (math.isfinite(value) and 0 < value <= MAX_WEIGHT):
+        raise argparse.ArgumentTypeError(f"expected a number in (0, {MAX_WEIGHT:g}] (1 resets it), got {text}")
+    return value
+
+
 def register(subparsers: Any) -> None:
-    """Adds ``queue configure`` and ``queue show`` to the ``pgjobs`` command line."""
+    """Adds ``queue configure``, ``queue show`` and ``queue weight`` to the ``pgjobs`` command line."""
     queue = subparsers.add_parser("queue", help="show or change per-queue settings (fairness, caps, pause)")
     sub = queue.add_subparsers(dest="queue_command", metavar="SUBCOMMAND", parser_class=type(queue))
     queue.set_defaults(func=_usage(queue), _needs="nothing")
@@ -90,6 +105,19 @@ def register(subparsers: Any) -> None:
     p.add_argument("--json", action="store_true", help="print the settings as JSON")
     p.set_defaults(func=cmd_show, _needs="schema")
 
+    p = sub.add_parser(
+        "weight",
+        help="a fair queue's group's share of the claims while several groups have work (1 resets it)",
+        description="Set the weight of GROUP in the fair queue QUEUE: while several groups have work, each is"
+        " served in proportion to its weight (default 1). A group with no work gives its share to the others;"
+        " one that comes back neither starves nor makes up for lost turns. WEIGHT 1 resets it.",
+    )
+    p.add_argument("queue", metavar="QUEUE", help="the fair queue")
+    p.add_argument("group_key", metavar="GROUP", help="the group (the jobs' group_key)")
+    p.add_argument("weight", metavar="WEIGHT", type=_weight, help=f"in (0, {MAX_WEIGHT:g}]; 1 (the default) resets")
+    p.add_argument("--json", action="store_true", help="print the weight as JSON")
+    p.set_defaults(func=cmd_weight, _needs="schema")
+
 
 def _usage(parser: argparse.ArgumentParser) -> Any:
     def show_usage(args: argparse.Namespace) -> int:
@@ -120,10 +148,13 @@ def cmd_configure(args: argparse.Namespace) -> int:
             per=args.per,
         )
         live = _live(client, [settings.queue])
+        groups = _groups(client, [settings])
     if args.json:
-        _print_json(_as_dict(settings, live.get(settings.queue)))
+        _print_json(_as_dict(settings, live.get(settings.queue), groups.get(settings.queue)))
     else:
-        _console().print(_table([settings], live, title=f"queue {settings.queue}"))
+        out = _console()
+        out.print(_table([settings], live, title=f"queue {settings.queue}"))
+        _print_groups(out, groups)
     return 0
 
 
@@ -136,8 +167,9 @@ def cmd_show(args: argparse.Namespace) -> int:
         else:
             rows = configured
         live = _live(client, [q.queue for q in rows])
+        groups = _groups(client, rows)
     if args.json:
-        items = [_as_dict(q, live.get(q.queue)) for q in rows]
+        items = [_as_dict(q, live.get(q.queue), groups.get(q.queue)) for q in rows]
         _print_json(items[0] if args.name is not None else items)
         return 0
     out = _console()
@@ -148,6 +180,23 @@ def cmd_show(args: argparse.Namespace) -> int:
     if args.name is not None and not any(q.queue == args.name for q in configured):
         title += " (not configured: the defaults)"
     out.print(_table(rows, live, title=title))
+    _print_groups(out, groups)
+    return 0
+
+
+def cmd_weight(args: argparse.Namespace) -> int:
+    with _client(args.dsn) as client:
+        weight = client.configure_group(args.queue, args.group_key, args.weight)
+        fair = any(q.queue == args.queue and q.fair for q in client.queues())
+    if args.json:
+        _print_json({"queue": args.queue, "group_key": args.group_key, "weight": weight, "fair": fair})
+        return 0
+    text = f"queue {args.queue!r} group {args.group_key!r}: weight {weight:g}"
+    if weight == 1:
+        text += " (the default)"
+    if not fair:
+        text += f"; the queue is not fair: weights apply once it is (pgjobs queue configure {args.queue} --fair)"
+    _console().print(text, markup=False)
     return 0
 
 
@@ -176,6 +225,31 @@ def _live(client: Client, queues: list[str]) -> dict[str, dict[str, int]]:
     for queue, pending, active, groups in rows:
         out[queue] = {"pending": int(pending), "active": int(active), "groups": int(groups)}
     return out
+
+
+def _groups(client: Client, rows: list[QueueSettings]) -> dict[str, list[FairGroup]]:
+    """The groups in the ring of each fair queue of ``rows``, heaviest first (``fair_ring_groups``)."""
+    return {q.queue: client.fair_groups(q.queue) for q in rows if q.fair}
+
+
+def _print_groups(out: Console, groups: dict[str, list[FairGroup]]) -> None:
+    for queue, found in groups.items():
+        if not found:
+            continue
+        out.print(f"groups of {queue} with pending work at its last claim", markup=False)
+        table = Table()
+        for name, right in (("group", False), ("weight", True), ("last served", False), ("served", True)):
+            table.add_column(name, justify="right" if right else "left")
+        for g in found[:SHOWN_GROUPS]:
+            table.add_row(
+                "(ungrouped)" if g.group_key is None else g.group_key,
+                f"{g.weight:g}",
+                ago(g.last_served_at) or "never",
+                str(g.served),
+            )
+        out.print(table)
+        if len(found) > SHOWN_GROUPS:
+            out.print(f"... and {len(found) - SHOWN_GROUPS} more groups (--json lists them all)", markup=False)
 
 
 def _limit(value: int | None) -> str:
@@ -218,9 +292,12 @@ def _table(rows: list[QueueSettings], live: dict[str, dict[str, int]], title: st
     return table
 
 
-def _as_dict(settings: QueueSettings, counts: dict[str, int] | None) -> dict[str, Any]:
+def _as_dict(
+    settings: QueueSettings, counts: dict[str, int] | None, groups: list[FairGroup] | None = None
+) -> dict[str, Any]:
     out: dict[str, Any] = to_jsonable(settings)
     out.update(counts or {})
+    out["fair_groups"] = to_jsonable(groups or [])
     return out
 
 

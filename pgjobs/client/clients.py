@@ -18,6 +18,7 @@ from pgjobs.client.defaults import EnqueueDefaults
 from pgjobs.client.durable import AsyncDurableOps, DurableOps
 from pgjobs.client.enqueue import AsyncEnqueueOps, EnqueueOps
 from pgjobs.client.explain import AsyncExplainOps, ExplainOps
+from pgjobs.client.fair import AsyncFairOps, FairOps
 from pgjobs.client.graph import AsyncGraphOps, GraphOps
 from pgjobs.client.lifecycle import AsyncLifecycleOps, LifecycleOps
 from pgjobs.client.pooler import aprobe, probe, switch_after_probe
@@ -45,6 +46,7 @@ class Client(
     ClaimOps,
     LifecycleOps,
     AdminOps,
+    FairOps,
     RateOps,
     StatusOps,
     WorkerOps,
@@ -139,6 +141,7 @@ class AsyncClient(
     AsyncClaimOps,
     AsyncLifecycleOps,
     AsyncAdminOps,
+    AsyncFairOps,
     AsyncRateOps,
     AsyncStatusOps,
     AsyncExplainOps,

@@ -204,6 +204,21 @@ async def configure_queue(request: Request, form: FormData, client: AsyncClient,
     return f"queue {name}: settings saved"
 
 
+@action(_queue_url)
+async def weight_group(request: Request, form: FormData, client: AsyncClient, dash: AsyncDashboard) -> str:
+    name = request.path_params["queue"]
+    group = str(form.get("group_key") or "").strip()
+    raw = str(form.get("weight") or "").strip()
+    if not group:
+        raise BadParam("group_key must be a group of the queue, got nothing")
+    try:
+        weight = float(raw)
+    except ValueError:
+        raise BadParam(f"weight must be a number in (0, 1000] (1 resets it), got {raw!r}") from None
+    got = await client.configure_group(name, group, weight)  # configure_group checks the range: PJ002 -> 400
+    return f"queue {name}: group {group} has weight {got:g}" + (" (the default)" if got == 1 else "")
+
+
 @action(lambda r: f"/batches/{r.path_params['id']}")
 async def cancel_batch(request: Request, form: FormData, client: AsyncClient, dash: AsyncDashboard) -> str:
     n = await client.cancel_batch(path_id(request))
@@ -279,6 +294,7 @@ def routes_args() -> list[tuple[str, Callable[[Request], Awaitable[Response]]]]:
         ("/queues/{queue}/pause", pause_queue),
         ("/queues/{queue}/resume", resume_queue),
         ("/queues/{queue}/configure", configure_queue),
+        ("/queues/{queue}/weight", weight_group),
         ("/batches/{id}/cancel", cancel_batch),
         ("/schedules/{name}/pause", pause_schedule),
         ("/schedules/{name}/resume", resume_schedule),

@@ -13,7 +13,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from pgjobs.client.dashboard import Event, JobFilter, QueueOverview, Throughput, WorkerView
-from pgjobs.records import JobState, JobStatus
+from pgjobs.records import JobState, JobStatus, RateLimit
 from pgjobs.web.backend import Backend
 from pgjobs.web.svg import batch_graph_svg, throughput_chart
 from pgjobs.web.views import (
@@ -26,6 +26,7 @@ from pgjobs.web.views import (
     param_state,
     path_id,
     render,
+    span,
 )
 
 PER_PAGE = (25, 50, 100, 200)
@@ -73,23 +74,48 @@ async def overview(request: Request) -> Response:
     )
 
 
+def _window(seconds: float) -> str:
+    for unit, size in (("d", 86400), ("h", 3600), ("min", 60)):
+        if seconds >= size and seconds % size == 0:
+            return f"{seconds / size:g} {unit}"
+    return span(seconds)
+
+
+def rate_text(limit: RateLimit) -> str:
+    """A queue's rate limit as its page says it: "10 starts per 1 min (+ burst 5); 3 tokens now"."""
+    text = f"{limit.max_starts} starts per {_window(limit.per.total_seconds())}"
+    if limit.burst:
+        text += f" (+ burst {limit.burst})"
+    if limit.tokens is not None:
+        text += f"; {limit.tokens} token{'' if limit.tokens == 1 else 's'} now"
+    return text
+
+
 async def queue_page(request: Request) -> Response:
     b = backend(request)
     name = request.path_params["queue"]
-    queues, points, groups = await asyncio.gather(
+    queues, points, groups, ring, limits = await asyncio.gather(
         b.cached("queues", b.dash.queues),
         b.cached(("throughput", name), lambda: b.dash.throughput(60, name)),
         b.dash.groups(name),
+        b.client.fair_groups(name),
+        b.cached("rate_limits", b.client.rate_limits),
     )
     found = next((q for q in queues if q.queue == name), None)
     if found is None:
         raise NotFound(f"queue {name!r} has no jobs and no settings")
+    rate = next((r for r in limits if r.scope == "queue" and r.key == name), None)
     return render(
         request,
         "queue.html",
         {
             "q": found,
             "groups": groups,
+            # a group's weight is known while it is in the ring (pending work at the last claim)
+            "weights": {g.group_key: g.weight for g in ring if g.group_key is not None},
+            "weighted": sum(1 for g in ring if g.weight != 1),
+            "rate": rate,
+            "rate_text": None if rate is None else rate_text(rate),
             "chart": throughput_chart(points),
             "live": urlencode({"queue": name}),
             "refresh": True,

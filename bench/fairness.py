@@ -12,9 +12,9 @@ connections) and every setting sees the same backlog. Each round runs the plain 
 and the three fair queues for the same duration, in an order that flips every round; the figures are
 medians over the rounds.
 
-Before each round the jobs table and the cursors are vacuumed (outside the timed part), as autovacuum
-would on a busy queue: without it, this run's own backlog of claimed jobs, which both paths walk past
-until VACUUM, would decide the figures more than the claim paths do.
+Before each round the jobs table, the fair ring and the active ledger are vacuumed (outside the timed
+part), as autovacuum would on a busy queue: without it, this run's own backlog of claimed jobs, which both
+paths walk past until VACUUM, would decide the figures more than the claim paths do.
 
 Both sides run with ``jit = off``: on tables this size a generic plan's estimate can pass
 ``jit_above_cost``, and JIT compiling a claim costs far more than running it; left on, it would measure the
@@ -83,7 +83,8 @@ def _vacuum(dsn: str) -> None:
     bench server (or a starved autovacuum) would otherwise make the figures a measure of that backlog."""
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute("VACUUM pgjobs.jobs")
-        conn.execute("VACUUM pgjobs.group_cursors")
+        # what the fair claim writes besides jobs: its ring (a row per claim) and the active ledger
+        conn.execute("VACUUM pgjobs.fair_rings, pgjobs.cap_ledger")
 
 
 def _measure(dsn: str, queue: str, size: int, conns: int, seconds: float) -> float:
@@ -129,7 +130,7 @@ def run(dsn: str, quick: bool = False) -> dict[str, Any]:
     combos = [(10, 1), (100, 1), (10, 4), (100, 4)]
     jobs = QUICK_JOBS if quick else JOBS
     _fill(dsn, jobs)
-    # warm up: plans cached, every group of the large queue registered (discovery is incremental)
+    # warm up: plans cached, the rings of the fair queues written
     for queue in [PLAIN, *FAIR.values()]:
         _measure(dsn, queue, 100, 1, 0.3 if quick else 1.0)
 

@@ -14,7 +14,8 @@ one job every 200 ms to time a claim under the same table (its job is completed 
   25,000 blocks read from outside shared_buffers 70 s into a hold at 11,800 jobs/s, growing with the hold),
   which the worker would pay for on the same 2 cores. The exact count is taken once, at the end (a 10-minute
   hold: 1,261,448 counted against 1,261,476 from the counters),
-* ``n_dead_tup`` and total size of every pgjobs table (partitions summed into their parent).
+* ``n_dead_tup`` and total size of every pgjobs table (partitions summed into their parent, but for the slots
+  of ``fair_rings`` and ``claim_floors``, which are emptied one at a time by TRUNCATE and shown apart).
 
 ``--idle-tx SECONDS`` holds a foreign snapshot (``BEGIN; SELECT txid_current();`` then nothing) for that long
 in the middle of the run, and the end prints issue 10's bars over whole periods: the probe's claim p50/p99
@@ -51,7 +52,8 @@ QUEUE = "soak"
 WINDOW = 10.0
 GROUPS = 100  # --fair: the fair queue's groups
 _TABLES_SQL = """
-SELECT coalesce(p.relname, c.relname) AS tbl, sum(coalesce(s.n_dead_tup, 0))::bigint,
+SELECT coalesce(CASE WHEN p.relname IN ('fair_rings', 'claim_floors') THEN c.relname END, p.relname, c.relname)
+       AS tbl, sum(coalesce(s.n_dead_tup, 0))::bigint,
        sum(pg_total_relation_size(c.oid))::bigint, sum(coalesce(s.n_live_tup, 0))::bigint
   FROM pg_class AS c
   JOIN pg_namespace AS n ON n.oid = c.relnamespace AND n.nspname = 'pgjobs'
@@ -277,6 +279,10 @@ def _summary(probe: Probe, idle: IdleTx | None, windows: list[dict[str, Any]]) -
         "held_end_done_share": sum(w["completed_per_s"] for w in last) / sum(w["offered_per_s"] for w in last)
         if last
         else None,
+        "held_min_window_done_share": min(
+            (w["completed_per_s"] / w["offered_per_s"] for w in windows if w["snapshot_held"] and w["offered_per_s"]),
+            default=None,
+        ),
     }
     if out["clean_claim_p99_ms"] and out["held_claim_p99_ms"]:
         out["held_p99_vs_clean"] = out["held_claim_p99_ms"] / out["clean_claim_p99_ms"]
@@ -385,7 +391,8 @@ def soak(
                 f"probe claim p50/p99: clean {_ms(summary['clean_claim_p50_ms'])}/{_ms(summary['clean_claim_p99_ms'])}"
                 f" ms, held {_ms(summary['held_claim_p50_ms'])}/{_ms(summary['held_claim_p99_ms'])} ms"
                 f" ({summary.get('held_p99_vs_clean', 0):.1f}x); done in the last 20 s held:"
-                f" {summary['held_end_done_share'] or 0:.0%} of offered"
+                f" {summary['held_end_done_share'] or 0:.0%} of offered; the lowest 10 s window held:"
+                f" {summary['held_min_window_done_share'] or 0:.0%}"
             )
     count_file.unlink(missing_ok=True)
     tail = worker_log.read_text(errors="replace")[-3000:] if worker_log.exists() else ""

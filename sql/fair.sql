@@ -224,134 +224,142 @@ BEGIN
 END;
 $$;
 
--- A group's head: its first pending job of any kind at or above (p, t, i), in this statement's snapshot.
--- Grouped jobs are read on jobs_group_idx, the ungrouped ones on jobs_pending_idx.
-CREATE OR REPLACE FUNCTION pgjobs._fair_head(queue text, g text, INOUT p smallint, INOUT t timestamptz,
-                                             INOUT i bigint)
+-- Step 5's order without the noisy rule: the next picks as (group index in c, its nth pick in this claim),
+-- best first. Serving a group moves its virtual time by 1 / weight, so its successive picks start at
+-- max(its time, the ring's) + n / weight; ties go to the pick whose group was served at the lower virtual
+-- time before (a group never served first), then to the fewer picks this claim, the older serve, the head's
+-- (priority, run_at, id). The picks of `room` jobs come from the first `room` groups by their next start, so
+-- a few more than that are read, whatever the number of groups; a group at its cap has no pick.
+CREATE OR REPLACE FUNCTION pgjobs._fair_order(c pgjobs.fair_group[], vt float8, room int, cap int,
+                                              OUT ks int[], OUT js int[])
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pgjobs, pg_temp
+AS $$
+BEGIN
+    SELECT array_agg(o.k ORDER BY o.s, o.before NULLS FIRST, o.j, o.served, o.p, o.t, o.i, o.g),
+           array_agg(o.j ORDER BY o.s, o.before NULLS FIRST, o.j, o.served, o.p, o.t, o.i, o.g)
+      INTO ks, js
+      FROM (SELECT x.k, n.j, x.served, x.p, x.t, x.i, x.g, greatest(x.vt, _fair_order.vt) + n.j / x.w AS s,
+                   CASE WHEN n.j = 0 THEN x.vt - 1.0 / x.w ELSE greatest(x.vt, _fair_order.vt) + (n.j - 1) / x.w END
+                       AS before
+              FROM (SELECT x.*
+                      FROM unnest(c) WITH ORDINALITY AS x(g, vt, served, at, p, t, i, w, active, state, lp, lt, li, k)
+                     WHERE x.state IN ('new', 'read') AND (x.g IS NULL OR cap IS NULL OR x.active < cap)
+                     ORDER BY greatest(x.vt, _fair_order.vt), x.vt - 1.0 / x.w NULLS FIRST, x.served, x.p, x.t, x.i, x.g
+                     LIMIT room + 4) AS x
+             CROSS JOIN LATERAL generate_series(
+                   0, least(room, CASE WHEN x.g IS NULL OR cap IS NULL THEN room ELSE cap - x.active END) - 1) AS n(j)
+             ORDER BY 8, 9 NULLS FIRST, 2, 3, 4, 5, 6, 7
+             LIMIT 2 * room + 4) AS o;
+END;
+$$;
+
+-- The groups' reads for a round of picks, in two statements for all of them: the floor of each group read
+-- first in this claim (its first pending job of any kind at or above the old floor, taken or not; none: the
+-- group is 'gone'), then up to ns[n] pending jobs of the kinds (NULL: any) of group ks[n], after the last one
+-- this claim locked, locked SKIP LOCKED. Returns the groups and the jobs, in group then claim order.
+CREATE OR REPLACE FUNCTION pgjobs._fair_reads(queue text, INOUT c pgjobs.fair_group[], ks int[], ns int[],
+                                              kinds text[], OUT jk int[], OUT jid bigint[], OUT jkind text[])
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pgjobs, pg_temp
 SET plan_cache_mode = force_generic_plan
 SET jit = off
 SET enable_seqscan = off SET enable_bitmapscan = off  -- (claim.sql, "Plans")
-AS $$
-#variable_conflict use_column
-BEGIN
-    IF g IS NULL THEN
-        SELECT j.priority, j.run_at, j.id INTO p, t, i FROM jobs AS j
-         WHERE j.state = 'pending' AND j.queue = _fair_head.queue AND j.group_key IS NULL
-           AND (j.priority, j.run_at, j.id) >= (p, t, i)
-         ORDER BY j.priority, j.run_at, j.id LIMIT 1;
-    ELSE
-        SELECT j.priority, j.run_at, j.id INTO p, t, i FROM jobs AS j
-         WHERE j.state = 'pending' AND j.queue = _fair_head.queue AND j.group_key = g
-           AND (j.priority, j.run_at, j.id) >= (p, t, i)
-         ORDER BY j.priority, j.run_at, j.id LIMIT 1;
-    END IF;
-    IF NOT FOUND THEN
-        p := NULL; t := NULL; i := NULL;
-    END IF;
-END;
-$$;
-
--- Up to n pending jobs of a group of the kinds (NULL: any), from (p, t, i) on, `skip` aside, locked SKIP
--- LOCKED, in claim order.
-CREATE OR REPLACE FUNCTION pgjobs._fair_lock(queue text, g text, p smallint, t timestamptz, i bigint, skip bigint,
-                                             kinds text[], n int)
-RETURNS TABLE (id bigint, kind text, priority smallint, run_at timestamptz)
-LANGUAGE plpgsql
-SET search_path = pg_catalog, pgjobs, pg_temp
-SET plan_cache_mode = force_generic_plan
-SET jit = off
-SET enable_seqscan = off SET enable_bitmapscan = off  -- (claim.sql, "Plans")
-AS $$
-#variable_conflict use_column
-BEGIN
-    IF g IS NULL THEN
-        RETURN QUERY
-        SELECT j.id, j.kind, j.priority, j.run_at FROM jobs AS j
-         WHERE j.state = 'pending' AND j.queue = _fair_lock.queue AND j.group_key IS NULL
-           AND (j.priority, j.run_at, j.id) >= (p, t, i) AND j.id IS DISTINCT FROM skip
-           AND (kinds IS NULL OR j.kind = ANY (kinds))
-         ORDER BY j.priority, j.run_at, j.id LIMIT n
-           FOR UPDATE SKIP LOCKED;
-    ELSE
-        RETURN QUERY
-        SELECT j.id, j.kind, j.priority, j.run_at FROM jobs AS j
-         WHERE j.state = 'pending' AND j.queue = _fair_lock.queue AND j.group_key = g
-           AND (j.priority, j.run_at, j.id) >= (p, t, i) AND j.id IS DISTINCT FROM skip
-           AND (kinds IS NULL OR j.kind = ANY (kinds))
-         ORDER BY j.priority, j.run_at, j.id LIMIT n
-           FOR UPDATE SKIP LOCKED;
-    END IF;
-END;
-$$;
-
--- Reads a group for a pick: on its first read in this claim, its floor (_fair_head from the old one; none:
--- the group is 'gone'); then up to n jobs of the kinds after the last one this claim locked (none: 'dry').
-CREATE OR REPLACE FUNCTION pgjobs._fair_read(queue text, c pgjobs.fair_group, kinds text[], n int,
-                                             OUT grp pgjobs.fair_group, OUT ids bigint[], OUT kinds_of text[])
-LANGUAGE plpgsql
-SET search_path = pg_catalog, pgjobs, pg_temp
 AS $$
 #variable_conflict use_column
 DECLARE
-    v_h  record;
-    v_lp smallint;
-    v_lt timestamptz;
-    v_li bigint;
+    v    record;
+    v_lk int[];         -- per group read, its last job locked
+    v_lp smallint[];
+    v_lt timestamptz[];
+    v_li bigint[];
 BEGIN
-    grp := c;
-    IF c.state = 'new' THEN
-        v_h := _fair_head(queue, c.g, c.p, c.t, c.i);
-        IF v_h.i IS NULL THEN
-            grp.state := 'gone';
-            RETURN;
+    FOR v IN
+        SELECT r.k, coalesce(a.priority, b.priority) AS p, coalesce(a.run_at, b.run_at) AS t, coalesce(a.id, b.id) AS i
+          FROM unnest(ks) AS r(k)
+          LEFT JOIN LATERAL (
+                SELECT j.priority, j.run_at, j.id FROM jobs AS j
+                 WHERE (c[r.k]).g IS NOT NULL   -- (a gate here, not in ON: ON would still run the scan)
+                   AND j.state = 'pending' AND j.queue = _fair_reads.queue AND j.group_key = (c[r.k]).g
+                   AND (j.priority, j.run_at, j.id) >= ((c[r.k]).p, (c[r.k]).t, (c[r.k]).i)
+                 ORDER BY j.priority, j.run_at, j.id LIMIT 1) AS a ON true
+          LEFT JOIN LATERAL (
+                SELECT j.priority, j.run_at, j.id FROM jobs AS j
+                 WHERE (c[r.k]).g IS NULL
+                   AND j.state = 'pending' AND j.queue = _fair_reads.queue AND j.group_key IS NULL
+                   AND (j.priority, j.run_at, j.id) >= ((c[r.k]).p, (c[r.k]).t, (c[r.k]).i)
+                 ORDER BY j.priority, j.run_at, j.id LIMIT 1) AS b ON true
+         WHERE (c[r.k]).state = 'new'
+    LOOP
+        c[v.k] := ROW((c[v.k]).g, (c[v.k]).vt, (c[v.k]).served, (c[v.k]).at, v.p, v.t, v.i, (c[v.k]).w,
+                      (c[v.k]).active, CASE WHEN v.i IS NULL THEN 'gone' ELSE 'read' END, NULL, NULL, NULL);
+    END LOOP;
+    WITH l AS MATERIALIZED (SELECT r.k, x.* FROM unnest(ks, ns) AS r(k, n)
+             CROSS JOIN LATERAL (
+                   SELECT j.id, j.kind, j.priority, j.run_at FROM jobs AS j
+                    WHERE (c[r.k]).g IS NOT NULL AND (c[r.k]).state = 'read'
+                      AND j.state = 'pending' AND j.queue = _fair_reads.queue AND j.group_key = (c[r.k]).g
+                      AND (j.priority, j.run_at, j.id) >= (coalesce((c[r.k]).lp, (c[r.k]).p),
+                                                           coalesce((c[r.k]).lt, (c[r.k]).t), coalesce((c[r.k]).li, (c[r.k]).i))
+                      AND j.id IS DISTINCT FROM (c[r.k]).li AND (kinds IS NULL OR j.kind = ANY (kinds))
+                    ORDER BY j.priority, j.run_at, j.id LIMIT r.n
+                      FOR UPDATE SKIP LOCKED) AS x
+            UNION ALL
+            SELECT r.k, x.* FROM unnest(ks, ns) AS r(k, n)
+             CROSS JOIN LATERAL (
+                   SELECT j.id, j.kind, j.priority, j.run_at FROM jobs AS j
+                    WHERE (c[r.k]).g IS NULL AND (c[r.k]).state = 'read'
+                      AND j.state = 'pending' AND j.queue = _fair_reads.queue AND j.group_key IS NULL
+                      AND (j.priority, j.run_at, j.id) >= (coalesce((c[r.k]).lp, (c[r.k]).p),
+                                                           coalesce((c[r.k]).lt, (c[r.k]).t), coalesce((c[r.k]).li, (c[r.k]).i))
+                      AND j.id IS DISTINCT FROM (c[r.k]).li AND (kinds IS NULL OR j.kind = ANY (kinds))
+                    ORDER BY j.priority, j.run_at, j.id LIMIT r.n
+                      FOR UPDATE SKIP LOCKED) AS x
+    )
+    SELECT (SELECT array_agg(l.k ORDER BY l.k, l.priority, l.run_at, l.id) FROM l),
+           (SELECT array_agg(l.id ORDER BY l.k, l.priority, l.run_at, l.id) FROM l),
+           (SELECT array_agg(l.kind ORDER BY l.k, l.priority, l.run_at, l.id) FROM l),
+           m.k, m.p, m.t, m.i
+      INTO jk, jid, jkind, v_lk, v_lp, v_lt, v_li
+      FROM (SELECT array_agg(m.k) AS k, array_agg(m.priority) AS p, array_agg(m.run_at) AS t, array_agg(m.id) AS i
+              FROM (SELECT DISTINCT ON (l.k) l.k, l.priority, l.run_at, l.id FROM l
+                     ORDER BY l.k, l.priority DESC, l.run_at DESC, l.id DESC) AS m) AS m;
+    -- Each group read: where its next read starts (its last job locked), or 'dry' (none of the kinds now).
+    FOR v IN
+        SELECT r.k, m.p AS priority, m.t AS run_at, m.i AS id
+          FROM unnest(ks) AS r(k)
+          LEFT JOIN unnest(v_lk, v_lp, v_lt, v_li) AS m(k, p, t, i) ON m.k = r.k
+         WHERE (c[r.k]).state = 'read'
+    LOOP
+        IF v.id IS NULL THEN
+            c[v.k].state := 'dry';
+        ELSE
+            c[v.k].lp := v.priority;
+            c[v.k].lt := v.run_at;
+            c[v.k].li := v.id;
         END IF;
-        grp := ROW(c.g, c.vt, c.served, c.at, v_h.p, v_h.t, v_h.i, c.w, c.active, 'read', v_h.p, v_h.t, NULL);
-    END IF;
-    -- From the floor on the first read (lp, lt are the floor's, li NULL); after it, from the last job locked.
-    SELECT array_agg(x.id ORDER BY x.priority, x.run_at, x.id), array_agg(x.kind ORDER BY x.priority, x.run_at, x.id),
-           (array_agg(x.priority ORDER BY x.priority DESC, x.run_at DESC, x.id DESC))[1],
-           (array_agg(x.run_at ORDER BY x.priority DESC, x.run_at DESC, x.id DESC))[1],
-           (array_agg(x.id ORDER BY x.priority DESC, x.run_at DESC, x.id DESC))[1]
-      INTO ids, kinds_of, v_lp, v_lt, v_li
-      FROM _fair_lock(queue, c.g, grp.lp, grp.lt, coalesce(grp.li, grp.i), grp.li, kinds, n) AS x;
-    IF ids IS NULL THEN
-        grp.state := 'dry';
-    ELSE
-        grp.lp := v_lp;
-        grp.lt := v_lt;
-        grp.li := v_li;
-    END IF;
+    END LOOP;
 END;
 $$;
 
--- The group the next pick serves (its index in c), NULL when none may be served: the order of the header. A
--- weighted group is noisy only past its weighted share too (weights: wsum, the sum over the ring), so that a
--- group given more than noisy_share of the claims by its weight is not demoted for taking them.
-CREATE OR REPLACE FUNCTION pgjobs._fair_rank(c pgjobs.fair_group[], vt float8, total int, cfg pgjobs.queues,
-                                             wsum float8)
-RETURNS int
+-- Whether group x is noisy now (DESIGN.md; a weighted group only past its weighted share too).
+CREATE OR REPLACE FUNCTION pgjobs._fair_noisy(x pgjobs.fair_group, total int, cfg pgjobs.queues, wsum float8)
+RETURNS boolean
 LANGUAGE plpgsql
-STABLE
+IMMUTABLE
 SET search_path = pg_catalog, pgjobs, pg_temp
 AS $$
 BEGIN
-    RETURN (SELECT x.k
-              FROM unnest(c) WITH ORDINALITY AS x(g, vt, served, at, p, t, i, w, active, state, lp, lt, li, k)
-             CROSS JOIN LATERAL (
-                   SELECT x.g IS NOT NULL AND x.active >= cfg.noisy_min_active
-                          AND x.active > cfg.noisy_share * total AND x.active * wsum > x.w * total AS noisy) AS n
-             WHERE x.state IN ('new', 'read')
-               AND (x.g IS NULL OR cfg.max_active_per_group IS NULL OR x.active < cfg.max_active_per_group)
-             ORDER BY n.noisy, CASE WHEN n.noisy THEN x.active END, greatest(x.vt, _fair_rank.vt), x.served,
-                      x.p, x.t, x.i, x.g
-             LIMIT 1);
+    RETURN x.g IS NOT NULL AND x.active >= cfg.noisy_min_active AND x.active > cfg.noisy_share * total
+       AND x.active * wsum > x.w * total;
 END;
 $$;
 
--- Step 5: the picks, one job at a time, each re-ranking (_fair_rank). Returns the groups as they end (their
--- floors, virtual times, serves), the ids picked in pick order, and the ring's virtual time and serve count.
+-- Step 5: the picks, in rounds. Each round takes the order (_fair_order), reads its groups (_fair_reads) and
+-- walks the order: a pick of a group that is noisy now waits (a noisy group's turn comes back as soon as the
+-- picks before make it quiet, and the noisy are served last, fewer active first); a group with no job of a
+-- kind still open is passed. A round that filled nothing new ends the picks. Returns the groups as they end
+-- (floors, virtual times, serves), the ids in pick order, the ring's virtual time and serve count.
 CREATE OR REPLACE FUNCTION pgjobs._fair_picks(queue text, c pgjobs.fair_group[], room int, limits jsonb,
                                               cfg pgjobs.queues, total int,
                                               INOUT vt float8, INOUT served bigint,
@@ -360,66 +368,74 @@ LANGUAGE plpgsql
 SET search_path = pg_catalog, pgjobs, pg_temp
 AS $$
 DECLARE
+    v_o    record;
+    v_r    record;
+    v_wsum float8 := (SELECT sum(x.w) FROM unnest(c) AS x);
+    v_next int[];     -- per group, where its next job read is in the round's jobs
+    v_wait int[];     -- groups whose pick waits: noisy when their turn came
+    v_n    int;
     v_k    int;
     v_x    int;
-    v_j    int;
-    v_kind text;
-    v_read record;
-    v_eff  float8;
-    q_k    int[] := '{}';      -- the jobs read and locked, not picked yet: their group, id and kind
-    q_id   bigint[] := '{}';
-    q_kind text[] := '{}';
-    v_n    int := greatest(cardinality(c), 1);
-    v_wsum float8 := (SELECT sum(x.w) FROM unnest(c) AS x);
+    v_took int;
 BEGIN
     ids := '{}';
-    groups := c;
-    IF limits IS NOT NULL AND NOT EXISTS (SELECT 1 FROM jsonb_each_text(limits) AS e WHERE e.value::int > 0) THEN
-        RETURN;   -- no kind may be taken
-    END IF;
-    WHILE room > 0 LOOP
-        v_k := _fair_rank(c, vt, total, cfg, v_wsum);
-        EXIT WHEN v_k IS NULL;
-        v_j := NULL;
-        LOOP   -- the group's next job read already whose kind may still be taken
-            v_x := array_position(q_k, v_k);
-            EXIT WHEN v_x IS NULL;
-            q_k[v_x] := 0;
-            IF limits IS NULL OR (limits ->> q_kind[v_x])::int > 0 THEN
-                v_j := v_x;
-                EXIT;
+    LOOP
+        EXIT WHEN room <= 0 OR (limits IS NOT NULL
+                                AND NOT EXISTS (SELECT 1 FROM jsonb_each_text(limits) AS e WHERE e.value::int > 0));
+        v_o := _fair_order(c, vt, room, cfg.max_active_per_group);
+        EXIT WHEN v_o.ks IS NULL;
+        v_r := _fair_reads(queue, c, ARRAY(SELECT DISTINCT k FROM unnest(v_o.ks) AS k),
+                           ARRAY(SELECT count(*)::int FROM unnest(v_o.ks) AS k GROUP BY k ORDER BY k),
+                           CASE WHEN limits IS NOT NULL THEN ARRAY(SELECT e.key FROM jsonb_each_text(limits) AS e
+                                                                   WHERE e.value::int > 0) END);
+        c := v_r.c;
+        v_next := array_fill(1, ARRAY[cardinality(c)]);
+        v_wait := '{}';
+        v_took := 0;
+        v_n := 1;
+        WHILE room > 0 AND (v_n <= cardinality(v_o.ks) OR cardinality(v_wait) > 0) LOOP
+            -- The turn: a waiting group that is quiet now, else the next in order, else the least busy noisy one.
+            v_k := (SELECT w FROM unnest(v_wait) AS w WHERE NOT _fair_noisy(c[w], total, cfg, v_wsum) LIMIT 1);
+            IF v_k IS NULL AND v_n <= cardinality(v_o.ks) THEN
+                v_k := v_o.ks[v_n];
+                v_n := v_n + 1;
+                CONTINUE WHEN (c[v_k]).state <> 'read' OR v_k = ANY (v_wait);
+                IF _fair_noisy(c[v_k], total, cfg, v_wsum) THEN
+                    v_wait := v_wait || v_k;
+                    CONTINUE;
+                END IF;
+            ELSIF v_k IS NULL THEN
+                v_k := (SELECT w FROM unnest(v_wait) AS w ORDER BY (c[w]).active LIMIT 1);
             END IF;
+            -- Its next job of a kind still open.
+            LOOP
+                v_x := array_position(v_r.jk, v_k, v_next[v_k]);
+                EXIT WHEN v_x IS NULL OR limits IS NULL OR (limits ->> v_r.jkind[v_x])::int > 0;
+                v_next[v_k] := v_x + 1;
+            END LOOP;
+            IF v_x IS NULL OR (cfg.max_active_per_group IS NOT NULL AND (c[v_k]).g IS NOT NULL
+                               AND (c[v_k]).active >= cfg.max_active_per_group) THEN
+                v_wait := array_remove(v_wait, v_k);
+                CONTINUE;
+            END IF;
+            v_next[v_k] := v_x + 1;
+            ids := ids || v_r.jid[v_x];
+            IF limits IS NOT NULL THEN
+                limits := jsonb_set(limits, ARRAY[v_r.jkind[v_x]], to_jsonb((limits ->> v_r.jkind[v_x])::int - 1));
+            END IF;
+            vt := greatest((c[v_k]).vt, vt);
+            c[v_k].vt := vt + 1.0 / (c[v_k]).w;
+            served := served + 1;
+            c[v_k].served := served;
+            c[v_k].at := now();
+            c[v_k].active := (c[v_k]).active + 1;
+            total := total + 1;
+            room := room - 1;
+            v_took := v_took + 1;
         END LOOP;
-        IF v_j IS NULL THEN
-            -- A few at a time: about its share of the room left, more for a heavier group.
-            SELECT * INTO v_read
-              FROM _fair_read(queue, c[v_k],
-                              CASE WHEN limits IS NOT NULL THEN ARRAY(SELECT e.key FROM jsonb_each_text(limits) AS e
-                                                                      WHERE e.value::int > 0) END,
-                              least(room, 1 + ceil(room * greatest(c[v_k].w, 1) / v_n)::int));
-            c[v_k] := v_read.grp;
-            IF v_read.ids IS NOT NULL THEN
-                q_k := q_k || array_fill(v_k, ARRAY[cardinality(v_read.ids)]);
-                q_id := q_id || v_read.ids;
-                q_kind := q_kind || v_read.kinds_of;
-            END IF;
-            CONTINUE;   -- ranked again: a group gone or dry is passed
-        END IF;
-        ids := ids || q_id[v_j];
-        v_kind := q_kind[v_j];
-        IF limits IS NOT NULL THEN
-            limits := jsonb_set(limits, ARRAY[v_kind], to_jsonb((limits ->> v_kind)::int - 1));
-            EXIT WHEN NOT EXISTS (SELECT 1 FROM jsonb_each_text(limits) AS e WHERE e.value::int > 0);
-        END IF;
-        v_eff := greatest(c[v_k].vt, vt);
-        vt := v_eff;
-        served := served + 1;
-        c[v_k].vt := v_eff + 1.0 / c[v_k].w;
-        c[v_k].served := served;
-        c[v_k].at := now();
-        c[v_k].active := c[v_k].active + 1;
-        total := total + 1;
-        room := room - 1;
+        -- A round that took nothing and passed no group (gone, dry) would find the same again.
+        EXIT WHEN v_took = 0 AND NOT EXISTS (SELECT 1 FROM unnest(v_o.ks) AS k WHERE (c[k]).state <> 'read')
+                  AND NOT EXISTS (SELECT 1 FROM unnest(v_o.ks) AS k WHERE k <> ALL (v_r.jk));
     END LOOP;
     groups := c;
 END;

@@ -242,13 +242,17 @@ BEGIN
       FROM (SELECT x.k, n.j, x.served, x.p, x.t, x.i, x.g, greatest(x.vt, _fair_order.vt) + n.j / x.w AS s,
                    CASE WHEN n.j = 0 THEN x.vt - 1.0 / x.w ELSE greatest(x.vt, _fair_order.vt) + (n.j - 1) / x.w END
                        AS before
-              FROM (SELECT x.*
-                      FROM unnest(c) WITH ORDINALITY AS x(g, vt, served, at, p, t, i, w, active, state, lp, lt, li, k)
-                     WHERE x.state IN ('new', 'read') AND (x.g IS NULL OR cap IS NULL OR x.active < cap)
-                     ORDER BY greatest(x.vt, _fair_order.vt), x.vt - 1.0 / x.w NULLS FIRST, x.served, x.p, x.t, x.i, x.g
-                     LIMIT room + 4) AS x
+              FROM (SELECT x.*, sum(x.w) OVER () AS wsum
+                      FROM (SELECT x.*
+                              FROM unnest(c) WITH ORDINALITY AS x(g, vt, served, at, p, t, i, w, active, state, lp, lt, li, k)
+                             WHERE x.state IN ('new', 'read') AND (x.g IS NULL OR cap IS NULL OR x.active < cap)
+                             ORDER BY greatest(x.vt, _fair_order.vt), x.vt - 1.0 / x.w NULLS FIRST, x.served, x.p, x.t,
+                                      x.i, x.g
+                             LIMIT room + 4) AS x) AS x
+             -- (about its weight's share of the room, and two more: a round that falls short is followed by another)
              CROSS JOIN LATERAL generate_series(
-                   0, least(room, CASE WHEN x.g IS NULL OR cap IS NULL THEN room ELSE cap - x.active END) - 1) AS n(j)
+                   0, least(room, ceil(room * x.w / x.wsum)::int + 2,
+                            CASE WHEN x.g IS NULL OR cap IS NULL THEN room ELSE cap - x.active END) - 1) AS n(j)
              ORDER BY 8, 9 NULLS FIRST, 2, 3, 4, 5, 6, 7
              LIMIT 2 * room + 4) AS o;
 END;
@@ -274,47 +278,54 @@ DECLARE
     v_lt timestamptz[];
     v_li bigint[];
 BEGIN
+    -- (the groups as a relation: an element of an array of rows is found by walking the array from its start)
     FOR v IN
-        SELECT r.k, coalesce(a.priority, b.priority) AS p, coalesce(a.run_at, b.run_at) AS t, coalesce(a.id, b.id) AS i
-          FROM unnest(ks) AS r(k)
+        SELECT x.k, coalesce(a.priority, b.priority) AS p, coalesce(a.run_at, b.run_at) AS t, coalesce(a.id, b.id) AS i
+          FROM unnest(c) WITH ORDINALITY AS x(g, vt, served, at, p, t, i, w, active, state, lp, lt, li, k)
           LEFT JOIN LATERAL (
                 SELECT j.priority, j.run_at, j.id FROM jobs AS j
-                 WHERE (c[r.k]).g IS NOT NULL   -- (a gate here, not in ON: ON would still run the scan)
-                   AND j.state = 'pending' AND j.queue = _fair_reads.queue AND j.group_key = (c[r.k]).g
-                   AND (j.priority, j.run_at, j.id) >= ((c[r.k]).p, (c[r.k]).t, (c[r.k]).i)
+                 WHERE x.g IS NOT NULL   -- (a gate here, not in ON: ON would still run the scan)
+                   AND j.state = 'pending' AND j.queue = _fair_reads.queue AND j.group_key = x.g
+                   AND (j.priority, j.run_at, j.id) >= (x.p, x.t, x.i)
                  ORDER BY j.priority, j.run_at, j.id LIMIT 1) AS a ON true
           LEFT JOIN LATERAL (
                 SELECT j.priority, j.run_at, j.id FROM jobs AS j
-                 WHERE (c[r.k]).g IS NULL
+                 WHERE x.g IS NULL
                    AND j.state = 'pending' AND j.queue = _fair_reads.queue AND j.group_key IS NULL
-                   AND (j.priority, j.run_at, j.id) >= ((c[r.k]).p, (c[r.k]).t, (c[r.k]).i)
+                   AND (j.priority, j.run_at, j.id) >= (x.p, x.t, x.i)
                  ORDER BY j.priority, j.run_at, j.id LIMIT 1) AS b ON true
-         WHERE (c[r.k]).state = 'new'
+         WHERE x.state = 'new' AND x.k = ANY (ks)
     LOOP
-        c[v.k] := ROW((c[v.k]).g, (c[v.k]).vt, (c[v.k]).served, (c[v.k]).at, v.p, v.t, v.i, (c[v.k]).w,
-                      (c[v.k]).active, CASE WHEN v.i IS NULL THEN 'gone' ELSE 'read' END, NULL, NULL, NULL);
+        c[v.k].p := v.p;
+        c[v.k].t := v.t;
+        c[v.k].i := v.i;
+        c[v.k].state := CASE WHEN v.i IS NULL THEN 'gone' ELSE 'read' END;
     END LOOP;
-    WITH l AS MATERIALIZED (SELECT r.k, x.* FROM unnest(ks, ns) AS r(k, n)
-             CROSS JOIN LATERAL (
-                   SELECT j.id, j.kind, j.priority, j.run_at FROM jobs AS j
-                    WHERE (c[r.k]).g IS NOT NULL AND (c[r.k]).state = 'read'
-                      AND j.state = 'pending' AND j.queue = _fair_reads.queue AND j.group_key = (c[r.k]).g
-                      AND (j.priority, j.run_at, j.id) >= (coalesce((c[r.k]).lp, (c[r.k]).p),
-                                                           coalesce((c[r.k]).lt, (c[r.k]).t), coalesce((c[r.k]).li, (c[r.k]).i))
-                      AND j.id IS DISTINCT FROM (c[r.k]).li AND (kinds IS NULL OR j.kind = ANY (kinds))
-                    ORDER BY j.priority, j.run_at, j.id LIMIT r.n
-                      FOR UPDATE SKIP LOCKED) AS x
-            UNION ALL
-            SELECT r.k, x.* FROM unnest(ks, ns) AS r(k, n)
-             CROSS JOIN LATERAL (
-                   SELECT j.id, j.kind, j.priority, j.run_at FROM jobs AS j
-                    WHERE (c[r.k]).g IS NULL AND (c[r.k]).state = 'read'
-                      AND j.state = 'pending' AND j.queue = _fair_reads.queue AND j.group_key IS NULL
-                      AND (j.priority, j.run_at, j.id) >= (coalesce((c[r.k]).lp, (c[r.k]).p),
-                                                           coalesce((c[r.k]).lt, (c[r.k]).t), coalesce((c[r.k]).li, (c[r.k]).i))
-                      AND j.id IS DISTINCT FROM (c[r.k]).li AND (kinds IS NULL OR j.kind = ANY (kinds))
-                    ORDER BY j.priority, j.run_at, j.id LIMIT r.n
-                      FOR UPDATE SKIP LOCKED) AS x
+    WITH x AS (
+        SELECT x.*, r.n
+          FROM unnest(c) WITH ORDINALITY AS x(g, vt, served, at, p, t, i, w, active, state, lp, lt, li, k)
+          JOIN unnest(ks, ns) AS r(k, n) ON r.k = x.k
+         WHERE x.state = 'read'
+    ), l AS MATERIALIZED (
+        SELECT x.k, y.* FROM x
+         CROSS JOIN LATERAL (
+               SELECT j.id, j.kind, j.priority, j.run_at FROM jobs AS j
+                WHERE x.g IS NOT NULL
+                  AND j.state = 'pending' AND j.queue = _fair_reads.queue AND j.group_key = x.g
+                  AND (j.priority, j.run_at, j.id) >= (coalesce(x.lp, x.p), coalesce(x.lt, x.t), coalesce(x.li, x.i))
+                  AND j.id IS DISTINCT FROM x.li AND (kinds IS NULL OR j.kind = ANY (kinds))
+                ORDER BY j.priority, j.run_at, j.id LIMIT x.n
+                  FOR UPDATE SKIP LOCKED) AS y
+        UNION ALL
+        SELECT x.k, y.* FROM x
+         CROSS JOIN LATERAL (
+               SELECT j.id, j.kind, j.priority, j.run_at FROM jobs AS j
+                WHERE x.g IS NULL
+                  AND j.state = 'pending' AND j.queue = _fair_reads.queue AND j.group_key IS NULL
+                  AND (j.priority, j.run_at, j.id) >= (coalesce(x.lp, x.p), coalesce(x.lt, x.t), coalesce(x.li, x.i))
+                  AND j.id IS DISTINCT FROM x.li AND (kinds IS NULL OR j.kind = ANY (kinds))
+                ORDER BY j.priority, j.run_at, j.id LIMIT x.n
+                  FOR UPDATE SKIP LOCKED) AS y
     )
     SELECT (SELECT array_agg(l.k ORDER BY l.k, l.priority, l.run_at, l.id) FROM l),
            (SELECT array_agg(l.id ORDER BY l.k, l.priority, l.run_at, l.id) FROM l),
@@ -325,18 +336,14 @@ BEGIN
               FROM (SELECT DISTINCT ON (l.k) l.k, l.priority, l.run_at, l.id FROM l
                      ORDER BY l.k, l.priority DESC, l.run_at DESC, l.id DESC) AS m) AS m;
     -- Each group read: where its next read starts (its last job locked), or 'dry' (none of the kinds now).
-    FOR v IN
-        SELECT r.k, m.p AS priority, m.t AS run_at, m.i AS id
-          FROM unnest(ks) AS r(k)
-          LEFT JOIN unnest(v_lk, v_lp, v_lt, v_li) AS m(k, p, t, i) ON m.k = r.k
-         WHERE (c[r.k]).state = 'read'
-    LOOP
-        IF v.id IS NULL THEN
-            c[v.k].state := 'dry';
+    FOR n IN 1 .. cardinality(ks) LOOP
+        CONTINUE WHEN (c[ks[n]]).state <> 'read';
+        IF ks[n] = ANY (coalesce(v_lk, '{}')) THEN
+            c[ks[n]].lp := v_lp[array_position(v_lk, ks[n])];
+            c[ks[n]].lt := v_lt[array_position(v_lk, ks[n])];
+            c[ks[n]].li := v_li[array_position(v_lk, ks[n])];
         ELSE
-            c[v.k].lp := v.priority;
-            c[v.k].lt := v.run_at;
-            c[v.k].li := v.id;
+            c[ks[n]].state := 'dry';
         END IF;
     END LOOP;
 END;
@@ -395,12 +402,16 @@ BEGIN
         v_n := 1;
         WHILE room > 0 AND (v_n <= cardinality(v_o.ks) OR cardinality(v_wait) > 0) LOOP
             -- The turn: a waiting group that is quiet now, else the next in order, else the least busy noisy one.
-            v_k := (SELECT w FROM unnest(v_wait) AS w WHERE NOT _fair_noisy(c[w], total, cfg, v_wsum) LIMIT 1);
+            v_k := NULL;
+            IF cardinality(v_wait) > 0 THEN
+                v_k := (SELECT w FROM unnest(v_wait) AS w WHERE NOT _fair_noisy(c[w], total, cfg, v_wsum) LIMIT 1);
+            END IF;
             IF v_k IS NULL AND v_n <= cardinality(v_o.ks) THEN
                 v_k := v_o.ks[v_n];
                 v_n := v_n + 1;
                 CONTINUE WHEN (c[v_k]).state <> 'read' OR v_k = ANY (v_wait);
-                IF _fair_noisy(c[v_k], total, cfg, v_wsum) THEN
+                IF (c[v_k]).g IS NOT NULL AND (c[v_k]).active >= cfg.noisy_min_active
+                   AND _fair_noisy(c[v_k], total, cfg, v_wsum) THEN
                     v_wait := v_wait || v_k;
                     CONTINUE;
                 END IF;

@@ -105,7 +105,9 @@ def test_a_claim_reads_the_same_after_1000_and_after_20000_jobs_done_under_a_hel
             take(conn, n=10)  # this session's plans made, as a worker's are
             # (from the start of a window of the floor log: no rotation, whose TRUNCATE resets this
             # transaction's counters of the slot, falls among the probes)
-            conn.execute("SELECT setval('pgjobs.claim_floors_seq', (currval('pgjobs.claim_floors_seq') / 8192 + 1) * 8192)")
+            conn.execute(
+                "SELECT setval('pgjobs.claim_floors_seq', (currval('pgjobs.claim_floors_seq') / 8192 + 1) * 8192)"
+            )
             measured[target] = measured_claims(conn, "default", 16)
     (t1, e1, b1), (t2, e2, b2) = measured[1000], measured[20000]
     assert t1 == t2 == 16

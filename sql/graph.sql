@@ -319,7 +319,6 @@ AS $$
 #variable_conflict use_column
 DECLARE
     v_cancelled bigint[];
-    v_oldest    timestamptz;
     v_events    jsonb;
     v_wake      text[];
 BEGIN
@@ -402,15 +401,14 @@ BEGIN
           FROM targets AS t
          WHERE j.id = t.id
            AND ((t.is_parent AND NOT j.has_dependents) OR (t.rem IS NOT NULL AND j.state = 'waiting'))
-        RETURNING j.id, j.state, j.queue, j.kind, j.attempt, j.batch_id, t.rem IS NOT NULL AS is_child, j.run_at
+        RETURNING j.id, j.state, j.queue, j.kind, j.attempt, j.batch_id, t.rem IS NOT NULL AS is_child
     )
     SELECT jsonb_agg(jsonb_build_object('id', u.id, 'state', u.state, 'queue', u.queue, 'kind', u.kind,
                                         'attempt', u.attempt, 'batch_id', u.batch_id))
                FILTER (WHERE u.is_child AND u.state <> 'waiting'),
            array_agg(DISTINCT u.queue) FILTER (WHERE u.is_child AND u.state = 'pending'),
-           array_agg(u.id) FILTER (WHERE u.is_child AND u.state = 'cancelled'),
-           min(u.run_at) FILTER (WHERE u.is_child AND u.state = 'pending')
-      INTO v_events, v_wake, v_cancelled, v_oldest
+           array_agg(u.id) FILTER (WHERE u.is_child AND u.state = 'cancelled')
+      INTO v_events, v_wake, v_cancelled
       FROM u;
     UPDATE batches AS b SET has_dependents = true WHERE b.id = ANY (xb_ids) AND NOT b.has_dependents;
     PERFORM _wake(v_wake);
@@ -643,7 +641,6 @@ DECLARE
     c_k       int[];
     v_ev      jsonb;
     v_wk      text[];
-    v_oldest  timestamptz;
     v_events  jsonb := '[]';
     v_wake    text[] := '{}';
 BEGIN
@@ -755,15 +752,14 @@ BEGIN
                                completed_at = CASE WHEN c.failed_deps + t.k > 0 THEN now() ELSE c.completed_at END
                           FROM unnest(c_ids, c_n, c_k) AS t(id, n, k)
                          WHERE c.id = t.id AND c.state = 'waiting'
-                        RETURNING c.id, c.state, c.queue, c.kind, c.attempt, c.batch_id, c.run_at
+                        RETURNING c.id, c.state, c.queue, c.kind, c.attempt, c.batch_id
                     )
                     SELECT jsonb_agg(jsonb_build_object('id', u.id, 'state', u.state, 'queue', u.queue, 'kind', u.kind,
                                                         'attempt', u.attempt, 'batch_id', u.batch_id))
                                FILTER (WHERE u.state <> 'waiting'),
                            array_agg(DISTINCT u.queue) FILTER (WHERE u.state = 'pending'),
-                           array_agg(u.id) FILTER (WHERE u.state = 'cancelled'),
-                           min(u.run_at) FILTER (WHERE u.state = 'pending')
-                      INTO v_ev, v_wk, v_jobs, v_oldest
+                           array_agg(u.id) FILTER (WHERE u.state = 'cancelled')
+                      INTO v_ev, v_wk, v_jobs
                       FROM u;
                     v_events := v_events || coalesce(v_ev, '[]');
                     v_wake := v_wake || coalesce(v_wk, '{}');

@@ -171,7 +171,6 @@ DECLARE
     v_kinds   text[];
     v_batches bigint[];
     v_wake    text[];
-    v_oldest  timestamptz;
     v_bounded record;
     v_keyed   bigint[];
     v_gone    bigint;
@@ -257,12 +256,11 @@ BEGIN
                    WITH ORDINALITY AS r(kind, queue, payload, meta, run_at, priority, max_attempts, unique_key,
                                         unique_live_only, group_key, rate_key, n)
              WHERE r.unique_key IS NULL OR v_ids[r.n] = ANY (v_keyed)
-            RETURNING j.id, j.state, j.queue, j.kind, j.batch_id, j.run_at
+            RETURNING j.id, j.state, j.queue, j.kind, j.batch_id
         )
         SELECT array_agg(ins.id), array_agg(ins.state), array_agg(ins.queue), array_agg(ins.kind),
-               array_agg(ins.batch_id), array_agg(DISTINCT ins.queue) FILTER (WHERE ins.state = 'pending'),
-               min(ins.run_at) FILTER (WHERE ins.state = 'pending')
-          INTO v_created, v_states, v_queues, v_kinds, v_batches, v_wake, v_oldest
+               array_agg(ins.batch_id), array_agg(DISTINCT ins.queue) FILTER (WHERE ins.state = 'pending')
+          INTO v_created, v_states, v_queues, v_kinds, v_batches, v_wake
           FROM ins;
     ELSE
         WITH ins AS (
@@ -282,12 +280,11 @@ BEGIN
                            rate_key text))
                    WITH ORDINALITY AS r(kind, queue, payload, meta, run_at, priority, max_attempts, unique_key,
                                         unique_live_only, group_key, rate_key, n)
-            RETURNING j.id, j.state, j.queue, j.kind, j.batch_id, j.run_at
+            RETURNING j.id, j.state, j.queue, j.kind, j.batch_id
         )
         SELECT array_agg(ins.id), array_agg(ins.state), array_agg(ins.queue), array_agg(ins.kind),
-               array_agg(ins.batch_id), array_agg(DISTINCT ins.queue) FILTER (WHERE ins.state = 'pending'),
-               min(ins.run_at) FILTER (WHERE ins.state = 'pending')
-          INTO v_created, v_states, v_queues, v_kinds, v_batches, v_wake, v_oldest
+               array_agg(ins.batch_id), array_agg(DISTINCT ins.queue) FILTER (WHERE ins.state = 'pending')
+          INTO v_created, v_states, v_queues, v_kinds, v_batches, v_wake
           FROM ins;
     END IF;
     PERFORM _wake(v_wake);

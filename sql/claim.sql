@@ -584,7 +584,7 @@ BEGIN
             CONTINUE;
         END IF;
         PERFORM _rate_lock('queue', r.name);
-        v_tok := (_rate_state('queue', r.name, now())).tokens;
+        v_tok := (_rate_window('queue', r.name, now(), max_jobs)).tokens;
         IF v_tok > 0 THEN
             v_lq := array_append(v_lq, r.name);
             v_lt := array_append(v_lt, v_tok);
@@ -609,7 +609,7 @@ BEGIN
                 IF i <= coalesce(cardinality(v_lq), 0) THEN
                     v_more := ARRAY(SELECT c FROM _claim_unrated(worker, ARRAY[v_lq[i]], least(v_lt[i], max_jobs - cardinality(v_rows)),
                                                         lease, v_kinds) AS c);
-                    PERFORM _take_tokens('queue', v_lq[i], cardinality(v_more), now());
+                    PERFORM _rate_take('queue', v_lq[i], cardinality(v_more), now());
                 ELSE
                     v_more := ARRAY(SELECT c FROM _claim_unrated(worker, v_free, max_jobs - cardinality(v_rows), lease, v_kinds) AS c);
                 END IF;

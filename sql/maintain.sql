@@ -1,8 +1,8 @@
 -- Maintenance: the pass the workers' heartbeats run (_maintain_if_due, at most one every 5 seconds across
 -- all workers) and operations run (maintain), and purge. It sits above the files whose storage it keeps:
 -- the status stream (stream.sql: inbox partitions emptied, the log rotated, follower marks forgotten),
--- job history (history.sql: slices made ahead, queue retention), rate limits (rate_limits.sql: spent TAT
--- rows) and batches (batch.sql: settled batches purged whole). One pass at a time, under the stream's
+-- job history (history.sql: slices made ahead, queue retention), rate limits (rate_limits.sql: the log
+-- rows of starts no window reads again) and batches (batch.sql: settled batches purged whole). One pass at a time, under the stream's
 -- advisory lock (_stream_lock).
 
 -- One maintenance pass of the stream (see stream.sql's header): empties the inbox partitions the log has

@@ -451,6 +451,14 @@ CREATE TABLE pgjobs.rate_queues (
     CONSTRAINT rate_queues_pkey PRIMARY KEY (queue)
 );
 
+CREATE TABLE pgjobs.rate_starts (
+    scope      text NOT NULL,
+    key        text NOT NULL,
+    seq        bigint NOT NULL,
+    started_at timestamp with time zone NOT NULL,
+    CONSTRAINT rate_starts_pkey PRIMARY KEY (scope, key, seq)
+) WITH (autovacuum_vacuum_scale_factor=0, autovacuum_vacuum_threshold=1000);
+
 CREATE TABLE pgjobs.rate_tats (
     scope    text NOT NULL,
     key      text NOT NULL,

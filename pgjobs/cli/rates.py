@@ -33,7 +33,7 @@ def register(sub: Any) -> None:
     p.add_argument("key", metavar="KEY")
     p.add_argument("max_starts", metavar="MAX", type=_count, help="starts per window (0: remove)")
     p.add_argument("per", metavar="PER", type=parse_duration, nargs="?", help="the window: 1s, 0.5, 1m, 1h")
-    p.add_argument("--burst", type=_count, default=0, metavar="N", help="starts allowed beyond MAX after a pause (0)")
+    p.add_argument("--burst", type=_count, default=0, metavar="N", help="starts allowed beyond MAX in any window (0)")
     p.add_argument("--json", action="store_true", help="print the limit as JSON")
     p.set_defaults(func=cmd_rate_limit, _needs=NEEDS_SCHEMA)
 

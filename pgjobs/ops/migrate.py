@@ -220,7 +220,7 @@ def _validate_routines(conn: psycopg.Connection[Any], skip: list[str]) -> None:
     rows = conn.execute(
         "SELECT p.oid, l.lanvalidator::regproc::text FROM pg_proc AS p JOIN pg_language AS l ON l.oid = p.prolang"
         " WHERE p.pronamespace = 'pgjobs'::regnamespace AND l.lanvalidator <> 0"
-        " AND p.oid::regprocedure::text <> ALL (%s) ORDER BY p.oid",
+        " AND p.oid <> ALL (SELECT s::regprocedure FROM unnest(%s::text[]) AS s) ORDER BY p.oid",
         (skip,),
     ).fetchall()
     for oid, validator in rows:
@@ -240,12 +240,18 @@ def _run_sql_files(conn: psycopg.Connection[Any], files: list[Path]) -> None:
 def _stale_routines(conn: psycopg.Connection[Any]) -> list[str]:
     """The signatures of pgjobs' routines this transaction did not (re)define: those whose pg_proc row was not
     written by one of its (sub)transaction ids. Read after the function files ran, before roles.sql (whose
-    grants rewrite every row)."""
+    grants rewrite every row). Rendered with ``pg_catalog`` alone on the search path, so that they read
+    ``pgjobs._name(...)``: with pgjobs on it, as the install has it, they would read ``_name(...)``, and
+    :func:`_is_internal` would take every internal one for public and drop it at once, under a call still
+    running its caller's old body."""
+    shown = conn.execute("SELECT pg_catalog.current_setting('search_path')").fetchone()
+    conn.execute("SET LOCAL search_path = pg_catalog")
     rows = conn.execute(
         "SELECT p.oid::regprocedure::text FROM pg_proc p WHERE p.pronamespace = 'pgjobs'::regnamespace"
         " AND p.xmin NOT IN (SELECT l.transactionid FROM pg_locks AS l"
         "                     WHERE l.pid = pg_backend_pid() AND l.locktype = 'transactionid')"
     ).fetchall()
+    conn.execute("SELECT pg_catalog.set_config('search_path', %s, true)", (shown[0] if shown else "pg_catalog",))
     return [str(r[0]) for r in rows]
 
 

@@ -179,6 +179,42 @@ def test_changed_functions_are_reinstalled_and_the_data_stays(dsn: str) -> None:
         assert conn.execute("SELECT digest FROM pgjobs.sql_revision").fetchone() == (m.sql_digest(),)
 
 
+def test_an_internal_routine_the_files_no_longer_define_outlives_a_call_running_its_caller_s_old_body(
+    dsn: str,
+) -> None:
+    """A call inside an old body when the new functions commit still reaches the internal routines that body
+    calls, which the new files no longer define: they are dropped once the calls running at the commit have
+    ended, not with the install (an old worker's claim waiting on a lock runs its old body after the wait)."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("CREATE FUNCTION pgjobs._stale_inner() RETURNS int LANGUAGE sql AS 'SELECT 1'")
+        conn.execute(
+            "CREATE FUNCTION pgjobs._stale_outer() RETURNS int LANGUAGE plpgsql"
+            " AS $$ BEGIN PERFORM pg_sleep(2); RETURN pgjobs._stale_inner(); END $$"
+        )
+        conn.execute("UPDATE pgjobs.sql_revision SET digest = 'an older revision'")
+        got: list[Any] = []
+
+        def call() -> None:
+            with psycopg.connect(dsn, autocommit=True) as c:
+                got.append(c.execute("SELECT pgjobs._stale_outer()").fetchone())
+
+        caller = threading.Thread(target=call)
+        caller.start()
+        deadline = time.monotonic() + 10
+        while not conn.execute(
+            "SELECT count(*) > 0 FROM pg_stat_activity WHERE query LIKE 'SELECT pgjobs._stale_outer()%%'"
+            " AND state = 'active'"
+        ).fetchone()[0]:  # type: ignore[index]
+            assert time.monotonic() < deadline, "the call did not start"
+            time.sleep(0.01)
+        assert m.migrate(dsn).functions_installed is True
+        caller.join(30)
+        assert got == [(1,)]
+        assert conn.execute(
+            "SELECT count(*) FROM pg_proc WHERE pronamespace = 'pgjobs'::regnamespace AND proname LIKE '_stale%%'"
+        ).fetchone() == (0,)
+
+
 def test_a_routine_whose_result_type_changed_is_reinstalled_by_drop_and_create(dsn: str) -> None:
     """CREATE OR REPLACE refuses a new result type (42P13): install then drops everything and creates it
     all, so an installed revision whose routine returned something else still upgrades to the same catalog."""

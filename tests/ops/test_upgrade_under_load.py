@@ -172,18 +172,36 @@ def old_migrate(code: Path, dsn: str, changes: list[str]) -> None:
     assert m.status(dsn) == {c.name: c.name in changes for c in m.plan()}
 
 
-def test_migrate_to_head_while_workers_and_a_producer_run(blank_dsn: str, fleet: Fleet, tmp_path: Path) -> None:
+def old_database(dsn: str, tmp_path: Path) -> tuple[Path, list[str]]:
+    """The database at the revision before the newest plan change, built by that revision's code (or this
+    checkout's with the last change reverted): (the code to run its workers with, its changes)."""
     found = old_revision()
     if found is not None:
         commit, old_changes = found
         code = extract(commit, tmp_path / "old")
-        old_migrate(code, blank_dsn, old_changes)
-    else:  # the plan's baselines alone: the last one reverted, then deployed again under this checkout's worker
-        plan = [c.name for c in m.plan()]
-        assert len(plan) >= 2, "a plan of one change has nothing to apply on top of another"
-        code, old_changes = REPO, plan[:-1]
-        m.migrate(blank_dsn)
-        assert m.rollback(blank_dsn, to=old_changes[-1]) == plan[-1:]
+        old_migrate(code, dsn, old_changes)
+        return code, old_changes
+    # the plan's baselines alone: the last one reverted, then deployed again under this checkout's worker
+    plan = [c.name for c in m.plan()]
+    assert len(plan) >= 2, "a plan of one change has nothing to apply on top of another"
+    m.migrate(dsn)
+    assert m.rollback(dsn, to=plan[-2]) == plan[-1:]
+    return REPO, plan[:-1]
+
+
+def migrate_to_head(dsn: str) -> str:
+    """``pgjobs migrate`` of this checkout, in a process of its own; its output."""
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    upgrade = subprocess.run(
+        [sys.executable, "-m", "pgjobs", "migrate", "--dsn", dsn], cwd=REPO, env=env, capture_output=True, timeout=300
+    )
+    out = upgrade.stdout.decode(errors="replace") + upgrade.stderr.decode(errors="replace")
+    assert upgrade.returncode == 0, out
+    return out
+
+
+def test_migrate_to_head_while_workers_and_a_producer_run(blank_dsn: str, fleet: Fleet, tmp_path: Path) -> None:
+    code, old_changes = old_database(blank_dsn, tmp_path)
     pending = [c.name for c in m.plan()][len(old_changes) :]
     assert pending, "nothing to upgrade"
     with psycopg.connect(blank_dsn, autocommit=True) as conn:
@@ -193,14 +211,8 @@ def test_migrate_to_head_while_workers_and_a_producer_run(blank_dsn: str, fleet:
         wait_for(lambda: count(conn, "SELECT count(*) FROM public.witness") >= 50, timeout=60, what="old worker busy")
 
         began = conn.execute("SELECT clock_timestamp()").fetchone()
-        env = dict(os.environ, PYTHONPATH=str(REPO))
-        upgrade = subprocess.run(
-            [sys.executable, "-m", "pgjobs", "migrate", "--dsn", blank_dsn],
-            cwd=REPO, env=env, capture_output=True, timeout=300,
-        )  # fmt: skip
+        out = migrate_to_head(blank_dsn)
         ended = conn.execute("SELECT clock_timestamp()").fetchone()
-        out = upgrade.stdout.decode(errors="replace") + upgrade.stderr.decode(errors="replace")
-        assert upgrade.returncode == 0, out
         for change in pending:
             assert re.search(rf"\b{re.escape(change)}\b", out), f"{change} not reported applied: {out}"
         assert m.status(blank_dsn) == {c.name: True for c in m.plan()}
@@ -240,3 +252,57 @@ def test_migrate_to_head_while_workers_and_a_producer_run(blank_dsn: str, fleet:
             ).fetchone()
             assert row is not None and row[0] > 0 and row[1] > 0, (table, row)
     assert m.verify(blank_dsn) == [c.name for c in m.plan()]
+
+
+def most_in_a_second(times: list[Any]) -> int:
+    """The most starts in any half-open window [t, t + 1 s)."""
+    ts = sorted(t.timestamp() for t in times)
+    best, lo = 0, 0
+    for hi, t in enumerate(ts):
+        while ts[lo] <= t - 1.0:
+            lo += 1
+        best = max(best, hi - lo + 1)
+    return best
+
+
+def test_migrate_to_head_while_rate_limited_workers_run(blank_dsn: str, fleet: Fleet, tmp_path: Path) -> None:
+    """A worker of the old code claims from a key limited to 20 starts a second (queue rk) and from a queue
+    limited to 15 (rq) while ``pgjobs migrate`` applies the newest change(s): it lives through the upgrade (no
+    claim of it fails with an error it does not retry: the old bodies it runs find what they call), and no
+    second holds more starts than the limit, counted from the attempts' start times across the switch."""
+    code, _old_changes = old_database(blank_dsn, tmp_path)
+    with psycopg.connect(blank_dsn, autocommit=True) as conn:
+        if conn.execute("SELECT to_regclass('pgjobs.rate_limits')").fetchone() == (None,):
+            pytest.skip("the old revision has no rate limits")
+        conn.execute(WITNESS_SQL)
+        conn.execute("SELECT pgjobs.configure_rate_limit('k', 20, '1 second')")
+        conn.execute("SELECT pgjobs.configure_queue('rq', max_starts => 15, per => '1 second')")
+        conn.execute(
+            "SELECT count(*) FROM pgjobs.enqueue_many((SELECT jsonb_agg(jsonb_build_object('kind', 'witness',"
+            " 'queue', q, 'rate_key', CASE WHEN q = 'rk' THEN 'k' END)) FROM unnest('{rk,rq}'::text[]) AS q,"
+            " generate_series(1, 1000)))"
+        )
+        old = fleet.start("rated", "old-rated", code)
+        wait_for(lambda: count(conn, "SELECT count(*) FROM public.witness") >= 40, timeout=60, what="old worker busy")
+        began = conn.execute("SELECT clock_timestamp()").fetchone()
+        migrate_to_head(blank_dsn)
+        ended = conn.execute("SELECT clock_timestamp()").fetchone()
+        assert began is not None and ended is not None
+        assert old.poll() is None, "the old worker died during the upgrade:\n" + fleet.log(old)
+        wait_for(
+            lambda: count(conn, f"SELECT count(*) FROM public.witness WHERE at > '{ended[0].isoformat()}'") >= 40,
+            timeout=60, what="the old worker busy after the upgrade",
+        )  # fmt: skip
+        old.send_signal(signal.SIGTERM)
+        assert old.wait(60) == 0, fleet.log(old)
+        assert conn.execute("SELECT job_id, attempt, worker FROM public.doubles").fetchall() == []
+        for queue, allowed in (("rk", 20), ("rq", 15)):
+            starts = [
+                r[0]
+                for r in conn.execute(
+                    "SELECT first_started_at FROM pgjobs.jobs WHERE queue = %s AND first_started_at IS NOT NULL",
+                    [queue],
+                )
+            ]
+            assert any(t < began[0] for t in starts) and any(t > ended[0] for t in starts), queue
+            assert most_in_a_second(starts) <= allowed, queue

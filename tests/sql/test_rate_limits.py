@@ -5,6 +5,7 @@ claim's now(), read back as lease_expires_at - lease), never timed by the test.
 
 from __future__ import annotations
 
+import itertools
 import threading
 from datetime import datetime, timedelta
 from typing import Any
@@ -81,8 +82,53 @@ def test_racing_connections_never_start_more_than_the_limit_plus_burst_in_any_wi
     assert len(ids) == len(set(ids)), "no job was started twice"
     assert count(conn, "state = 'active'") == len(got)
     assert most_in_a_window(starts(got), timedelta(milliseconds=500)) <= 12
-    # the tokens the claims took are the starts, as the TAT rows record them
-    assert conn.execute("SELECT sum(taken) FROM pgjobs.rate_tats WHERE key = 'api'").fetchone() == (len(got),)
+    # the tokens the claims took are the starts, as the log records them: one row a token
+    assert conn.execute("SELECT count(*) FROM pgjobs.rate_starts WHERE key = 'api'").fetchone() == (len(got),)
+
+
+def test_six_connections_racing_for_a_key_never_start_more_than_its_window_holds(
+    conn: Conn, connect: ConnectFactory
+) -> None:
+    """Six connections claim jobs of a key limited to 20 starts a second (and a second key, 20 + burst 5) for
+    a few seconds of their own clocks: from the starts the attempts record (lease_expires_at - lease), no
+    window of one second ever holds more than max_starts + burst, and the log holds every start in order."""
+    limit(conn, "k", 20, "1 second")
+    limit(conn, "b", 20, "1 second", burst=5)
+    enqueue_n(conn, 200, "call", queue="q", rate_key="k")
+    enqueue_n(conn, 200, "call", queue="q", rate_key="b")
+    got = race(connect, 6, 160, queues=["q"], max_jobs=3)
+    keys = dict(conn.execute("SELECT id, rate_key FROM pgjobs.jobs").fetchall())
+    ids = [r["id"] for r in got]
+    assert len(ids) == len(set(ids)), "no job was started twice"
+    for key, allowed in (("k", 20), ("b", 25)):
+        mine = starts([r for r in got if keys[r["id"]] == key])
+        assert len(mine) > allowed, "the race ran past the first window"
+        assert most_in_a_window(mine, timedelta(seconds=1)) <= allowed, key
+        # one row a start, seq 1.. in order, the logged times never decreasing and none before its start
+        log = conn.execute(
+            "SELECT seq, started_at FROM pgjobs.rate_starts WHERE key = %s ORDER BY seq", [key]
+        ).fetchall()
+        assert [r[0] for r in log] == list(range(1, len(mine) + 1))
+        assert all(a[1] <= b[1] for a, b in itertools.pairwise(log))
+        assert all(s <= t for s, t in zip(sorted(mine), [r[1] for r in log], strict=True))
+
+
+def test_the_window_counts_the_same_by_its_range_and_by_bisection(conn: Conn) -> None:
+    """A claim's ask reads its range of the log; a display's (list_rate_limits asks for all n) finds the first
+    token taken by bisection. 150 starts in a window of 200 an hour, the first 60 moved two hours back: the
+    200 - 150 tokens the log never held and the 60 freed are free, the 90 others taken."""
+    limit(conn, "k", 200, "1 hour")
+    enqueue_n(conn, 150, "call", rate_key="k")
+    assert len(claim(conn, max_jobs=150)) == 150
+    conn.execute("UPDATE pgjobs.rate_starts SET started_at = started_at - interval '2 hours' WHERE seq <= 60")
+    first_taken = conn.execute("SELECT started_at FROM pgjobs.rate_starts WHERE seq = 61").fetchone()[0]
+    for want in (10, 64, 65, 110, 111, 200):
+        tokens, next_at, now = conn.execute(
+            "SELECT tokens, next_at, now() FROM pgjobs._rate_window('key', 'k', now(), %s)", [want]
+        ).fetchone()
+        assert tokens == min(want, 110), want
+        assert next_at == (now if want <= 110 else first_taken + timedelta(hours=1)), want
+    assert [(r["tokens"], r["next_token_at"] is not None) for r in call(conn, "list_rate_limits")] == [(110, True)]
 
 
 def test_a_queue_limit_and_a_key_limit_together_hold_both(conn: Conn, connect: ConnectFactory) -> None:
@@ -142,8 +188,8 @@ def test_a_queue_limit_clamps_the_claim_and_0_removes_it(conn: Conn) -> None:
     conn.execute("SELECT pgjobs.configure_queue('q', max_starts => 3, per => '1 hour')")
     enqueue_n(conn, 10, "call", queue="q")
     enqueue_n(conn, 4, "call", queue="free")
-    # no burst: one token now, the next ones 20 minutes apart
-    assert len(claim(conn, queues=["q"], max_jobs=10)) == 1
+    # a window of 3 starts an hour: 3 now, the next ones an hour after them
+    assert len(claim(conn, queues=["q"], max_jobs=10)) == 3
     assert claim(conn, queues=["q"], max_jobs=10) == []
     both = claim(conn, queues=["q", "free"], max_jobs=10)
     assert [r["queue"] for r in both] == ["free"] * 4, "the other queue is still claimed"
@@ -153,7 +199,7 @@ def test_a_queue_limit_clamps_the_claim_and_0_removes_it(conn: Conn) -> None:
     enqueue_n(conn, 5, "call", queue="free")
     assert sorted(r["queue"] for r in claim(conn, queues=["free", "q2"], max_jobs=3)) == ["free", "free", "q2"]
     conn.execute("SELECT pgjobs.configure_queue('q', max_starts => 0)")
-    assert len(claim(conn, queues=["q"], max_jobs=10)) == 9
+    assert len(claim(conn, queues=["q"], max_jobs=10)) == 7
     assert [r["key"] for r in call(conn, "list_rate_limits")] == ["q2"]
 
 
@@ -172,8 +218,9 @@ def test_explain_names_the_limit_and_its_next_token(conn: Conn) -> None:
     claim(conn, max_jobs=5)
     why = scalar(conn, "explain", id=b)
     assert why["reason"] == "rate_limited" and why["rate_key"] == "k", why
-    tat = conn.execute("SELECT max(tat) FROM pgjobs.rate_tats WHERE key = 'k'").fetchone()[0]
-    assert datetime.fromisoformat(why["next_token_at"]) == tat
+    # the token frees an hour after the start that took it
+    first = conn.execute("SELECT started_at FROM pgjobs.rate_starts WHERE key = 'k' AND seq = 1").fetchone()[0]
+    assert datetime.fromisoformat(why["next_token_at"]) == first + timedelta(hours=1)
     conn.execute("SELECT pgjobs.configure_queue('q', max_starts => 1, per => '1 hour')")
     enqueue_n(conn, 2, "call", queue="q")
     _first, second = (r[0] for r in conn.execute("SELECT id FROM pgjobs.jobs WHERE queue = 'q' ORDER BY id"))
@@ -187,16 +234,19 @@ def test_explain_names_the_limit_and_its_next_token(conn: Conn) -> None:
 
 def test_the_poller_s_next_due_time_is_the_next_token(conn: Conn) -> None:
     limit(conn, "k", 10, "1 second")
-    enqueue_n(conn, 5, "call", rate_key="k")
-    claim(conn, max_jobs=5)
+    enqueue_n(conn, 15, "call", rate_key="k")
+    assert len(claim(conn, max_jobs=15)) == 10
     due = scalar(conn, "next_due_within", queues=["default"], within="1 minute")
     held = conn.execute("SELECT min(run_at) FROM pgjobs.jobs WHERE state = 'scheduled'").fetchone()[0]
     assert due == held
+    # the jobs held back come due when the tokens free: a second after the starts that took them
+    started = conn.execute("SELECT max(started_at) FROM pgjobs.rate_starts WHERE key = 'k'").fetchone()[0]
+    assert held == started + timedelta(seconds=1)
     conn.execute("SELECT pgjobs.configure_queue('q', max_starts => 1, per => '10 seconds')")
     enqueue_n(conn, 2, "call", queue="q")
     claim(conn, queues=["q"])
-    tat = conn.execute("SELECT max(tat) FROM pgjobs.rate_tats WHERE scope = 'queue'").fetchone()[0]
-    assert scalar(conn, "next_due_within", queues=["q"], within="1 minute") == tat
+    started = conn.execute("SELECT started_at FROM pgjobs.rate_starts WHERE scope = 'queue'").fetchone()[0]
+    assert scalar(conn, "next_due_within", queues=["q"], within="1 minute") == started + timedelta(seconds=10)
 
 
 @pytest.mark.parametrize(
@@ -241,47 +291,62 @@ def test_a_bad_rate_key_is_refused(conn: Conn) -> None:
     assert [r[0] for r in conn.execute("SELECT rate_key FROM pgjobs.jobs ORDER BY id")] == ["a", "b"]
 
 
-def test_maintenance_keeps_only_the_newest_tat_of_a_limit(conn: Conn) -> None:
-    limit(conn, "k", 1000, "1 second")
-    enqueue_n(conn, 30, "call", rate_key="k")
-    for _ in range(30):
-        claim(conn)
+def test_maintenance_keeps_the_log_rows_a_claim_still_reads(conn: Conn) -> None:
+    limit(conn, "k", 3, "1 hour", burst=2)  # a window of 5 starts an hour
+    enqueue_n(conn, 10, "call", rate_key="k")
+    assert len(claim(conn, max_jobs=10)) == 5
     limit(conn, "gone", 5, "1 second")
-    enqueue(conn, rate_key="gone")
-    claim(conn)
+    enqueue(conn, queue="g", rate_key="gone")
+    assert len(claim(conn, queues=["g"])) == 1
     limit(conn, "gone", 0, "1 second")
-    assert conn.execute("SELECT count(*) FROM pgjobs.rate_tats").fetchone() == (31,)
+    assert conn.execute("SELECT count(*) FROM pgjobs.rate_starts").fetchone() == (6,)
+    limit(conn, "k", 1, "1 hour")  # a window of 1: a claim reads the newest row only
     conn.execute("SELECT * FROM pgjobs.maintain_history()")
-    assert conn.execute("SELECT key, taken FROM pgjobs.rate_tats").fetchall() == [("k", 1)]
+    assert conn.execute("SELECT key, seq FROM pgjobs.rate_starts").fetchall() == [("k", 5)]
+    assert claim(conn, max_jobs=10) == [], "the row kept is the start that holds the window"
 
 
-def test_under_a_held_snapshot_reading_a_limit_s_tat_does_not_grow_with_the_claims_since(
+def limiter_reads(conn: Conn) -> tuple[int, int]:
+    """(index entries, buffers) this transaction's reads of the limiter's log asked for so far: entries
+    returned by rate_starts_pkey, buffers of the table and the index (hits and reads, inserts included)."""
+    row = conn.execute(
+        "SELECT pg_stat_get_xact_tuples_returned('pgjobs.rate_starts_pkey'::regclass),"
+        " pg_stat_get_xact_blocks_fetched('pgjobs.rate_starts_pkey'::regclass)"
+        " + pg_stat_get_xact_blocks_fetched('pgjobs.rate_starts'::regclass)"
+    ).fetchone()
+    assert row is not None
+    return int(row[0]), int(row[1])
+
+
+def test_under_a_held_snapshot_the_limiter_reads_the_same_after_1000_and_after_5000_starts(
     conn: Conn, connect: ConnectFactory
 ) -> None:
-    """Every claim that takes a token inserts a TAT row; the newest is one backward descent of rate_tats_newest,
-    so under a held snapshot (and after maintenance deleted the old rows, now dead to it) a claim reads two
-    entries there (one descent to check the tokens, one to take them), after 20 claims as after 400."""
-    limit(conn, "k", 1_000_000, "1 second")
-    enqueue_n(conn, 500, "call", rate_key="k")
-
-    def entries_per_claim() -> int:
-        conn.execute("BEGIN")
-        before = conn.execute("SELECT pg_stat_get_xact_tuples_returned('pgjobs.rate_tats_newest'::regclass)").fetchone()
-        assert len(claim(conn)) == 1
-        after = conn.execute("SELECT pg_stat_get_xact_tuples_returned('pgjobs.rate_tats_newest'::regclass)").fetchone()
-        conn.execute("COMMIT")
-        assert before is not None and after is not None
-        return int(after[0] - before[0])
-
+    """A claim that wants k tokens reads the newest row of the log (one backward descent) and the k rows n
+    places below it (one range), and appends k rows. Maintenance deletes the rows below those, and a held
+    snapshot keeps them as dead entries, all of them below every range a claim reads: eight probe claims of
+    10 jobs read the same entries and buffers within 10 % after 1,000 and after 5,000 starts."""
+    limit(conn, "k", 1, "1 microsecond", burst=99)  # a window of 100: rows s-99 .. on, long free
+    enqueue_n(conn, 5400, "call", rate_key="k")
+    measured = {}
     with held_snapshot(connect):
-        for _ in range(20):
-            claim(conn)
-        early = entries_per_claim()
-        for _ in range(400):
-            claim(conn)
-        conn.execute("SELECT * FROM pgjobs.maintain_history()")
-        late = entries_per_claim()
-    assert early == late == 2, (early, late)
+        started = 0
+        for target in (1000, 5000):
+            while started < target:
+                started += len(claim(conn, max_jobs=100))
+            conn.execute("SELECT * FROM pgjobs.maintain_history()")  # the rows below deleted: dead to the snapshot
+            assert conn.execute("SELECT count(*) FROM pgjobs.rate_starts").fetchone() == (100,)
+            conn.execute("BEGIN")
+            before = limiter_reads(conn)
+            for _ in range(8):
+                assert len(claim(conn, max_jobs=10)) == 10
+            after = limiter_reads(conn)
+            conn.execute("COMMIT")
+            started += 80
+            measured[target] = (after[0] - before[0], after[1] - before[1])
+    (e1, b1), (e2, b2) = measured[1000], measured[5000]
+    assert e2 <= e1 * 1.1 and b2 <= b1 * 1.1, measured
+    # per claim: two descents to the newest row (one to count, one to take) and the range of 10 rows
+    assert e1 <= 8 * (2 + 10), measured
 
 
 def test_a_key_limit_holds_on_a_fair_queue_too(conn: Conn) -> None:

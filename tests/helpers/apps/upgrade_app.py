@@ -4,6 +4,7 @@ It imports whatever ``pgjobs`` comes first on ``PYTHONPATH``: the test runs it f
 code deployed before the upgrade) and from this one (after). Modes:
 
 * ``worker``: a ``pgjobs.Worker`` (SIGTERM: graceful stop) whose ``witness`` handler writes the witness row;
+* ``rated``: the same worker on the queues ``rk`` and ``rq`` (the rate-limited upgrade: a key's limit, a queue's);
 * ``sqlworker``: for a revision whose Python has no usable worker: the SQL contract by hand (``claim``, the
   witness row, ``complete``), every error logged and the loop going on after a pause (what a careful
   client in another language does); stops on SIGTERM;
@@ -47,7 +48,11 @@ def witness(dsn: str, job_id: int, attempt: int, worker: str) -> str:
     return "witnessed"
 
 
-def run_worker(dsn: str, name: str) -> int:
+def run_rated(dsn: str, name: str) -> int:
+    return run_worker(dsn, name, {"rk": 8, "rq": 8})
+
+
+def run_worker(dsn: str, name: str, queues: dict[str, int] | None = None) -> int:
     import pgjobs
 
     app = pgjobs.App()
@@ -57,7 +62,7 @@ def run_worker(dsn: str, name: str) -> int:
         return witness(dsn, ctx.id, ctx.attempt, name)
 
     options: dict[str, Any] = {
-        "queues": {"default": 8}, "lease": 60.0, "scheduler": False, "name": name, "poll_interval": 0.5,
+        "queues": queues or {"default": 8}, "lease": 60.0, "scheduler": False, "name": name, "poll_interval": 0.5,
         "grace_period": 10.0,
     }  # fmt: skip
     accepted = inspect.signature(pgjobs.Worker).parameters
@@ -131,7 +136,8 @@ def main() -> int:
     # also answer, with this checkout's code, for a submodule an old tree lacks
     sys.meta_path[:] = [f for f in sys.meta_path if "__editable__" not in type(f).__module__]
     mode, dsn, name = sys.argv[1], sys.argv[2], sys.argv[3]
-    return {"worker": run_worker, "sqlworker": run_sqlworker, "producer": run_producer}[mode](dsn, name)
+    modes = {"worker": run_worker, "rated": run_rated, "sqlworker": run_sqlworker, "producer": run_producer}
+    return modes[mode](dsn, name)
 
 
 if __name__ == "__main__":

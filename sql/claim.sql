@@ -463,11 +463,9 @@ BEGIN
                   j.lease_expires_at, j.checkpoint, j.group_key, j.batch_id, j.first_started_at,
                   j.priority, j.run_at
     ), floor AS (
-        -- Read in this statement's snapshot, which sees the jobs this claim takes as pending still: the
-        -- first pending job at or above the start, taken or not, locked by a concurrent claim or not. The
-        -- lease start stays a lower bound of every live lease while it lies ahead (leases only move later
-        -- unfiled), so the earliest lease is read again once it has passed, and by every 8th claim: the
-        -- entries that jobs completed since leave below it are passed in one read of eight claims' worth.
+        -- In this statement's snapshot, where the jobs this claim takes are pending still: the first pending
+        -- job from the start, taken or locked or not. The lease start stays a lower bound while it lies ahead
+        -- (leases move later unfiled): read again once passed, and by every 8th claim (eight claims' worth).
         INSERT INTO claim_floors (slot, seq, queue, kinds, snap, own, p, t, i, sched, lease)
         SELECT (plan.seq / 8192 % 2)::smallint, plan.seq, r.name, plan.key, plan.snap, pg_current_xact_id(),
                h.priority, h.run_at, h.id, s.run_at,

@@ -33,8 +33,8 @@ def test_the_queue_page_shows_weights_and_the_rate_limit(dsn: str, web: RunningW
         c.enqueue("render", {}, queue="reports", group_key="tenant-4")  # not in the ring until the next claim
     s = web.client()
     page = s.get("/queues/reports").text
-    # one start taken: the next token is due after the spacing of the window (3600 s / 10)
-    assert '<td id="rate">10 starts per 1 h; 0 tokens now, next <time' in page
+    # one start taken of a window of 10 an hour: 9 tokens left
+    assert '<td id="rate">10 starts per 1 h; 9 tokens now' in page
     assert ">weight</th>" in page and "2 weighted" in page
     assert _weights(page) == {"tenant-1": "3", "tenant-2": "0.5", "tenant-3": "1", "tenant-4": "&mdash;"}
     assert 'action="/queues/reports/weight"' in page

@@ -123,7 +123,10 @@ async def read_caps(w: WorkerState) -> None:
             w.poke_poller()  # (claims made before this read did not re-arm it)
         w.rate_limited = limited
     except Exception as exc:
-        log.warning("could not read whether rate limits hold back the served queues (%s)", exc)
+        if isinstance(exc, psycopg.OperationalError | psycopg.InterfaceError):
+            w.outage.lost("rate_limited", exc)  # (the one outage line, as every read here)
+        else:
+            log.warning("could not read whether rate limits hold back the served queues (%s)", exc)
 
 
 async def caps_reader(w: WorkerState) -> None:

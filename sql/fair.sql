@@ -14,12 +14,13 @@
 --  3. the jobs filed since S (claim.sql, "Floors"): groups that got work and floors lowered, in the
 --     statement whose snapshot the new row records;
 --  4. the active jobs, in all and per group, from the ledger (caps.sql);
---  5. picks, one job at a time, each re-ranking the groups (DESIGN.md): a group at its cap is passed;
+--  5. picks, each one as if the groups were ranked again (DESIGN.md): a group at its cap is passed;
 --     non-noisy groups first (noisy: at least noisy_min_active active and more than noisy_share of the
 --     queue's; among the noisy, fewer active first); then the lowest virtual time; then the least recently
---     served; then the head's priority, run_at, id. A group's jobs are read from its floor (jobs_group_idx;
---     ungrouped jobs, one more group, on jobs_pending_idx) and locked SKIP LOCKED a few at a time; a group
---     with no pending job leaves the ring until a filing brings it back;
+--     served; then the head's priority, run_at, id. In rounds: one sort into an order of picks, the jobs of
+--     its groups read from their floors (jobs_group_idx; ungrouped jobs, one more group, on
+--     jobs_pending_idx) and locked SKIP LOCKED in one statement, a walk of the order; a group with no pending
+--     job leaves the ring until a filing brings it back;
 --  6. the picks leased in one statement, and the new ring row.
 -- Virtual time: serving a group moves its time to max(its time, the ring's) + 1 / weight, and the ring's
 -- time to the served group's start. A group back from idle starts at the ring's time: it neither starves

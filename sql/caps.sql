@@ -29,29 +29,41 @@ RETURNS trigger
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pgjobs, pg_temp
 AS $$
+DECLARE
+    v_counted text[];   -- the statement's queues with a ledger
+    v_grouped text[];   -- those counted per group (fair, or a per-group cap); elsewhere one row a statement
 BEGIN
-    -- Per group only where groups count (a fair queue, a per-group cap): elsewhere one row a statement.
+    -- The queues first, one probe each: a statement on queues without a ledger (plain ones) ends here.
     IF TG_OP = 'UPDATE' THEN
-        INSERT INTO cap_ledger (queue, group_key, n)
-        SELECT d.queue, d.group_key, d.n
-          FROM (SELECT m.queue, CASE WHEN c.fair OR c.max_active_per_group IS NOT NULL THEN m.group_key END,
-                       sum(m.n)::int AS n
-                  FROM (SELECT o.queue, o.group_key, -1 AS n FROM old_jobs AS o WHERE o.state = 'active'
-                        UNION ALL
-                        SELECT w.queue, w.group_key, 1 FROM new_jobs AS w WHERE w.state = 'active') AS m
-                  JOIN queues AS c ON c.queue = m.queue
-                 WHERE c.max_active IS NOT NULL OR c.fair OR c.max_active_per_group IS NOT NULL
-                 GROUP BY m.queue, CASE WHEN c.fair OR c.max_active_per_group IS NOT NULL THEN m.group_key END)
-               AS d (queue, group_key, n)
-         WHERE d.n <> 0;
+        SELECT array_agg(c.queue), array_agg(c.queue) FILTER (WHERE c.fair OR c.max_active_per_group IS NOT NULL)
+          INTO v_counted, v_grouped
+          FROM queues AS c
+         WHERE c.queue IN (SELECT o.queue FROM old_jobs AS o WHERE o.state = 'active'
+                           UNION SELECT w.queue FROM new_jobs AS w WHERE w.state = 'active')
+           AND (c.max_active IS NOT NULL OR c.fair OR c.max_active_per_group IS NOT NULL);
+        IF v_counted IS NOT NULL THEN
+            INSERT INTO cap_ledger (queue, group_key, n)
+            SELECT m.queue, CASE WHEN m.queue = ANY (v_grouped) THEN m.group_key END, sum(m.n)::int
+              FROM (SELECT o.queue, o.group_key, -1 AS n FROM old_jobs AS o WHERE o.state = 'active'
+                    UNION ALL
+                    SELECT w.queue, w.group_key, 1 FROM new_jobs AS w WHERE w.state = 'active') AS m
+             WHERE m.queue = ANY (v_counted)
+             GROUP BY 1, 2
+            HAVING sum(m.n) <> 0;
+        END IF;
     ELSE
-        INSERT INTO cap_ledger (queue, group_key, n)
-        SELECT o.queue, CASE WHEN c.fair OR c.max_active_per_group IS NOT NULL THEN o.group_key END,
-               -count(*)::int
-          FROM old_jobs AS o
-          JOIN queues AS c ON c.queue = o.queue
-         WHERE o.state = 'active' AND (c.max_active IS NOT NULL OR c.fair OR c.max_active_per_group IS NOT NULL)
-         GROUP BY o.queue, CASE WHEN c.fair OR c.max_active_per_group IS NOT NULL THEN o.group_key END;
+        SELECT array_agg(c.queue), array_agg(c.queue) FILTER (WHERE c.fair OR c.max_active_per_group IS NOT NULL)
+          INTO v_counted, v_grouped
+          FROM queues AS c
+         WHERE c.queue IN (SELECT o.queue FROM old_jobs AS o WHERE o.state = 'active')
+           AND (c.max_active IS NOT NULL OR c.fair OR c.max_active_per_group IS NOT NULL);
+        IF v_counted IS NOT NULL THEN
+            INSERT INTO cap_ledger (queue, group_key, n)
+            SELECT o.queue, CASE WHEN o.queue = ANY (v_grouped) THEN o.group_key END, -count(*)::int
+              FROM old_jobs AS o
+             WHERE o.state = 'active' AND o.queue = ANY (v_counted)
+             GROUP BY 1, 2;
+        END IF;
     END IF;
     RETURN NULL;
 END;

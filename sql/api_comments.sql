@@ -275,7 +275,7 @@ Roles: pgjobs_admin.$$;
 COMMENT ON FUNCTION pgjobs.configure_group IS $$Sets a fair queue's group's weight, in (0, 1000] (1, the default, removes it), and returns it: while several groups have work, each is served in proportion to its weight; a group with none gives its share to the others, and one that comes back neither starves nor makes up for lost turns.
 Errors: PJ002 a weight outside (0, 1000], an empty queue or group_key.
 Roles: pgjobs_admin.$$;
-COMMENT ON FUNCTION pgjobs.fair_ring_groups IS $$The groups of a fair queue with pending work at its last claim: when each was last served, its place in the serving order (the ring's serve count then; 0 never served) and its weight; no row for a queue never claimed as fair.
+COMMENT ON FUNCTION pgjobs.fair_ring_groups IS $$The groups of a fair queue with pending work at its last claim: when each was last served (NULL: never), its place in the serving order (the ring's serve count then; 0 never served) and its weight; no row for a queue never claimed as fair.
 Errors: PJ002 an empty queue.
 Roles: pgjobs_reader, pgjobs_admin.$$;
 

@@ -75,6 +75,25 @@ CREATE OR REPLACE TRIGGER jobs_cap_deleted AFTER DELETE ON pgjobs.jobs
     REFERENCING OLD TABLE AS old_jobs
     FOR EACH STATEMENT EXECUTE FUNCTION pgjobs._cap_moved();
 
+-- The claim lock of a capped or fair queue, to the end of the transaction: its claims run one at a time, and
+-- under READ COMMITTED every statement after the lock sees every job the claims before it leased (a holder lets
+-- go only once its commit is visible), so the counts read under it are exact. A snapshot older than the lock
+-- (REPEATABLE READ, SERIALIZABLE) could miss them: refused.
+CREATE OR REPLACE FUNCTION pgjobs._cap_lock(queue text)
+RETURNS void
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pgjobs, pg_temp
+AS $$
+BEGIN
+    IF current_setting('transaction_isolation') <> 'read committed' THEN
+        RAISE EXCEPTION USING ERRCODE = 'PJ002',
+            MESSAGE = format('claim on queue %L (it is fair or capped) needs READ COMMITTED, not %s',
+                             queue, current_setting('transaction_isolation'));
+    END IF;
+    PERFORM pg_advisory_xact_lock(hashtextextended('pgjobs.claim:' || queue, 0));
+END;
+$$;
+
 -- Per-group counts as a map {group: n}, zeros left out: the sum of a map and of ledger rows.
 CREATE OR REPLACE FUNCTION pgjobs._cap_sum_groups(base jsonb, keys text[], deltas int[])
 RETURNS jsonb

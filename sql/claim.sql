@@ -240,13 +240,7 @@ DECLARE
     v_low  record;
     v_room int;
 BEGIN
-    IF current_setting('transaction_isolation') <> 'read committed' THEN
-        -- A snapshot older than the lock could miss jobs leased by the previous holder.
-        RAISE EXCEPTION USING ERRCODE = 'PJ002',
-            MESSAGE = format('claim on queue %L (it has concurrency caps) needs READ COMMITTED, not %s',
-                             queue, current_setting('transaction_isolation'));
-    END IF;
-    PERFORM pg_advisory_xact_lock(hashtextextended('pgjobs.claim:' || queue, 0));
+    PERFORM _cap_lock(queue);
     -- The settings as of now: a configure_queue may have committed while this claim waited.
     SELECT * INTO v_cfg FROM queues AS c WHERE c.queue = _claim_capped_plain.queue;
     IF NOT FOUND OR v_cfg.paused THEN

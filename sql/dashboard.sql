@@ -213,8 +213,7 @@ BEGIN
     PERFORM _check_name('queue', dashboard_groups.queue);
     PERFORM _dashboard_check_page(max_rows, 0);
     RETURN QUERY
-    -- '-infinity' (never served) as NULL(never served) as NULL: clients cannot represent it
-    SELECT g.group_key, g.pending, g.scheduled, g.active, nullif(gc.last_served_at, '-infinity')
+    SELECT g.group_key, g.pending, g.scheduled, g.active, gc.last_served_at
       FROM (SELECT j.group_key,
                    count(*) FILTER (WHERE j.state = 'pending') AS pending,
                    count(*) FILTER (WHERE j.state = 'scheduled') AS scheduled,

@@ -133,7 +133,7 @@ BEGIN
     IF v_events IS NOT NULL THEN
         PERFORM _notify_status(v_events);
         IF v_follow IS NOT NULL THEN
-            PERFORM set_config('plan_cache_mode', 'auto', true);  -- see the note at the top of this file
+            PERFORM set_config('plan_cache_mode', 'auto', true);  -- (claim.sql, "Plans": _propagate plans for itself)
             PERFORM _propagate(v_follow);
         END IF;
     END IF;

@@ -208,7 +208,7 @@ AS $$
 $$;
 
 -- max_active: the claim counts the queue's active jobs whose lease holds (a lapsed one is made pending, or
--- settled on its last attempt, before the count: _promote_due, _settle_expired), so this does.
+-- settled on its last attempt, before the count: _requeue_expired, _settle_expired), so this does.
 CREATE OR REPLACE FUNCTION pgjobs._explain_queue_cap(j pgjobs.jobs, q pgjobs.queues)
 RETURNS jsonb
 LANGUAGE sql

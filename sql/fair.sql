@@ -67,7 +67,7 @@ BEGIN
     PERFORM _check_name('queue', queue);
     v := _fair_ring(queue);
     RETURN QUERY
-    SELECT r.g, r.at, r.served, coalesce(w.weight, 1)
+    SELECT r.g, nullif(r.at, '-infinity'), r.served, coalesce(w.weight, 1)   -- (never served: NULL)
       FROM unnest(v.g, v.g_at, v.g_served) AS r(g, at, served)
       LEFT JOIN fair_weights AS w ON w.queue = fair_ring_groups.queue AND w.group_key = r.g;
 END;
@@ -225,21 +225,19 @@ BEGIN
 END;
 $$;
 
--- Step 5's order without the noisy rule: the next picks as (group index in c, its nth pick in this claim),
--- best first. Serving a group moves its virtual time by 1 / weight, so its successive picks start at
+-- Step 5's order without the noisy rule: the next picks, best first, each as its group's index in c. Serving a group moves its virtual time by 1 / weight, so its successive picks start at
 -- max(its time, the ring's) + n / weight; ties go to the pick whose group was served at the lower virtual
 -- time before (a group never served first), then to the fewer picks this claim, the older serve, the head's
 -- (priority, run_at, id). The picks of `room` jobs come from the first `room` groups by their next start, so
 -- a few more than that are read, whatever the number of groups; a group at its cap has no pick.
-CREATE OR REPLACE FUNCTION pgjobs._fair_order(c pgjobs.fair_group[], vt float8, room int, cap int,
-                                              OUT ks int[], OUT js int[])
+CREATE OR REPLACE FUNCTION pgjobs._fair_order(c pgjobs.fair_group[], vt float8, room int, cap int)
+RETURNS int[]
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pgjobs, pg_temp
 AS $$
 BEGIN
-    SELECT array_agg(o.k ORDER BY o.s, o.before NULLS FIRST, o.j, o.served, o.p, o.t, o.i, o.g),
-           array_agg(o.j ORDER BY o.s, o.before NULLS FIRST, o.j, o.served, o.p, o.t, o.i, o.g)
-      INTO ks, js
+    RETURN (
+    SELECT array_agg(o.k ORDER BY o.s, o.before NULLS FIRST, o.j, o.served, o.p, o.t, o.i, o.g)
       FROM (SELECT x.k, n.j, x.served, x.p, x.t, x.i, x.g, greatest(x.vt, _fair_order.vt) + n.j / x.w AS s,
                    CASE WHEN n.j = 0 THEN x.vt - 1.0 / x.w ELSE greatest(x.vt, _fair_order.vt) + (n.j - 1) / x.w END
                        AS before
@@ -254,8 +252,8 @@ BEGIN
              CROSS JOIN LATERAL generate_series(
                    0, least(room, ceil(room * x.w / x.wsum)::int + 2,
                             CASE WHEN x.g IS NULL OR cap IS NULL THEN room ELSE cap - x.active END) - 1) AS n(j)
-             ORDER BY 8, 9 NULLS FIRST, 2, 3, 4, 5, 6, 7
-             LIMIT 2 * room + 4) AS o;
+             ORDER BY s, before NULLS FIRST, j, served, p, t, i, g
+             LIMIT 2 * room + 4) AS o);
 END;
 $$;
 
@@ -376,7 +374,7 @@ LANGUAGE plpgsql
 SET search_path = pg_catalog, pgjobs, pg_temp
 AS $$
 DECLARE
-    v_o    record;
+    v_ks   int[];    -- the round's order of picks (_fair_order)
     v_r    record;
     v_wsum float8 := (SELECT sum(x.w) FROM unnest(c) AS x);
     v_next int[];     -- per group, where its next job read is in the round's jobs
@@ -390,10 +388,10 @@ BEGIN
     LOOP
         EXIT WHEN room <= 0 OR (limits IS NOT NULL
                                 AND NOT EXISTS (SELECT 1 FROM jsonb_each_text(limits) AS e WHERE e.value::int > 0));
-        v_o := _fair_order(c, vt, room, cfg.max_active_per_group);
-        EXIT WHEN v_o.ks IS NULL;
-        v_r := _fair_reads(queue, c, ARRAY(SELECT DISTINCT k FROM unnest(v_o.ks) AS k),
-                           ARRAY(SELECT count(*)::int FROM unnest(v_o.ks) AS k GROUP BY k ORDER BY k),
+        v_ks := _fair_order(c, vt, room, cfg.max_active_per_group);
+        EXIT WHEN v_ks IS NULL;
+        v_r := _fair_reads(queue, c, ARRAY(SELECT DISTINCT k FROM unnest(v_ks) AS k),
+                           ARRAY(SELECT count(*)::int FROM unnest(v_ks) AS k GROUP BY k ORDER BY k),
                            CASE WHEN limits IS NOT NULL THEN ARRAY(SELECT e.key FROM jsonb_each_text(limits) AS e
                                                                    WHERE e.value::int > 0) END);
         c := v_r.c;
@@ -401,18 +399,17 @@ BEGIN
         v_wait := '{}';
         v_took := 0;
         v_n := 1;
-        WHILE room > 0 AND (v_n <= cardinality(v_o.ks) OR cardinality(v_wait) > 0) LOOP
+        WHILE room > 0 AND (v_n <= cardinality(v_ks) OR cardinality(v_wait) > 0) LOOP
             -- The turn: a waiting group that is quiet now, else the next in order, else the least busy noisy one.
             v_k := NULL;
             IF cardinality(v_wait) > 0 THEN
                 v_k := (SELECT w FROM unnest(v_wait) AS w WHERE NOT _fair_noisy(c[w], total, cfg, v_wsum) LIMIT 1);
             END IF;
-            IF v_k IS NULL AND v_n <= cardinality(v_o.ks) THEN
-                v_k := v_o.ks[v_n];
+            IF v_k IS NULL AND v_n <= cardinality(v_ks) THEN
+                v_k := v_ks[v_n];
                 v_n := v_n + 1;
                 CONTINUE WHEN (c[v_k]).state <> 'read' OR v_k = ANY (v_wait);
-                IF (c[v_k]).g IS NOT NULL AND (c[v_k]).active >= cfg.noisy_min_active
-                   AND _fair_noisy(c[v_k], total, cfg, v_wsum) THEN
+                IF _fair_noisy(c[v_k], total, cfg, v_wsum) THEN
                     v_wait := v_wait || v_k;
                     CONTINUE;
                 END IF;
@@ -445,9 +442,9 @@ BEGIN
             room := room - 1;
             v_took := v_took + 1;
         END LOOP;
-        -- A round that took nothing and passed no group (gone, dry) would find the same again.
-        EXIT WHEN v_took = 0 AND NOT EXISTS (SELECT 1 FROM unnest(v_o.ks) AS k WHERE (c[k]).state <> 'read')
-                  AND NOT EXISTS (SELECT 1 FROM unnest(v_o.ks) AS k WHERE k <> ALL (v_r.jk));
+        -- A round that took nothing and left every group of its order readable would find the same again (a
+        -- group read with nothing to lock is 'dry' or 'gone' by now, and the next order passes it).
+        EXIT WHEN v_took = 0 AND NOT EXISTS (SELECT 1 FROM unnest(v_ks) AS k WHERE (c[k]).state <> 'read');
     END LOOP;
     groups := c;
 END;
@@ -545,13 +542,7 @@ DECLARE
     v_grps  fair_group[];
     v_ids   bigint[];
 BEGIN
-    IF current_setting('transaction_isolation') <> 'read committed' THEN
-        -- A snapshot older than the lock could miss jobs leased by the previous holder.
-        RAISE EXCEPTION USING ERRCODE = 'PJ002',
-            MESSAGE = format('claim on queue %L (it is fair or has concurrency caps) needs READ COMMITTED, not %s',
-                             queue, current_setting('transaction_isolation'));
-    END IF;
-    PERFORM pg_advisory_xact_lock(hashtextextended('pgjobs.claim:' || queue, 0));
+    PERFORM _cap_lock(queue);
     -- The settings as of now: a configure_queue may have committed while this claim waited (a queue that
     -- stopped being fair gives nothing to this call; the next claim takes the path its settings give).
     SELECT * INTO v_cfg FROM queues AS c WHERE c.queue = _claim_fair.queue;

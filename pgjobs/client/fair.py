@@ -21,9 +21,8 @@ def configure_group_call(queue: str, group_key: str, weight: float = 1.0) -> Cal
 
 
 def fair_groups_call(queue: str) -> Call[list[FairGroup]]:
-    # '-infinity' (never served) as NULL: a Python datetime cannot hold it
     return Call(
-        "SELECT group_key, nullif(last_served_at, '-infinity') AS last_served_at, served, weight"
+        "SELECT group_key, last_served_at, served, weight"
         " FROM pgjobs.fair_ring_groups(queue => %(queue)s)"
         " ORDER BY weight DESC, served, group_key NULLS LAST",
         {"queue": queue},

@@ -84,7 +84,7 @@ def queue_live(queues: Sequence[str]) -> Call[Tuples]:
         "SELECT q.queue,"
         " (SELECT count(*) FROM pgjobs.jobs AS j WHERE j.state = 'pending' AND j.queue = q.queue) AS pending,"
         " (SELECT count(*) FROM pgjobs.jobs AS j WHERE j.state = 'active' AND j.queue = q.queue) AS active,"
-        " (SELECT count(*) FROM pgjobs.fair_ring_groups(q.queue)) AS groups"
+        " (SELECT count(*) FROM pgjobs.fair_ring_groups(q.queue) AS g WHERE g.group_key IS NOT NULL) AS groups"
         " FROM unnest(%(queues)s::text[]) AS q(queue)",
         {"queues": list(queues)},
         _tuples,

@@ -15,6 +15,7 @@ import threading
 from typing import Any
 
 import psycopg
+import pytest
 from conftest import ConnectFactory
 
 from tests.helpers.foundation import call, claim, enqueue_n, expire, held_snapshot, run_threads, scalar
@@ -239,11 +240,19 @@ def test_a_capped_claim_reads_the_same_after_1000_and_after_20000_jobs_done_unde
     assert b2 <= b1 * 1.1, measured
 
 
-def test_a_cap_set_while_a_job_ends_waits_for_it_and_counts_it(conn: Conn, connect: ConnectFactory) -> None:
-    """A job of an uncapped queue ends in a transaction still open when ``max_active`` is set: the ledger's
-    triggers filed nothing for it (no cap when its statement ran). configure_queue waits for that transaction,
-    so the first count, after both, is exact; without the wait it counted the job as active for good."""
-    enqueue_n(conn, 2, queue="cq", run_at=PAST)
+@pytest.mark.parametrize(
+    "settings",
+    [{"max_active": 1}, {"fair": True, "max_active_per_group": 1}],
+    ids=["max_active", "fair-per-group"],
+)
+def test_a_cap_set_while_a_job_ends_waits_for_it_and_counts_it(
+    conn: Conn, connect: ConnectFactory, settings: dict[str, Any]
+) -> None:
+    """A job of an uncounted queue ends in a transaction still open when ``max_active`` (or fairness with a
+    per-group cap: a ledger per group) is set: the ledger's triggers filed nothing for it (no ledger when its
+    statement ran). configure_queue waits for that transaction, so the first count, after both, is exact;
+    without the wait it counted the job as active for good."""
+    enqueue_n(conn, 2, queue="cq", run_at=PAST, group_key="g")
     got = claim(conn, "w", queues=["cq"], max_jobs=2)
     assert len(got) == 2
     ender = connect()
@@ -253,7 +262,7 @@ def test_a_cap_set_while_a_job_ends_waits_for_it_and_counts_it(conn: Conn, conne
     done = threading.Event()
 
     def configure() -> None:
-        capped(admin, max_active=1)
+        call(admin, "configure_queue", queue="cq", **settings)
         done.set()
 
     t = threading.Thread(target=configure)
@@ -276,5 +285,5 @@ def test_a_cap_set_while_a_job_ends_waits_for_it_and_counts_it(conn: Conn, conne
     assert seen
     finish(conn, got[1:])
     assert ledger_count(conn) == (0, 0)
-    enqueue_n(conn, 1, queue="cq", run_at=PAST)
-    assert len(claim(conn, "w", queues=["cq"], max_jobs=5)) == 1  # the cap of 1 has its room
+    enqueue_n(conn, 2, queue="cq", run_at=PAST, group_key="g")
+    assert len(claim(conn, "w", queues=["cq"], max_jobs=5)) == 1  # the cap of 1 has its room, and no more

@@ -1,6 +1,6 @@
-"""Concurrency caps inside claim (sql/fairness.sql): max_active_per_group, max_active and kind_limits, held under
-many concurrent claimers (a checker connection samples the active jobs all along), with expired leases
-reclaimed, on fair queues and on plain-order ones."""
+"""Concurrency caps inside claim (sql/caps.sql, sql/fair.sql, sql/claim.sql): max_active_per_group, max_active
+and kind_limits, held under many concurrent claimers (a checker connection samples the active jobs all along),
+with expired leases reclaimed, on fair queues and on plain-order ones."""
 
 from __future__ import annotations
 
@@ -209,10 +209,15 @@ def test_removing_a_cap_lets_more_run(conn: Conn) -> None:
     assert len(claim(conn, queues=["q"], max_jobs=5)) == 4
 
 
-def test_a_capped_claim_needs_read_committed(connect: ConnectFactory) -> None:
+@pytest.mark.parametrize(
+    "settings", [{"max_active": 1}, {"fair": True}, {"max_active_per_group": 1}], ids=["capped", "fair", "per-group"]
+)
+def test_a_capped_or_fair_claim_needs_read_committed(connect: ConnectFactory, settings: dict[str, Any]) -> None:
+    """Claims of a capped or fair queue take turns under the queue's lock; a snapshot older than the lock could
+    miss what the claim before leased, so REPEATABLE READ is refused (PJ002) and changes nothing."""
     c = connect()
-    call(c, "configure_queue", queue="q", max_active=1)
-    put(c, None, 1)
+    call(c, "configure_queue", queue="q", **settings)
+    put(c, "g", 1)
     with c.transaction():
         c.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
         with raises_pj("PJ002", "READ COMMITTED"):

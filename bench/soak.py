@@ -1,10 +1,11 @@
 """``python -m bench soak``: a fixed offered rate through one worker process for minutes, and how it holds up.
 
 First the worker's clean maximum is measured (a fresh database, 20,000 no-op jobs, one process at concurrency
-50; with ``--fair`` on a fair queue of the same 100 groups), unless ``--rate`` gives the offered rate; the soak
-offers 60 % of it (``--share``) for ``--minutes`` (default 10) on a fresh database: a producer thread enqueues
-every 100 ms, one worker process (the real ``pgjobs.Worker``, concurrency 50) runs the jobs, and a probe claims
-one job every 200 ms to time a claim under the same table (its job is completed at once). Every 10 s it prints:
+50, on the same kind of queue as the soak's: plain, fair, capped, or fair and capped), unless ``--rate`` gives the
+offered rate; the soak offers 60 % of it (``--share``) for ``--minutes`` (default 10) on a fresh database: a
+producer thread enqueues every 100 ms, one worker process (the real ``pgjobs.Worker``, concurrency 50) runs the
+jobs, and a probe claims one job every 200 ms to time a claim under the same table (its job is completed at
+once). Every 10 s it prints:
 
 * completion rate (jobs/s run in the window: the worker process's count of its handlers' runs, plus the probe's),
 * claim p50/p99: the probe's claim call, and the wait of the job it got (now - run_at: the queue delay),
@@ -15,15 +16,20 @@ one job every 200 ms to time a claim under the same table (its job is completed 
   which the worker would pay for on the same 2 cores. The exact count is taken once, at the end (a 10-minute
   hold: 1,261,448 counted against 1,261,476 from the counters),
 * ``n_dead_tup`` and total size of every pgjobs table (partitions summed into their parent, but for the slots
-  of ``fair_rings`` and ``claim_floors``, which are emptied one at a time by TRUNCATE and shown apart).
+  of ``fair_rings`` and ``claim_floors``, which are emptied one at a time by TRUNCATE and shown apart): those
+  over 16 kB or with dead tuples, and on a capped or fair queue ``cap_ledger`` and ``cap_checkpoints`` always
+  (the active ledger its claims read and its jobs' moves write: sql/caps.sql).
 
 ``--idle-tx SECONDS`` holds a foreign snapshot (``BEGIN; SELECT txid_current();`` then nothing) for that long
 in the middle of the run, and the end prints issue 10's bars over whole periods: the probe's claim p50/p99
 over every claim before the snapshot and over every claim while it was held (a 10 s window's p99 of some 50
 probe claims is its slowest claim), and the share of the offered rate done in the last 20 s of the hold.
-``--fair`` runs on a fair queue with 100 groups. ``--functions`` adds a third line per window: the pgjobs PL/pgSQL
-functions with the most self time in it, over every session (the worker's claimer above all): where a claimer that
-falls behind spends its time. Results go to
+``--fair`` runs on a fair queue with 100 groups. ``--capped N`` caps the queue at ``max_active => N`` (N is 40
+when omitted: under the worker's concurrency of 50, so the cap binds); with ``--fair`` the queue is both fair and
+capped. The first line printed names the kind of queue, and the results record it (``fair``, ``capped``,
+``queue_kind``). ``--functions`` adds a third line per window: the pgjobs PL/pgSQL functions with the most self
+time in it, over every session (the worker's claimer above all): where a claimer that falls behind spends its
+time. Results go to
 ``bench/results/soak-<timestamp>.json`` (``--json``).
 """
 
@@ -51,6 +57,8 @@ from .worker import HERE, throughput
 QUEUE = "soak"
 WINDOW = 10.0
 GROUPS = 100  # --fair: the fair queue's groups
+CAPPED = 40  # --capped without N: under the worker's concurrency (50), so the cap binds
+LEDGER_TABLES = ("cap_ledger", "cap_checkpoints")  # shown in every window on a capped or fair queue
 _TABLES_SQL = """
 SELECT coalesce(CASE WHEN p.relname IN ('fair_rings', 'claim_floors') THEN c.relname END, p.relname, c.relname)
        AS tbl, sum(coalesce(s.n_dead_tup, 0))::bigint,
@@ -65,6 +73,19 @@ SELECT coalesce(CASE WHEN p.relname IN ('fair_rings', 'claim_floors') THEN c.rel
 """
 
 
+def _cap(text: str) -> int:
+    n = int(text)
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"--capped must be at least 1 (max_active 0 is no cap), got {n}")
+    return n
+
+
+def _kind(fair: bool, capped: int | None) -> str:
+    """The soak queue's kind, as the header says it."""
+    kinds = ([f"fair ({GROUPS} groups)"] if fair else []) + ([f"max_active {capped}"] if capped else [])
+    return ", ".join(kinds) or "plain"
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m bench soak", description=__doc__.split("\n\n")[0])
     p.add_argument("--dsn", default=os.environ.get("PGJOBS_DSN"), help="server (default $PGJOBS_DSN)")
@@ -73,6 +94,15 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--minutes", type=float, default=10.0, help="how long to offer the rate (default 10)")
     p.add_argument("--idle-tx", type=float, default=0.0, metavar="SECONDS", help="hold a snapshot that long, mid-run")
     p.add_argument("--fair", action="store_true", help="a fair queue with 100 groups")
+    p.add_argument(
+        "--capped",
+        type=_cap,
+        nargs="?",
+        const=CAPPED,
+        metavar="N",
+        help=f"cap the queue at max_active N (N defaults to {CAPPED}: under the worker's concurrency of 50, so the"
+        " cap binds; combines with --fair)",
+    )
     p.add_argument("--concurrency", type=int, default=50, help="the worker's concurrency (default 50)")
     p.add_argument("--json", metavar="PATH", help="where to write the results")
     p.add_argument(
@@ -293,9 +323,9 @@ def _ms(v: float | None) -> str:
     return "-" if v is None else f"{v:.1f}"
 
 
-def _print_window(w: dict[str, Any]) -> None:
-    """A window's lines: rates, depth and the probe's figures; the tables' dead tuples and sizes; with
-    --functions, the functions with the most self time."""
+def _print_window(w: dict[str, Any], always: tuple[str, ...] = ()) -> None:
+    """A window's lines: rates, depth and the probe's figures; the tables' dead tuples and sizes (those over
+    16 kB or with dead tuples, and the ``always`` ones); with --functions, the functions with the most self time."""
     print(
         f"t={w['t']:6.1f}s{' [snapshot held]' if w['snapshot_held'] else ''}  done {w['completed_per_s']:7.0f}/s"
         f" (offered {w['offered_per_s']:6.0f}/s)  depth {w['depth']:6d}  claim p50/p99"
@@ -304,7 +334,9 @@ def _print_window(w: dict[str, Any]) -> None:
         flush=True,
     )
     shown = (
-        f"{t['table']} {t['dead']}d/{t['bytes'] // 1024}k" for t in w["tables"] if t["bytes"] > 16384 or t["dead"] > 0
+        f"{t['table']} {t['dead']}d/{t['bytes'] // 1024}k"
+        for t in w["tables"]
+        if t["bytes"] > 16384 or t["dead"] > 0 or t["table"] in always
     )
     print("    " + "  ".join(shown), flush=True)
     if w.get("functions"):
@@ -333,10 +365,12 @@ def soak(
     concurrency: int,
     trace: Path | None = None,
     functions: bool = False,
+    capped: int | None = None,
 ) -> dict[str, Any]:
     with connect(dsn) as conn:
-        if fair:
-            conn.execute("SELECT pgjobs.configure_queue(%s, fair => true)", [QUEUE])
+        if fair or capped:
+            conn.execute("SELECT pgjobs.configure_queue(%s, fair => %s, max_active => %s)", [QUEUE, fair, capped])
+        always = LEDGER_TABLES if fair or capped else ()
         funcs = Functions(conn) if functions else None  # before the worker connects: its sessions track too
         worker_log = Path(f"/tmp/pgjobs-soak-worker-{os.getpid()}.log")
         count_file = Path(f"/tmp/pgjobs-soak-worker-{os.getpid()}.count")
@@ -376,7 +410,7 @@ def soak(
                 if funcs is not None:
                     w["functions"] = funcs.window()
                 windows.append(w)
-                _print_window(w)
+                _print_window(w, always)
                 last_ran, last_enq, last_t = ran, enq, now
         finally:
             _stop(producer, probe, worker)
@@ -412,20 +446,31 @@ def main(argv: list[str]) -> int:
     if not args.dsn:
         print("soak needs --dsn or PGJOBS_DSN", file=sys.stderr)
         return 2
+    kind = _kind(args.fair, args.capped)
+    print(f"soak: queue {QUEUE!r}: {kind}; worker concurrency {args.concurrency}", flush=True)
+    if args.capped is not None and args.capped >= args.concurrency:
+        print(f"  (max_active {args.capped} >= concurrency {args.concurrency}: the cap does not bind)", flush=True)
     clean_max = None
     rate = args.rate
     if rate is None:
         with fresh_database(args.dsn, "soakmax") as dsn:
-            # (--fair: the fair queue's own maximum, 100 groups; it is below the plain queue's)
-            clean_max = throughput(dsn, 20_000, 1, args.concurrency, "all", groups=GROUPS if args.fair else 0)
+            # (the same kind of queue as the soak's: a fair queue of 100 groups, a cap, both; each is below the
+            # plain queue's maximum)
+            clean_max = throughput(
+                dsn, 20_000, 1, args.concurrency, "all", groups=GROUPS if args.fair else 0, max_active=args.capped
+            )
         rate = args.share * clean_max
-        print(f"clean maximum {clean_max:.0f} jobs/s; offering {rate:.0f} jobs/s ({args.share:.0%})", flush=True)
+        print(
+            f"clean maximum ({kind}) {clean_max:.0f} jobs/s; offering {rate:.0f} jobs/s ({args.share:.0%})", flush=True
+        )
     with fresh_database(args.dsn, "soak") as dsn:
         trace = Path(args.trace) if args.trace else None
-        result = soak(dsn, rate, args.minutes, args.idle_tx, args.fair, args.concurrency, trace, args.functions)
+        result = soak(
+            dsn, rate, args.minutes, args.idle_tx, args.fair, args.concurrency, trace, args.functions, args.capped
+        )
     result.update(
         clean_max=clean_max, rate=rate, minutes=args.minutes, idle_tx=args.idle_tx, fair=args.fair,
-        concurrency=args.concurrency,
+        capped=args.capped, queue_kind=kind, concurrency=args.concurrency,
     )  # fmt: skip
     out = Path(args.json) if args.json else HERE / "results" / f"soak-{dt.datetime.now():%Y%m%d-%H%M%S}.json"
     out.parent.mkdir(parents=True, exist_ok=True)

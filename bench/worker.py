@@ -208,15 +208,17 @@ def throughput(
     follower: bool = False,
     groups: int = 0,
     with_probe: bool | None = None,
+    max_active: int | None = None,
 ) -> float:
-    """Jobs/s for one configuration (see the module docstring); ``groups``: a fair queue with that many.
+    """Jobs/s for one configuration (see the module docstring); ``groups``: a fair queue with that many;
+    ``max_active``: the queue capped at that many active jobs (None: no cap; each call sets or lifts it).
     ``with_probe`` (default: with the follower) runs :class:`Probe` during the run: the stream suite runs it
     without the follower too, so that the ratio of the two runs measures the subscriber alone, not the
     probe's 200 enqueues a second on the same cores."""
     with connect(dsn) as conn:
         conn.execute(
-            "SELECT pgjobs.configure_queue(%s, paused => true, status_events => %s, fair => %s)",
-            [QUEUE, events, groups > 0],
+            "SELECT pgjobs.configure_queue(%s, paused => true, status_events => %s, fair => %s, max_active => %s)",
+            [QUEUE, events, groups > 0, max_active or 0],
         )
         conn.execute("TRUNCATE pgjobs.stream_followers")
         _fill(conn, n_jobs, groups)

@@ -18,9 +18,12 @@
 --   move, so the count is the number of active jobs in the claim's snapshot. A job whose lease expired
 --   counts until it is reclaimed or settled.
 -- * Bounded: a claim reads the rows filed since the newest checkpoint's snapshot, and writes a new checkpoint
---   once those are 64 or more; that checkpoint deletes the rows its predecessor had summed (the range below
---   the predecessor's xmin) and the checkpoint before. The ranges a claim reads start at a snapshot's xmax
---   or at one xid, above every deleted row, so dead rows kept by a held snapshot are never passed.
+--   once those are 64 or more. The ranges it reads start at a snapshot's xmax or at one xid, so the rows
+--   before are never passed. Space: both tables are in two slots, a row's slot its transaction's window of
+--   4,096 xids mod 2 (the column's default). A checkpoint that finds rows in the slot its window left copies
+--   forward what is still to be read (each queue's newest checkpoint, and the ledger rows that checkpoint
+--   did not sum) and TRUNCATEs it (_cap_rotate): nothing is deleted, so a held snapshot keeps no dead row,
+--   and every slot is emptied within about two windows of xids.
 -- * Seed: a queue with no checkpoint (the first capped claim, or after configure_queue set or lifted its
 --   max_active) is counted once over jobs_active_idx.
 
@@ -135,8 +138,8 @@ BEGIN
            _cap_sum_groups('{}', ARRAY(SELECT a.group_key FROM act AS a UNION ALL SELECT m.group_key FROM mine AS m),
                            ARRAY(SELECT a.n FROM act AS a UNION ALL SELECT m.n FROM mine AS m))
       INTO v_c;
-    INSERT INTO cap_checkpoints (queue, seq, snap, own, active, cut, prev, groups)
-    VALUES (v_c.queue, v_c.seq, v_c.snap, v_c.own, v_c.active, v_c.cut, v_c.prev, v_c.groups);
+    INSERT INTO cap_checkpoints (queue, seq, snap, own, active, groups)
+    VALUES (v_c.queue, v_c.seq, v_c.snap, v_c.own, v_c.active, v_c.groups);
     -- What the caller reads is the count with this transaction's rows in.
     SELECT v_c.active - coalesce(sum(m.n), 0)::int,
            _cap_sum_groups(v_c.groups, array_agg(m.group_key), array_agg(-m.n))
@@ -165,6 +168,7 @@ DECLARE
     v_keys text[];
     v_n    int[];
     v_mine boolean[];
+    v_slot smallint;
 BEGIN
     SELECT * INTO v_c FROM cap_checkpoints AS c WHERE c.queue = _cap_counts.queue ORDER BY c.seq DESC LIMIT 1;
     IF NOT FOUND THEN
@@ -192,19 +196,49 @@ BEGIN
     groups := _cap_sum_groups(v_c.groups, v_keys, v_n);
     IF v_rows >= 64 THEN
         -- The new checkpoint leaves this transaction's own rows out: they stay past it.
-        INSERT INTO cap_checkpoints (queue, seq, snap, own, active, cut, prev, groups)
+        INSERT INTO cap_checkpoints (queue, seq, snap, own, active, groups)
         SELECT queue, nextval('pgjobs.cap_checkpoints_seq'), v_snap, v_me,
                v_c.active + coalesce(sum(d.n) FILTER (WHERE NOT d.mine), 0)::int,
-               greatest(v_c.cut, pg_snapshot_xmin(v_c.snap)), v_c.seq,
                _cap_sum_groups(v_c.groups, array_agg(d.k) FILTER (WHERE NOT d.mine),
                                array_agg(d.n) FILTER (WHERE NOT d.mine))
-          FROM unnest(v_keys, v_n, v_mine) AS d(k, n, mine);
-        -- The rows below the previous checkpoint's xmin are in its sum (committed before its snapshot, and
-        -- its own transaction is at least its xmin), so in this one's: gone, from the last cut up.
-        DELETE FROM cap_ledger AS l
-         WHERE l.queue = _cap_counts.queue AND l.xid >= v_c.cut AND l.xid < pg_snapshot_xmin(v_c.snap);
-        DELETE FROM cap_checkpoints AS c WHERE c.queue = _cap_counts.queue AND c.seq = v_c.prev;
+          FROM unnest(v_keys, v_n, v_mine) AS d(k, n, mine)
+        RETURNING slot INTO v_slot;
+        PERFORM _cap_rotate(v_slot);
     END IF;
+END;
+$$;
+
+-- Empties the slot of the ledger and of the checkpoints that the writers' window left (1 - cur), once no
+-- transaction holds it (NOWAIT: a later checkpoint tries again; rows stay until then, none is lost). Copied
+-- forward first: the newest checkpoint of each queue that has none newer in cur, and each ledger row its
+-- queue's newest checkpoint did not sum (not committed before its snapshot, or its own). The rest is never
+-- read again: no seed or checkpoint is in flight (each read the ledger, so holds the slot until it commits),
+-- and a queue without a checkpoint is seeded by a count of its jobs, which reads none of its rows. A count
+-- that read its checkpoint and not yet the ledger holds its queue's claim lock, so that checkpoint is still
+-- its queue's newest: the rows it goes on to read are kept.
+CREATE OR REPLACE FUNCTION pgjobs._cap_rotate(cur smallint)
+RETURNS void
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pgjobs, pg_temp
+AS $$
+DECLARE
+    v_other smallint := 1 - cur;
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM cap_ledger AS l WHERE l.slot = v_other) THEN
+        PERFORM _slots_rotate('cap_checkpoints', '{queue}', cur);
+        RETURN;
+    END IF;
+    EXECUTE format('LOCK TABLE pgjobs.%I IN ACCESS EXCLUSIVE MODE NOWAIT', 'cap_ledger_' || v_other);
+    INSERT INTO cap_ledger (queue, xid, n, group_key, slot)
+    SELECT l.queue, l.xid, l.n, l.group_key, cur
+      FROM cap_ledger AS l
+      JOIN (SELECT DISTINCT ON (c.queue) c.queue, c.snap, c.own
+              FROM cap_checkpoints AS c ORDER BY c.queue, c.seq DESC) AS c ON c.queue = l.queue
+     WHERE l.slot = v_other AND (l.xid = c.own OR NOT pg_visible_in_snapshot(l.xid, c.snap));
+    EXECUTE format('TRUNCATE pgjobs.%I', 'cap_ledger_' || v_other);
+    PERFORM _slots_rotate('cap_checkpoints', '{queue}', cur);
+EXCEPTION WHEN lock_not_available THEN
+    NULL;  -- a later checkpoint tries again
 END;
 $$;
 

@@ -287,3 +287,50 @@ def test_a_cap_set_while_a_job_ends_waits_for_it_and_counts_it(
     assert ledger_count(conn) == (0, 0)
     enqueue_n(conn, 2, queue="cq", run_at=PAST, group_key="g")
     assert len(claim(conn, "w", queues=["cq"], max_jobs=5)) == 1  # the cap of 1 has its room, and no more
+
+
+def next_window(connect: ConnectFactory) -> int:
+    """Transactions that take an xid and commit until the next window of 4,096 xids (the ledger's slots
+    alternate by window) has begun; its first xid."""
+    c = connect()
+    c.autocommit = True
+    now = scalar_sql(c, "SELECT pg_current_xact_id()::text::bigint")
+    start = (now // 4096 + 1) * 4096
+    c.execute(f"DO $$ BEGIN FOR i IN 1..{start - now} LOOP PERFORM pg_current_xact_id(); COMMIT; END LOOP; END $$")
+    return start
+
+
+@pytest.mark.parametrize(
+    "settings", [{"max_active": 5}, {"fair": True, "max_active_per_group": 2}], ids=["max_active", "fair-per-group"]
+)
+def test_the_ledger_stays_small_under_a_held_snapshot(
+    conn: Conn, connect: ConnectFactory, settings: dict[str, Any]
+) -> None:
+    """A snapshot holds back xmin over six windows of xids, 100 claims of 5 and their completions in each:
+    at the end the ledger holds the rows of the last window and at most a checkpoint's worth (64 rows) of the
+    windows before (its other slot truncated, the rows its checkpoints summed gone), not every row filed
+    since the snapshot; its count stays exact, and the checkpoints are those of the last window's rows."""
+    call(conn, "configure_queue", queue="cq", **settings)
+    for g in range(10):
+        enqueue_n(conn, 310, queue="cq", run_at=PAST, group_key=f"g{g}")
+    older = 0
+    with held_snapshot(connect):
+        for _ in range(6):
+            start = next_window(connect)
+            for _ in range(100):
+                got = claim(conn, "w", queues=["cq"], max_jobs=5)
+                assert got
+                finish(conn, got)
+            assert ledger_count(conn) == (0, 0)
+            older = scalar_sql(conn, f"SELECT count(*) FROM pgjobs.cap_ledger WHERE xid < '{start}'")
+            assert older <= 64, older
+        rows = scalar_sql(conn, "SELECT count(*) FROM pgjobs.cap_ledger")
+        checkpoints = scalar_sql(conn, "SELECT count(*) FROM pgjobs.cap_checkpoints")
+    assert rows >= 200  # (the last window's: a row for each claim, one for each completion, at least)
+    assert checkpoints <= rows // 64 + 2, (checkpoints, rows)
+
+
+def scalar_sql(conn: Conn, query: str) -> int:
+    row = conn.execute(query).fetchone()
+    assert row is not None
+    return int(row[0])

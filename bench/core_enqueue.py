@@ -1,4 +1,4 @@
-"""The core suite's producer figures through the client (issue 14): what a user's code gets.
+"""The core suite's producer figures through the client: what a user's code gets.
 
 * one per commit through ``AsyncClient.enqueue`` vs a one-row INSERT on an ``AsyncConnection``, and
   through ``Client.enqueue`` vs the same on a ``Connection`` (psycopg, prepared, autocommit), call by call

@@ -20,7 +20,7 @@ Both sides run with ``jit = off``: on tables this size a generic plan's estimate
 ``jit_above_cost``, and JIT compiling a claim costs far more than running it; left on, it would measure the
 compiler, not the claim paths (the fair path turns it off itself).
 
-Bars (issue 5): fair claim throughput with 100 groups at least 50 % of the plain path, with 10,000 groups
+Bars: fair claim throughput with 100 groups at least 50 % of the plain path, with 10,000 groups
 at least 25 %.
 """
 

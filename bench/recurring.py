@@ -1,6 +1,6 @@
 """Recurring: N due schedules materialised by 3 schedulers racing (separate processes).
 
-The bar (issue 6): 10,000 due schedules materialise within one minute of wall time with 3 schedulers
+The bar: 10,000 due schedules materialise within one minute of wall time with 3 schedulers
 racing, each run exactly once. The schedules use three time zones (UTC, Europe/Paris, America/New_York)
 and yearly crons, so each has exactly one due run. Every scheduler process runs the real
 :class:`pgjobs.runtime.scheduler.Scheduler` pass (``SKIP LOCKED`` batches of 500, croniter in Python,

@@ -21,7 +21,7 @@ once). Every 10 s it prints:
   (the active ledger its claims read and its jobs' moves write: sql/caps.sql).
 
 ``--idle-tx SECONDS`` holds a foreign snapshot (``BEGIN; SELECT txid_current();`` then nothing) for that long
-in the middle of the run, and the end prints issue 10's bars over whole periods: the probe's claim p50/p99
+in the middle of the run, and the end prints the soak's bars over whole periods: the probe's claim p50/p99
 over every claim before the snapshot and over every claim while it was held (a 10 s window's p99 of some 50
 probe claims is its slowest claim), and the share of the offered rate done in the last 20 s of the hold.
 ``--fair`` runs on a fair queue with 100 groups. ``--capped N`` caps the queue at ``max_active => N`` (N is 40

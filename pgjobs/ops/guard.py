@@ -1,7 +1,7 @@
 """What the migrator checks before it runs anything: that no other role planted code it would run.
 
 The migrator usually runs as a superuser or as the owner of the schema, so any object it touches that
-another role controls is a way to run code with its privileges. Two such ways existed (issue 11):
+another role controls is a way to run code with its privileges. Two such ways existed:
 
 * yoyo-migrations kept its bookkeeping tables in ``public``: a role that pre-created ``public.yoyo_lock``
   with a trigger had its trigger run by the migrating role.

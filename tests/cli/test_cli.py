@@ -373,4 +373,4 @@ def test_bench_delegates_every_argument(capsys: pytest.CaptureFixture[str]) -> N
     # `--help` after `bench` is the benchmark's own, not pgjobs'
     assert main(["bench", "--help"]) == 0
     out = capsys.readouterr().out
-    assert out.startswith("usage: pgjobs bench") and "python -m bench" not in out  # issue 13: it said python -m
+    assert out.startswith("usage: pgjobs bench") and "python -m bench" not in out  # (it once said python -m)

@@ -82,7 +82,7 @@ def test_demo_on_the_embedded_server_finishes_and_leaves_no_server(data_dir: Pat
     out = p.stdout
     assert "pgjobs demo on PostgreSQL" in out and "fresh database 'pgjobs_demo_" in out
     header = " ".join(out.split("pgjobs demo on PostgreSQL", 1)[1].split("\n\n", 1)[0].split())
-    assert "schema installed" in header and "lean_jobs" not in out  # issue 13: no migration names
+    assert "schema installed" in header and "lean_jobs" not in out  # no migration names
     assert "attempt 1: started from the beginning, ran chunks 1-5, then crashed" in out
     assert "attempt 2: resumed from its checkpoint at chunk 6, ran chunks 6-12" in out
     assert "every chunk ran exactly once" in out

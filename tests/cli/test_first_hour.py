@@ -1,4 +1,4 @@
-"""Issue 13 in the command line: ``jobs`` pages and says "N of M", ``--search`` matches payload text,
+"""A newcomer's first hour in the command line: ``jobs`` pages and says "N of M", ``--search`` matches payload text,
 the last error is the exception's own line, ``status --follow --json`` streams lines as things happen, and
 ``worker --app`` without ``--queues`` serves every queue the app declares."""
 
@@ -235,7 +235,7 @@ def test_removing_a_code_schedule_names_the_cli_switch(dsn: str, capsys: pytest.
 
 
 def test_the_distribution_is_pgjobs_queue_with_import_and_command_pgjobs() -> None:
-    # issue 13 item 7: "pgjobs" on the package index is somebody else's project
+    # "pgjobs" on the package index is somebody else's project
     import importlib.metadata
 
     import pgjobs

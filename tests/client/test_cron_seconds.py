@@ -1,4 +1,4 @@
-"""Issue 13 item 6: six-field cron puts seconds first (Oban, Quartz, node-cron); five fields still work."""
+"""Six-field cron puts seconds first (Oban, Quartz, node-cron); five fields still work."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Issue 13 item 1: ``pgjobs.Client(dsn, app=app)`` enqueues a declared kind with its handler's ``queue``,
+"""``pgjobs.Client(dsn, app=app)`` enqueues a declared kind with its handler's ``queue``,
 ``priority`` and ``max_attempts``; explicit arguments win; undeclared kinds get the SQL defaults."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The producer's fast paths (issue 14): ``enqueue`` with tuple rows and prepared statements, and
+"""The producer's fast paths: ``enqueue`` with tuple rows and prepared statements, and
 ``enqueue_copy`` (COPY into a session staging table read by ``pgjobs.enqueue_staged``). Each must store
 exactly what the general path stores, keep its contract, and refuse what it refuses."""
 

@@ -1,4 +1,4 @@
-"""Invariants of the job model, checked in SQL over the whole database (issue 11's probe).
+"""Invariants of the job model, checked in SQL over the whole database.
 
 Used by the fuzz suite (after every call that succeeded) and the stateful lifecycle model (after every
 step). Each query returns the rows that break its invariant; ``violations`` names them.

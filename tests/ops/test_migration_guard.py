@@ -1,4 +1,4 @@
-"""The migrator nobody can hijack (issue 11): bookkeeping in pgjobs_migrations, planted objects refused.
+"""The migrator nobody can hijack: bookkeeping in pgjobs_migrations, planted objects refused.
 
 Each attack is planted by a real non-superuser LOGIN role (created here with a unique name, dropped after);
 its code, if it ever ran, would write the role it ran as into ``public.pwned``, which must stay empty.

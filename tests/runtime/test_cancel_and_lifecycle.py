@@ -1,4 +1,4 @@
-"""Issue 13 items 2 and 8, issue 11 item 8 (worker side), with a real worker:
+"""Cancellation and the worker's lifecycle, with a real worker:
 
 * ``cancel`` of a running async handler interrupts it within a few hundred ms and ends it ``cancelled``;
   sync handlers stay cooperative (``ctx.cancelled``);

@@ -1,4 +1,4 @@
-"""Workers and producers through PgBouncer in transaction pooling mode (issue 12 item 7).
+"""Workers and producers through PgBouncer in transaction pooling mode.
 
 A private PgBouncer (Debian's 1.18: no protocol-level prepared statements in transaction mode) with 2 server
 connections per database, in front of the test server: clients share server sessions all the time, so any

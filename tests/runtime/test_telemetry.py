@@ -1,4 +1,4 @@
-"""Telemetry (issue 12 items 4-6): worker presence (deregister, live/stale), log lines, Prometheus metrics and
+"""Telemetry: worker presence (deregister, live/stale), log lines, Prometheus metrics and
 OpenTelemetry traces, against a real PostgreSQL; spans through the SDK's in-memory exporter."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The SQL contract of DESIGN.md (issue 2, item 3), read from the catalog.
+"""The SQL contract of DESIGN.md, read from the catalog.
 
 Every listed function exists in schema ``pgjobs`` once (so named calls never hit an ambiguous overload), its
 parameters start with exactly the listed names in the listed order and types, every listed default is there

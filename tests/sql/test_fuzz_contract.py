@@ -1,4 +1,4 @@
-"""A hostile probe of every public SQL function (issue 11, item 9): only PJ errors escape, and a call
+"""A hostile probe of every public SQL function: only PJ errors escape, and a call
 that raises changes nothing.
 
 The functions and their argument types come from pg_proc, so a function added later is probed too. Each

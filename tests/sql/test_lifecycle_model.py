@@ -1,4 +1,4 @@
-"""A stateful model of the job lifecycle (issue 11, item 9), checked after every step.
+"""A stateful model of the job lifecycle, checked after every step.
 
 Hypothesis drives random programs of enqueue (unique keys, single-flight keys, dependencies on existing jobs
 and on specs of the same call, batches), claim, complete (with continuations), complete_many, fail, dead_letter,

@@ -1,4 +1,4 @@
-"""The role matrix (issue 11): four NOLOGIN group roles, EXECUTE per role, no table privilege, PUBLIC nothing.
+"""The role matrix: four NOLOGIN group roles, EXECUTE per role, no table privilege, PUBLIC nothing.
 
 Every function of schema pgjobs is read from pg_proc and called as a LOGIN role that is a member of exactly
 one group role (or of none), with NULL for every argument, in a transaction rolled back afterwards: a

@@ -1,4 +1,4 @@
-"""Issue 11's reproducers: the cancellation rule, stale batches, unbounded times and names, one bad schedule.
+"""Reproducers of trust defects: the cancellation rule, stale batches, unbounded times and names, one bad schedule.
 
 Each test is the hand-checked reproducer of the issue (or the rule decided for it) against a fresh database.
 """

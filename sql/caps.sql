@@ -22,8 +22,8 @@
 --   before are never passed. Space: both tables are in two slots, a row's slot its transaction's window of
 --   4,096 xids mod 2 (the column's default). A checkpoint that finds rows in the slot its window left copies
 --   forward what is still to be read (each queue's newest checkpoint, and the ledger rows that checkpoint
---   did not sum) and TRUNCATEs it (_cap_rotate): nothing is deleted, so a held snapshot keeps no dead row,
---   and every slot is emptied within about two windows of xids.
+--   did not sum: a count's reads) and TRUNCATEs it (_cap_rotate): nothing is deleted, so a held snapshot
+--   keeps no dead row, and every slot is emptied within about two windows of xids.
 -- * Seed: a queue with no checkpoint (the first capped claim, or after configure_queue set or lifted its
 --   max_active) is counted once over jobs_active_idx.
 
@@ -210,12 +210,13 @@ $$;
 
 -- Empties the slot of the ledger and of the checkpoints that the writers' window left (1 - cur), once no
 -- transaction holds it (NOWAIT: a later checkpoint tries again; rows stay until then, none is lost). Copied
--- forward first: the newest checkpoint of each queue that has none newer in cur, and each ledger row its
--- queue's newest checkpoint did not sum (not committed before its snapshot, or its own). The rest is never
--- read again: no seed or checkpoint is in flight (each read the ledger, so holds the slot until it commits),
--- and a queue without a checkpoint is seeded by a count of its jobs, which reads none of its rows. A count
--- that read its checkpoint and not yet the ledger holds its queue's claim lock, so that checkpoint is still
--- its queue's newest: the rows it goes on to read are kept.
+-- forward first, per counted queue: its newest checkpoint, and the ledger rows that checkpoint did not sum,
+-- found as a count finds them (its snapshot's in-progress xids and its own, one range from its xmax), so
+-- the copy reads what a count reads, not the slot. The rest is never read again: no seed or checkpoint is
+-- in flight (each read the ledger, so holds the slot until it commits), a queue without a checkpoint is
+-- seeded by a count of its jobs, and a queue no longer counted lost its checkpoints (configure_queue). A
+-- count that read its checkpoint and not yet the ledger holds its queue's claim lock, so that checkpoint is
+-- still its queue's newest: the rows it goes on to read are kept.
 CREATE OR REPLACE FUNCTION pgjobs._cap_rotate(cur smallint)
 RETURNS void
 LANGUAGE plpgsql
@@ -224,19 +225,33 @@ AS $$
 DECLARE
     v_other smallint := 1 - cur;
 BEGIN
-    IF NOT EXISTS (SELECT 1 FROM cap_ledger AS l WHERE l.slot = v_other) THEN
-        PERFORM _slots_rotate('cap_checkpoints', '{queue}', cur);
+    IF NOT EXISTS (SELECT 1 FROM cap_ledger AS l WHERE l.slot = v_other)
+       AND NOT EXISTS (SELECT 1 FROM cap_checkpoints AS c WHERE c.slot = v_other) THEN
         RETURN;
     END IF;
-    EXECUTE format('LOCK TABLE pgjobs.%I IN ACCESS EXCLUSIVE MODE NOWAIT', 'cap_ledger_' || v_other);
+    EXECUTE format('LOCK TABLE pgjobs.%I, pgjobs.%I IN ACCESS EXCLUSIVE MODE NOWAIT',
+                   'cap_checkpoints_' || v_other, 'cap_ledger_' || v_other);
+    WITH c AS MATERIALIZED (
+        SELECT n.* FROM queues AS q
+         CROSS JOIN LATERAL (SELECT c.* FROM cap_checkpoints AS c
+                              WHERE c.queue = q.queue ORDER BY c.seq DESC LIMIT 1) AS n
+         WHERE q.max_active IS NOT NULL OR q.fair OR q.max_active_per_group IS NOT NULL
+    ), kept AS (
+        INSERT INTO cap_checkpoints (queue, seq, snap, own, active, cut, prev, groups, slot)
+        SELECT c.queue, c.seq, c.snap, c.own, c.active, c.cut, c.prev, c.groups, cur FROM c WHERE c.slot = v_other
+    )
     INSERT INTO cap_ledger (queue, xid, n, group_key, slot)
     SELECT l.queue, l.xid, l.n, l.group_key, cur
-      FROM cap_ledger AS l
-      JOIN (SELECT DISTINCT ON (c.queue) c.queue, c.snap, c.own
-              FROM cap_checkpoints AS c ORDER BY c.queue, c.seq DESC) AS c ON c.queue = l.queue
-     WHERE l.slot = v_other AND (l.xid = c.own OR NOT pg_visible_in_snapshot(l.xid, c.snap));
-    EXECUTE format('TRUNCATE pgjobs.%I', 'cap_ledger_' || v_other);
-    PERFORM _slots_rotate('cap_checkpoints', '{queue}', cur);
+      FROM c
+     CROSS JOIN LATERAL (
+           SELECT l.* FROM cap_ledger AS l
+            WHERE l.slot = v_other AND l.queue = c.queue
+              AND l.xid IN (SELECT x.xid FROM pg_snapshot_xip(c.snap) AS x(xid)
+                            UNION SELECT c.own WHERE c.own < pg_snapshot_xmax(c.snap))
+           UNION ALL
+           SELECT l.* FROM cap_ledger AS l
+            WHERE l.slot = v_other AND l.queue = c.queue AND l.xid >= pg_snapshot_xmax(c.snap)) AS l;
+    EXECUTE format('TRUNCATE pgjobs.%I, pgjobs.%I', 'cap_checkpoints_' || v_other, 'cap_ledger_' || v_other);
 EXCEPTION WHEN lock_not_available THEN
     NULL;  -- a later checkpoint tries again
 END;

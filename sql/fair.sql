@@ -474,7 +474,10 @@ BEGIN
                lease_expires_at = now() + lease,
                filed_xid = pg_current_xact_id(),   -- (set here, the trigger jobs_filed passes the row)
                first_started_at = coalesce(j.first_started_at, now())
-         WHERE j.id = ANY (ids) AND j.state = 'pending'
+         -- The picks are pending rows this claim locked (_fair_reads). The state list keeps the update on
+         -- jobs_live and on the primary key: `state = 'pending'` would let a generic plan take
+         -- jobs_pending_idx with the ids as a filter, a pass over every pending entry, dead ones included.
+         WHERE j.id = ANY (ids) AND j.state = ANY ('{waiting,scheduled,pending,active}'::job_state[])
         RETURNING j.id, j.kind, j.queue, j.payload, j.meta, j.attempt, j.max_attempts, j.lease_token,
                   j.lease_expires_at, j.checkpoint, j.group_key, j.batch_id, j.first_started_at
     )

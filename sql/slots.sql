@@ -1,6 +1,5 @@
--- Insert-only logs in two slots: claim_floors (claim.sql), fair_rings (fair.sql) and cap_checkpoints
--- (caps.sql) are partitioned by a slot, 0 or 1, and a writer puts its row in its window's slot (the floors
--- and rings: seq / window, mod 2; the checkpoints: the writer's xid / window, mod 2). Readers want only the newest row of a
+-- Insert-only logs in two slots: claim_floors (claim.sql) and fair_rings (fair.sql) are partitioned by a
+-- slot, 0 or 1, and a writer puts its row in slot (seq / window) % 2. Readers want only the newest row of a
 -- key (one backward index descent), so the other slot can go whole: space comes back by TRUNCATE, never by
 -- DELETE + VACUUM, which a held snapshot would stop.
 

@@ -221,6 +221,9 @@ CREATE OR REPLACE FUNCTION pgjobs._cap_rotate(cur smallint)
 RETURNS void
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pgjobs, pg_temp
+SET plan_cache_mode = force_generic_plan
+SET jit = off
+SET enable_seqscan = off SET enable_bitmapscan = off  -- (claim.sql, "Plans")
 AS $$
 DECLARE
     v_other smallint := 1 - cur;
@@ -240,15 +243,21 @@ BEGIN
         INSERT INTO cap_checkpoints (queue, seq, snap, own, active, cut, prev, groups, slot)
         SELECT c.queue, c.seq, c.snap, c.own, c.active, c.cut, c.prev, c.groups, cur FROM c WHERE c.slot = v_other
     )
+    -- (one probe per xid, as _cap_counts reads them: an IN list could be planned as a pass over the queue)
     INSERT INTO cap_ledger (queue, xid, n, group_key, slot)
     SELECT l.queue, l.xid, l.n, l.group_key, cur
       FROM c
+     CROSS JOIN LATERAL (SELECT x.xid FROM pg_snapshot_xip(c.snap) AS x(xid)
+                         UNION
+                         SELECT c.own WHERE c.own < pg_snapshot_xmax(c.snap)) AS x
      CROSS JOIN LATERAL (
            SELECT l.* FROM cap_ledger AS l
-            WHERE l.slot = v_other AND l.queue = c.queue
-              AND l.xid IN (SELECT x.xid FROM pg_snapshot_xip(c.snap) AS x(xid)
-                            UNION SELECT c.own WHERE c.own < pg_snapshot_xmax(c.snap))
-           UNION ALL
+            WHERE l.slot = v_other AND l.queue = c.queue AND l.xid = x.xid
+           OFFSET 0) AS l
+    UNION ALL
+    SELECT l.queue, l.xid, l.n, l.group_key, cur
+      FROM c
+     CROSS JOIN LATERAL (
            SELECT l.* FROM cap_ledger AS l
             WHERE l.slot = v_other AND l.queue = c.queue AND l.xid >= pg_snapshot_xmax(c.snap)) AS l;
     EXECUTE format('TRUNCATE pgjobs.%I, pgjobs.%I', 'cap_checkpoints_' || v_other, 'cap_ledger_' || v_other);

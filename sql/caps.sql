@@ -18,12 +18,9 @@
 --   move, so the count is the number of active jobs in the claim's snapshot. A job whose lease expired
 --   counts until it is reclaimed or settled.
 -- * Bounded: a claim reads the rows filed since the newest checkpoint's snapshot, and writes a new checkpoint
---   once those are 64 or more. The ranges it reads start at a snapshot's xmax or at one xid, so the rows
---   before are never passed. Space: both tables are in two slots, a row's slot its transaction's window of
---   4,096 xids mod 2 (the column's default). A checkpoint that finds rows in the slot its window left copies
---   forward what is still to be read (each queue's newest checkpoint, and the ledger rows that checkpoint
---   did not sum: a count's reads) and TRUNCATEs it (_cap_rotate): nothing is deleted, so a held snapshot
---   keeps no dead row, and every slot is emptied within about two windows of xids.
+--   once those are 64 or more; that checkpoint deletes the rows its predecessor had summed (the range below
+--   the predecessor's xmin) and the checkpoint before. The ranges a claim reads start at a snapshot's xmax
+--   or at one xid, above every deleted row, so dead rows kept by a held snapshot are never passed.
 -- * Seed: a queue with no checkpoint (the first capped claim, or after configure_queue set or lifted its
 --   max_active) is counted once over jobs_active_idx.
 
@@ -138,8 +135,8 @@ BEGIN
            _cap_sum_groups('{}', ARRAY(SELECT a.group_key FROM act AS a UNION ALL SELECT m.group_key FROM mine AS m),
                            ARRAY(SELECT a.n FROM act AS a UNION ALL SELECT m.n FROM mine AS m))
       INTO v_c;
-    INSERT INTO cap_checkpoints (queue, seq, snap, own, active, groups)
-    VALUES (v_c.queue, v_c.seq, v_c.snap, v_c.own, v_c.active, v_c.groups);
+    INSERT INTO cap_checkpoints (queue, seq, snap, own, active, cut, prev, groups)
+    VALUES (v_c.queue, v_c.seq, v_c.snap, v_c.own, v_c.active, v_c.cut, v_c.prev, v_c.groups);
     -- What the caller reads is the count with this transaction's rows in.
     SELECT v_c.active - coalesce(sum(m.n), 0)::int,
            _cap_sum_groups(v_c.groups, array_agg(m.group_key), array_agg(-m.n))
@@ -168,7 +165,6 @@ DECLARE
     v_keys text[];
     v_n    int[];
     v_mine boolean[];
-    v_slot smallint;
 BEGIN
     SELECT * INTO v_c FROM cap_checkpoints AS c WHERE c.queue = _cap_counts.queue ORDER BY c.seq DESC LIMIT 1;
     IF NOT FOUND THEN
@@ -196,73 +192,19 @@ BEGIN
     groups := _cap_sum_groups(v_c.groups, v_keys, v_n);
     IF v_rows >= 64 THEN
         -- The new checkpoint leaves this transaction's own rows out: they stay past it.
-        INSERT INTO cap_checkpoints (queue, seq, snap, own, active, groups)
+        INSERT INTO cap_checkpoints (queue, seq, snap, own, active, cut, prev, groups)
         SELECT queue, nextval('pgjobs.cap_checkpoints_seq'), v_snap, v_me,
                v_c.active + coalesce(sum(d.n) FILTER (WHERE NOT d.mine), 0)::int,
+               greatest(v_c.cut, pg_snapshot_xmin(v_c.snap)), v_c.seq,
                _cap_sum_groups(v_c.groups, array_agg(d.k) FILTER (WHERE NOT d.mine),
                                array_agg(d.n) FILTER (WHERE NOT d.mine))
-          FROM unnest(v_keys, v_n, v_mine) AS d(k, n, mine)
-        RETURNING slot INTO v_slot;
-        PERFORM _cap_rotate(v_slot);
+          FROM unnest(v_keys, v_n, v_mine) AS d(k, n, mine);
+        -- The rows below the previous checkpoint's xmin are in its sum (committed before its snapshot, and
+        -- its own transaction is at least its xmin), so in this one's: gone, from the last cut up.
+        DELETE FROM cap_ledger AS l
+         WHERE l.queue = _cap_counts.queue AND l.xid >= v_c.cut AND l.xid < pg_snapshot_xmin(v_c.snap);
+        DELETE FROM cap_checkpoints AS c WHERE c.queue = _cap_counts.queue AND c.seq = v_c.prev;
     END IF;
-END;
-$$;
-
--- Empties the slot of the ledger and of the checkpoints that the writers' window left (1 - cur), once no
--- transaction holds it (NOWAIT: a later checkpoint tries again; rows stay until then, none is lost). Copied
--- forward first, per counted queue: its newest checkpoint, and the ledger rows that checkpoint did not sum,
--- found as a count finds them (its snapshot's in-progress xids and its own, one range from its xmax), so
--- the copy reads what a count reads, not the slot. The rest is never read again: no seed or checkpoint is
--- in flight (each read the ledger, so holds the slot until it commits), a queue without a checkpoint is
--- seeded by a count of its jobs, and a queue no longer counted lost its checkpoints (configure_queue). A
--- count that read its checkpoint and not yet the ledger holds its queue's claim lock, so that checkpoint is
--- still its queue's newest: the rows it goes on to read are kept.
-CREATE OR REPLACE FUNCTION pgjobs._cap_rotate(cur smallint)
-RETURNS void
-LANGUAGE plpgsql
-SET search_path = pg_catalog, pgjobs, pg_temp
-SET plan_cache_mode = force_generic_plan
-SET jit = off
-SET enable_seqscan = off SET enable_bitmapscan = off  -- (claim.sql, "Plans")
-AS $$
-DECLARE
-    v_other smallint := 1 - cur;
-BEGIN
-    IF NOT EXISTS (SELECT 1 FROM cap_ledger AS l WHERE l.slot = v_other)
-       AND NOT EXISTS (SELECT 1 FROM cap_checkpoints AS c WHERE c.slot = v_other) THEN
-        RETURN;
-    END IF;
-    EXECUTE format('LOCK TABLE pgjobs.%I, pgjobs.%I IN ACCESS EXCLUSIVE MODE NOWAIT',
-                   'cap_checkpoints_' || v_other, 'cap_ledger_' || v_other);
-    WITH c AS MATERIALIZED (
-        SELECT n.* FROM queues AS q
-         CROSS JOIN LATERAL (SELECT c.* FROM cap_checkpoints AS c
-                              WHERE c.queue = q.queue ORDER BY c.seq DESC LIMIT 1) AS n
-         WHERE q.max_active IS NOT NULL OR q.fair OR q.max_active_per_group IS NOT NULL
-    ), kept AS (
-        INSERT INTO cap_checkpoints (queue, seq, snap, own, active, cut, prev, groups, slot)
-        SELECT c.queue, c.seq, c.snap, c.own, c.active, c.cut, c.prev, c.groups, cur FROM c WHERE c.slot = v_other
-    )
-    -- (one probe per xid, as _cap_counts reads them: an IN list could be planned as a pass over the queue)
-    INSERT INTO cap_ledger (queue, xid, n, group_key, slot)
-    SELECT l.queue, l.xid, l.n, l.group_key, cur
-      FROM c
-     CROSS JOIN LATERAL (SELECT x.xid FROM pg_snapshot_xip(c.snap) AS x(xid)
-                         UNION
-                         SELECT c.own WHERE c.own < pg_snapshot_xmax(c.snap)) AS x
-     CROSS JOIN LATERAL (
-           SELECT l.* FROM cap_ledger AS l
-            WHERE l.slot = v_other AND l.queue = c.queue AND l.xid = x.xid
-           OFFSET 0) AS l
-    UNION ALL
-    SELECT l.queue, l.xid, l.n, l.group_key, cur
-      FROM c
-     CROSS JOIN LATERAL (
-           SELECT l.* FROM cap_ledger AS l
-            WHERE l.slot = v_other AND l.queue = c.queue AND l.xid >= pg_snapshot_xmax(c.snap)) AS l;
-    EXECUTE format('TRUNCATE pgjobs.%I, pgjobs.%I', 'cap_checkpoints_' || v_other, 'cap_ledger_' || v_other);
-EXCEPTION WHEN lock_not_available THEN
-    NULL;  -- a later checkpoint tries again
 END;
 $$;
 

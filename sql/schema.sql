@@ -112,25 +112,19 @@ CREATE TABLE pgjobs.cap_checkpoints (
     snap   pg_snapshot NOT NULL,
     own    xid8,
     active integer NOT NULL,
-    cut    xid8 NOT NULL DEFAULT '0'::xid8,
+    cut    xid8 NOT NULL,
     prev   bigint,
     groups jsonb NOT NULL DEFAULT '{}'::jsonb,
-    slot   smallint NOT NULL DEFAULT (((((pg_current_xact_id())::text)::bigint / 4096) % (2)::bigint))::smallint
-) PARTITION BY LIST (slot);
-CREATE INDEX cap_checkpoints_newest ON ONLY pgjobs.cap_checkpoints USING btree (queue, seq);
-CREATE TABLE pgjobs.cap_checkpoints_0 PARTITION OF pgjobs.cap_checkpoints FOR VALUES IN ('0');
-CREATE TABLE pgjobs.cap_checkpoints_1 PARTITION OF pgjobs.cap_checkpoints FOR VALUES IN ('1');
+    CONSTRAINT cap_checkpoints_pkey PRIMARY KEY (queue, seq)
+) WITH (autovacuum_vacuum_scale_factor=0, autovacuum_vacuum_threshold=100);
 
 CREATE TABLE pgjobs.cap_ledger (
     queue     text NOT NULL,
     xid       xid8 NOT NULL DEFAULT pg_current_xact_id(),
     n         integer NOT NULL,
-    group_key text,
-    slot      smallint NOT NULL DEFAULT (((((pg_current_xact_id())::text)::bigint / 4096) % (2)::bigint))::smallint
-) PARTITION BY LIST (slot);
-CREATE INDEX cap_ledger_moves ON ONLY pgjobs.cap_ledger USING btree (queue, xid) INCLUDE (n, group_key);
-CREATE TABLE pgjobs.cap_ledger_0 PARTITION OF pgjobs.cap_ledger FOR VALUES IN ('0');
-CREATE TABLE pgjobs.cap_ledger_1 PARTITION OF pgjobs.cap_ledger FOR VALUES IN ('1');
+    group_key text
+) WITH (autovacuum_vacuum_scale_factor=0, autovacuum_vacuum_threshold=1000);
+CREATE INDEX cap_ledger_moves ON pgjobs.cap_ledger USING btree (queue, xid) INCLUDE (n, group_key);
 
 CREATE TABLE pgjobs.claim_floors (
     slot  smallint NOT NULL,

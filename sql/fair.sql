@@ -225,7 +225,8 @@ BEGIN
 END;
 $$;
 
--- Step 5's order without the noisy rule: the next picks, best first, each as its group's index in c. Serving a group moves its virtual time by 1 / weight, so its successive picks start at
+-- Step 5's order without the noisy rule: the next picks, best first, each as its group's index in c.
+-- Serving a group moves its virtual time by 1 / weight, so its successive picks start at
 -- max(its time, the ring's) + n / weight; ties go to the pick whose group was served at the lower virtual
 -- time before (a group never served first), then to the fewer picks this claim, the older serve, the head's
 -- (priority, run_at, id). The picks of `room` jobs come from the first `room` groups by their next start, so

@@ -273,15 +273,18 @@ def _is_internal(signature: str) -> bool:
 
 
 def _wait_for_calls_before(conn: psycopg.Connection[Any], since: Any) -> None:
-    """Waits until every statement that was running in this database at ``since`` has ended (at most
-    DRAIN_SECONDS). A call that started before the new routines committed may still run an old body that
-    calls an old internal routine; those are dropped only once no such call is left."""
+    """Waits until every transaction that was open in this database at ``since`` has ended (at
+    most DRAIN_SECONDS). A call that started before the new routines committed may still run an old body that
+    calls an old internal routine, and so may a call that starts later in a transaction begun before: a
+    statement that takes no lock before it looks up its function reads the catalog as of its transaction's
+    start. Those routines are dropped only once no such transaction is left."""
     deadline = time.monotonic() + DRAIN_SECONDS
     while time.monotonic() < deadline:
         row = conn.execute(
             "SELECT count(*) FROM pg_catalog.pg_stat_activity"
             " WHERE datname = pg_catalog.current_database() AND pid <> pg_catalog.pg_backend_pid()"
-            " AND backend_type = 'client backend' AND state = 'active' AND query_start < %s",
+            " AND backend_type = 'client backend' AND state IN ('active', 'idle in transaction')"
+            " AND xact_start < %s",
             (since,),
         ).fetchone()
         if row is None or row[0] == 0:

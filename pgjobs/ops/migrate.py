@@ -273,11 +273,11 @@ def _is_internal(signature: str) -> bool:
 
 
 def _wait_for_calls_before(conn: psycopg.Connection[Any], since: Any) -> None:
-    """Waits until every transaction that was open in this database at ``since`` has ended (at
-    most DRAIN_SECONDS). A call that started before the new routines committed may still run an old body that
-    calls an old internal routine, and so may a call that starts later in a transaction begun before: a
-    statement that takes no lock before it looks up its function reads the catalog as of its transaction's
-    start. Those routines are dropped only once no such transaction is left."""
+    """Waits until every transaction that was open in this database at ``since`` has ended (at most
+    DRAIN_SECONDS). A call that started before the new routines committed may still run an old body that calls
+    an old internal routine, and so may a later call in a transaction begun before: a statement that takes no
+    lock before it looks up its function reads the catalog as of its transaction's start. Those routines are
+    dropped only once no such transaction is left."""
     deadline = time.monotonic() + DRAIN_SECONDS
     while time.monotonic() < deadline:
         row = conn.execute(
@@ -304,8 +304,8 @@ def install_functions(conn: psycopg.Connection[Any], force: bool = False) -> boo
         # "cache lookup failed for function" (XX000), or deadlock with the CASCADE's locks on the tables
         # whose trigger it dropped, under load (tests/ops/test_migrations.py). Routines the files no longer
         # define (a changed signature leaves its old overload) are stale: the public ones go at once (the
-        # comments name functions by name alone), the internal ones once the calls running at the commit
-        # have ended (a call already inside an old body may still reach them: tests/ops/test_upgrade_under_load.py).
+        # comments name functions by name alone), the internal ones once the transactions open at the commit
+        # have ended (a call inside an old body, or a later call in such a transaction, may still reach them).
         # A change CREATE OR REPLACE refuses (result type, parameter names, defaults: 42P13) takes the old
         # way: everything dropped, then created. Either way one transaction, invisible until commit.
         files = sql_files()

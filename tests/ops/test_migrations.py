@@ -215,6 +215,36 @@ def test_an_internal_routine_the_files_no_longer_define_outlives_a_call_running_
         ).fetchone() == (0,)
 
 
+def test_an_internal_routine_the_files_no_longer_define_outlives_a_transaction_begun_before_the_install(
+    dsn: str,
+) -> None:
+    """A transaction begun before the new functions commit, idle at that moment, runs the old bodies in its
+    later statements (a call takes no lock before it looks up its function): the internal routines they call
+    are dropped only once that transaction has ended."""
+    with psycopg.connect(dsn, autocommit=True) as conn, psycopg.connect(dsn) as held:
+        conn.execute("CREATE FUNCTION pgjobs._stale_inner() RETURNS int LANGUAGE sql AS 'SELECT 1'")
+        conn.execute(
+            "CREATE FUNCTION pgjobs._stale_outer() RETURNS int LANGUAGE plpgsql"
+            " AS $$ BEGIN RETURN pgjobs._stale_inner(); END $$"
+        )
+        conn.execute("UPDATE pgjobs.sql_revision SET digest = 'an older revision'")
+        held.execute("SELECT 1")  # its transaction begins before the install
+        done: list[bool] = []
+        migrating = threading.Thread(target=lambda: done.append(m.migrate(dsn).functions_installed))
+        migrating.start()
+        deadline = time.monotonic() + 20
+        while conn.execute("SELECT digest FROM pgjobs.sql_revision").fetchone() == ("an older revision",):
+            assert time.monotonic() < deadline, "the install did not commit"
+            time.sleep(0.01)
+        assert held.execute("SELECT pgjobs._stale_outer()").fetchone() == (1,)
+        held.commit()
+        migrating.join(60)
+        assert done == [True]
+        assert conn.execute(
+            "SELECT count(*) FROM pg_proc WHERE pronamespace = 'pgjobs'::regnamespace AND proname LIKE '_stale%%'"
+        ).fetchone() == (0,)
+
+
 def test_a_routine_whose_result_type_changed_is_reinstalled_by_drop_and_create(dsn: str) -> None:
     """CREATE OR REPLACE refuses a new result type (42P13): install then drops everything and creates it
     all, so an installed revision whose routine returned something else still upgrades to the same catalog."""

@@ -52,11 +52,9 @@ def reads(conn: Conn) -> collections.Counter[str]:
 
 def probes(conn: Conn, n: int = 64) -> tuple[int, int, int, collections.Counter[str]]:
     """(jobs taken, index entries, buffers, per relation) of n claims of one job in a row, each completed after
-    its claim. Buffers leave out jobs_filed_idx and cap_ledger_moves, each probed once
-    per transaction in progress anywhere in the cluster: a cost of what runs beside the claim, not of the jobs
-    done (their entries count). A claim and its completion add a ledger row each, and every 64 rows a claim
-    writes a checkpoint (caps.sql): 64 probes hold two whole cycles of the count's reads, whatever the phase
-    they start in."""
+    its claim, entries and buffers as counted() sums them. A claim and its completion add a ledger row each,
+    and every 64 rows a claim writes a checkpoint (caps.sql): 64 probes hold two whole cycles of the count's
+    reads, whatever the phase they start in."""
     taken = 0
     total: collections.Counter[str] = collections.Counter()
     for _ in range(n):
@@ -71,8 +69,9 @@ def probes(conn: Conn, n: int = 64) -> tuple[int, int, int, collections.Counter[
 
 
 def counted(total: collections.Counter[str]) -> tuple[int, int]:
-    """(index entries, buffers) of a reads() difference, the buffers of jobs_filed_idx and cap_ledger_moves
-    left out (each is probed once per transaction in progress anywhere in the cluster)."""
+    """(index entries, buffers) of a reads() difference. The buffers of jobs_filed_idx and cap_ledger_moves are
+    left out: each is probed once per transaction in progress anywhere in the cluster, a cost of what runs
+    beside the claim, not of the jobs done (their entries count)."""
     entries = sum(v for k, v in total.items() if k.startswith("entries:"))
     blocks = sum(
         v
